@@ -1,0 +1,64 @@
+/// @file error.h
+/// @brief The one exception type of megamoe and the check macro that raises it.
+///
+/// Every failed check names the tensor (or argument) it is about, what was expected and
+/// what was got, e.g.
+///   `megamoe: x_sf: expected dtype int32, got float32`
+/// Checks that mirror an error of the reference Python function start with the
+/// reference's own sentence, so engines matching on that text keep working.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace megamoe {
+
+/// @brief What kind of failure an Error reports.
+enum class ErrorCode {
+  kInvalidArgument,  ///< Bad shape, dtype, stride, device, scheme or option: nothing was written.
+  kUnsupported,      ///< Valid request this build cannot serve (e.g. CUDA tensors, CPU-only build).
+  kCuda,             ///< A CUDA runtime call failed.
+};
+
+/// @brief The only exception megamoe throws.
+class Error : public std::runtime_error {
+ public:
+  /// @param code  failure class.
+  /// @param msg   full human-readable message.
+  Error(ErrorCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+  /// @brief The failure class (Python maps kInvalidArgument to ValueError).
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+namespace detail {
+template <typename E, typename A>
+[[noreturn]] inline void check_failed(ErrorCode code, const char* context, const char* tensor,
+                                      const E& expected, const A& actual) {
+  std::ostringstream os;
+  if (context != nullptr && context[0] != '\0') {
+    os << context << " (" << tensor << ": expected " << expected << ", got " << actual << ")";
+  } else {
+    os << "megamoe: " << tensor << ": expected " << expected << ", got " << actual;
+  }
+  throw Error(code, os.str());
+}
+}  // namespace detail
+
+}  // namespace megamoe
+
+/// @brief Throw megamoe::Error(kInvalidArgument) unless @p cond holds.
+/// @param cond      condition that must hold.
+/// @param tensor    name of the tensor or argument checked (C string).
+/// @param expected  what was expected (anything streamable).
+/// @param actual    what was got (anything streamable).
+#define MEGAMOE_CHECK(cond, tensor, expected, actual)                                          \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      ::megamoe::detail::check_failed(::megamoe::ErrorCode::kInvalidArgument, nullptr, tensor, \
+                                      expected, actual);                                       \
+    }                                                                                          \
+  } while (0)

@@ -1,0 +1,10 @@
+/// @file megamoe.h
+/// @brief Umbrella header of megamoe: MegaMoE input staging (fp8 quantization with UE8M0
+/// or fp32 group scales, top-k repack, padding mask, shared-expert scale permutation).
+#pragma once
+
+#include "megamoe/error.h"
+#include "megamoe/quant.h"
+#include "megamoe/stage.h"
+#include "megamoe/tensor.h"
+#include "megamoe/version.h"

@@ -1,0 +1,75 @@
+/// @file stage.h
+/// @brief MegaMoE input staging: quantize hidden states to fp8, repack router top-k.
+///
+/// T = tokens, H = hidden size (multiple of 128), K = top-k, G = group size.
+///
+/// | tensor            | shape              | dtype                         |
+/// |-------------------|--------------------|-------------------------------|
+/// | hidden_states     | [T, H]             | bf16, fp16, fp32              |
+/// | topk_weights      | [T, K]             | fp32, bf16, fp16              |
+/// | topk_ids          | [T, K]             | int32, int64                  |
+/// | is_padding (opt.) | [T]                | bool, uint8 (nonzero = pad)   |
+/// | x_fp8 (out)       | [T, H]             | float8_e4m3fn (or uint8)      |
+/// | x_sf (out)        | [T, H/(4G)] int32 (UE8M0) or [T, H/G] float32 (fp32) |
+/// | topk_idx_out      | [T, K]             | int64                         |
+/// | topk_weights_out  | [T, K]             | float32                       |
+/// | shared_x_sf (opt.)| [R, H/(4G)]        | int32 (UE8M0 only)            |
+///
+/// Layouts:
+///  - x_sf (UE8M0): byte j (little-endian) of word w of token t = exponent of group 4w+j.
+///  - shared_x_sf: with bm = shared_block_m, abm = bm rounded up to 128, m = t % bm, token t
+///    goes to row (t/bm)*abm + (m/128)*128 + (m%32)*4 + (m%128)/32 and that row receives a
+///    copy of x_sf[t]; unmapped rows are untouched; R >= ceil(T/bm)*abm.
+///  - topk_idx_out[t,k] = -1 and topk_weights_out[t,k] = +0.0f for padded tokens, else the
+///    input id widened to int64 and the input weight as fp32.
+///
+/// All strides are free (any sign, transposed views included); outputs must not overlap
+/// inputs or each other. A rejected call throws megamoe::Error and writes nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "megamoe/quant.h"
+#include "megamoe/tensor.h"
+
+namespace megamoe {
+
+/// @brief Opaque CUDA stream handle (a cudaStream_t); nullptr = the legacy default stream.
+using Stream = void*;
+
+/// @brief Every input and output of one staging call.
+struct StageArgs {
+  TensorRef hidden_states;     ///< [T, H] activations to quantize
+  TensorRef topk_weights;      ///< [T, K] router weights
+  TensorRef topk_ids;          ///< [T, K] router expert ids
+  TensorRef x_fp8;             ///< out: [T, H] fp8 e4m3 values
+  TensorRef x_sf;              ///< out: scales, layout per scheme (see file comment)
+  TensorRef topk_idx_out;      ///< out: [T, K] int64 ids, -1 on padded tokens
+  TensorRef topk_weights_out;  ///< out: [T, K] fp32 weights, 0 on padded tokens
+  std::optional<TensorRef> is_padding;    ///< optional [T] mask, nonzero = padded
+  std::optional<TensorRef> shared_x_sf;   ///< optional out: shared-expert scale copy
+  std::optional<int64_t> shared_block_m;  ///< block M of shared_x_sf; given iff shared_x_sf is
+  QuantScheme hidden_quant = QuantScheme::mxfp8();  ///< quantization scheme
+  /// CUDA only: launch with programmatic dependent launch (overlaps the previous kernel's
+  /// tail on sm_90+; ignored elsewhere). Safe inside CUDA graphs.
+  bool enable_pdl = false;
+};
+
+/// @brief Validate @p args and stage them on the tensors' device.
+///
+/// CPU tensors run synchronously on the calling thread (plus worker threads for large T).
+/// CUDA tensors are launched on @p stream of the tensors' device without host
+/// synchronization or device allocation (CUDA-graph capture safe). T == 0 returns at once.
+/// @param args    inputs, outputs and options.
+/// @param stream  CUDA stream (ignored for CPU tensors).
+/// @throws megamoe::Error on any invalid argument, before anything is written.
+void prepare_inputs(const StageArgs& args, Stream stream = nullptr);
+
+/// @brief Run only the argument checks of prepare_inputs (throws megamoe::Error).
+void validate(const StageArgs& args);
+
+/// @brief True when this build contains the CUDA backend.
+bool has_cuda_backend() noexcept;
+
+}  // namespace megamoe

@@ -1,0 +1,197 @@
+// numerics.h: the numeric rules of MegaMoE staging, shared bit-for-bit by the CPU backend
+// and the CUDA kernels (this is the only copy of the math; see SPEC.md "Scale and value").
+//
+// Per group of G hidden elements of one token:
+//   amax  = NaN-ignoring max |x| in fp32           (fmaxf semantics)
+//   amax  = max(amax, 1e-4f)
+//   s     = amax * C,  C = 1.0f/448.0f (0x3B124925), product rounded to nearest even
+//   UE8M0: e = biased exponent of s, +1 if s has a nonzero mantissa, clamped to [1, 254];
+//          scale = 2^(e-127)                         fp32: scale = s
+//   r     = 1.0f / scale                             (IEEE, round to nearest even)
+//   q     = fp8_e4m3fn(x * r)  satfinite, RNE, NaN -> 0x7F, +-Inf -> +-448
+// Nothing here flushes subnormals; builds must not use fast-math.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define MEGAMOE_HD __host__ __device__ __forceinline__
+#else
+#define MEGAMOE_HD inline
+#endif
+
+namespace megamoe {
+namespace core {
+
+constexpr uint32_t kInv448Bits = 0x3B124925u;  ///< bits of 1.0f / 448.0f
+constexpr float kAmaxFloor = 1e-4f;            ///< lower bound of amax
+constexpr uint8_t kFp8NaN = 0x7F;              ///< fp8 e4m3fn NaN byte the hardware emits
+constexpr uint8_t kFp8Max = 0x7E;              ///< +448
+
+MEGAMOE_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+MEGAMOE_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+/// fp32 product rounded to nearest even, never contracted into an FMA.
+MEGAMOE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;  // host code is built with -ffp-contract=off (see CMakeLists.txt)
+#endif
+}
+
+/// IEEE fp32 division rounded to nearest even.
+MEGAMOE_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+/// NaN-ignoring maximum (fmaxf semantics: if one operand is NaN, the other).
+MEGAMOE_HD float fmax_nan_ignoring(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  if (a != a) return b;
+  if (b != b) return a;
+  return a > b ? a : b;
+#endif
+}
+
+/// |x| by clearing the sign bit.
+MEGAMOE_HD float abs_bits(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
+
+/// bf16 bits -> fp32 (exact).
+MEGAMOE_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+/// IEEE binary16 bits -> fp32 (exact; subnormals, Inf, NaN payloads preserved).
+MEGAMOE_HD float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  if (exp == 0x1Fu) return bits_float(sign | 0x7F800000u | (man << 13));
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  if (man == 0) return bits_float(sign);
+  // subnormal half: normalize
+  uint32_t e = 113;  // exponent of 2^-14 biased for fp32 is 113
+  while ((man & 0x400u) == 0) {
+    man <<= 1;
+    --e;
+  }
+  return bits_float(sign | (e << 23) | ((man & 0x3FFu) << 13));
+}
+
+/// s = max(amax, 1e-4f) * (1/448) rounded to nearest even.
+MEGAMOE_HD float scale_from_amax(float amax) {
+  return mul_rn(fmax_nan_ignoring(amax, kAmaxFloor), bits_float(kInv448Bits));
+}
+
+/// UE8M0 exponent byte of scale s: ceil to a power of two, clamped to [1, 254].
+MEGAMOE_HD uint32_t ue8m0_exponent(float s) {
+  const uint32_t b = float_bits(s);
+  uint32_t e = ((b >> 23) & 0xFFu) + ((b & 0x7FFFFFu) != 0u ? 1u : 0u);
+  e = e < 1u ? 1u : e;
+  e = e > 254u ? 254u : e;
+  return e;
+}
+
+/// The scale 2^(e-127) of a UE8M0 byte e in [1, 254].
+MEGAMOE_HD float ue8m0_scale(uint32_t e) { return bits_float(e << 23); }
+
+/// Multiplier applied to x: 1.0f / scale, IEEE-rounded.
+MEGAMOE_HD float inv_scale(float scale) { return div_rn(1.0f, scale); }
+
+/// fp32 -> fp8 e4m3fn, round to nearest even, finite values saturate to +-448, NaN -> 0x7F,
+/// +-Inf -> +-448. Bit-identical to PTX cvt.rn.satfinite.e4m3x2.f32 (portable software path).
+MEGAMOE_HD uint8_t fp8_e4m3_from_float_sw(float x) {
+  const uint32_t b = float_bits(x);
+  const uint32_t sign = (b >> 24) & 0x80u;
+  const uint32_t exp = (b >> 23) & 0xFFu;
+  const uint32_t man = b & 0x7FFFFFu;
+  if (exp == 0xFFu) return man != 0u ? kFp8NaN : static_cast<uint8_t>(sign | kFp8Max);
+  if (exp == 0u) return static_cast<uint8_t>(sign);  // fp32 zero/subnormal < 2^-126: rounds to 0
+  const int E = static_cast<int>(exp) - 127;
+  // Keep 3 fraction bits for fp8 normals (E >= -6); fewer for fp8 subnormals.
+  const int shift = E >= -6 ? 20 : 14 - E;
+  if (shift > 24) return static_cast<uint8_t>(sign);  // below half the smallest subnormal
+  const uint32_t m24 = man | 0x800000u;
+  uint32_t q = m24 >> shift;
+  const uint32_t rem = m24 & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  const int base = E + 6 > 0 ? E + 6 : 0;
+  const int64_t enc = (static_cast<int64_t>(base) << 3) + static_cast<int64_t>(q);
+  return static_cast<uint8_t>(sign | static_cast<uint32_t>(enc > kFp8Max ? kFp8Max : enc));
+}
+
+/// fp32 -> fp8 e4m3fn with the hardware instruction where the device has it (sm_89+),
+/// else the software path. Same bytes either way.
+MEGAMOE_HD uint8_t fp8_e4m3_from_float(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(r & 0xFFu);
+#else
+  return fp8_e4m3_from_float_sw(x);
+#endif
+}
+
+/// Two fp32 -> two fp8 bytes packed little-endian (lo = a) in one 16-bit value.
+MEGAMOE_HD uint16_t fp8x2_e4m3_from_float(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return r;
+#else
+  return static_cast<uint16_t>(fp8_e4m3_from_float_sw(a) |
+                               (static_cast<uint16_t>(fp8_e4m3_from_float_sw(b)) << 8));
+#endif
+}
+
+/// Quantize one value with multiplier r: fp8(x * r).
+MEGAMOE_HD uint8_t quantize(float x, float r) { return fp8_e4m3_from_float(mul_rn(x, r)); }
+
+/// Per-group result: the stored scale (UE8M0 byte or fp32) and the multiplier.
+struct GroupScale {
+  uint32_t ue8m0;  ///< exponent byte (valid for UE8M0 schemes)
+  float scale;     ///< the scale as fp32 (2^(e-127) or s)
+  float inv;       ///< 1.0f / scale
+};
+
+/// Scale of a group with maximum |x| amax (NaN-free), for UE8M0 or fp32 scales.
+MEGAMOE_HD GroupScale group_scale(float amax, bool ue8m0) {
+  GroupScale g;
+  const float s = scale_from_amax(amax);
+  if (ue8m0) {
+    g.ue8m0 = ue8m0_exponent(s);
+    g.scale = ue8m0_scale(g.ue8m0);
+  } else {
+    g.ue8m0 = 0;
+    g.scale = s;
+  }
+  g.inv = inv_scale(g.scale);
+  return g;
+}
+
+}  // namespace core
+}  // namespace megamoe

@@ -1,0 +1,110 @@
+// stage_cpu.cpp: CPU backend. Generic over dtypes and strides; the numerics come from
+// core/numerics.h, the same header the CUDA kernels use.
+#include "cpu/stage_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/numerics.h"
+
+namespace megamoe {
+namespace cpu {
+namespace {
+
+template <typename T>
+T load(const TensorRef& t, int64_t i, int64_t j) {
+  T v;
+  const int64_t off = i * t.strides[0] + j * t.strides[1];
+  std::memcpy(&v, static_cast<const char*>(t.data) + off * static_cast<int64_t>(sizeof(T)),
+              sizeof(T));
+  return v;
+}
+
+template <typename T>
+void store(const TensorRef& t, int64_t i, int64_t j, T v) {
+  const int64_t off = i * t.strides[0] + j * t.strides[1];
+  std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+}
+
+/// Element (i, j) of a bf16/fp16/fp32 tensor as fp32 (exact).
+float load_float(const TensorRef& t, int64_t i, int64_t j) {
+  switch (t.dtype) {
+    case DType::kBFloat16: return core::bf16_to_float(load<uint16_t>(t, i, j));
+    case DType::kFloat16: return core::half_to_float(load<uint16_t>(t, i, j));
+    default: return load<float>(t, i, j);
+  }
+}
+
+void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
+  std::vector<float> row(static_cast<size_t>(p.H));
+  std::vector<uint32_t> words(static_cast<size_t>(p.sf_cols));
+  const int64_t groups = p.H / p.G;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t h = 0; h < p.H; ++h) row[h] = load_float(a.hidden_states, t, h);
+    std::fill(words.begin(), words.end(), 0u);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* x = row.data() + g * p.G;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < p.G; ++i) amax = core::fmax_nan_ignoring(amax, core::abs_bits(x[i]));
+      const core::GroupScale gs = core::group_scale(amax, p.ue8m0);
+      for (int64_t i = 0; i < p.G; ++i) {
+        store<uint8_t>(a.x_fp8, t, g * p.G + i, core::quantize(x[i], gs.inv));
+      }
+      if (p.ue8m0) {
+        words[core::ue8m0_word(g)] |= gs.ue8m0 << core::ue8m0_shift(g);
+      } else {
+        store<float>(a.x_sf, t, g, gs.scale);
+      }
+    }
+    if (p.ue8m0) {
+      for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(a.x_sf, t, w, words[w]);
+      if (p.has_shared) {
+        const int64_t r = core::shared_sf_row(t, p.shared_bm);
+        for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(*a.shared_x_sf, r, w, words[w]);
+      }
+    }
+    bool pad = false;
+    if (p.has_padding) {
+      const TensorRef& m = *a.is_padding;
+      pad = static_cast<const uint8_t*>(m.data)[t * m.strides[0]] != 0;
+    }
+    for (int64_t k = 0; k < p.K; ++k) {
+      int64_t id = -1;
+      float w = 0.0f;
+      if (!pad) {
+        id = a.topk_ids.dtype == DType::kInt32 ? load<int32_t>(a.topk_ids, t, k)
+                                               : load<int64_t>(a.topk_ids, t, k);
+        w = load_float(a.topk_weights, t, k);
+      }
+      store<int64_t>(a.topk_idx_out, t, k, id);
+      store<float>(a.topk_weights_out, t, k, w);
+    }
+  }
+}
+
+}  // namespace
+
+void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
+  const int64_t work = p.T * (p.H + p.K);
+  unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  if (work < (int64_t{1} << 18)) n = 1;
+  n = static_cast<unsigned>(std::min<int64_t>(n, p.T));
+  if (n <= 1) {
+    stage_rows(a, p, 0, p.T);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t per = (p.T + n - 1) / n;
+  for (unsigned i = 1; i < n; ++i) {
+    const int64_t t0 = std::min<int64_t>(p.T, i * per), t1 = std::min<int64_t>(p.T, t0 + per);
+    if (t0 < t1) pool.emplace_back(stage_rows, std::cref(a), std::cref(p), t0, t1);
+  }
+  stage_rows(a, p, 0, std::min<int64_t>(p.T, per));
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace cpu
+}  // namespace megamoe

@@ -1,0 +1,134 @@
+#include <sstream>
+
+#include "megamoe/quant.h"
+#include "megamoe/tensor.h"
+#include "megamoe/version.h"
+
+namespace megamoe {
+
+const char* version() noexcept { return "0.1.0"; }
+
+int64_t dtype_size(DType t) noexcept {
+  switch (t) {
+    case DType::kBFloat16:
+    case DType::kFloat16: return 2;
+    case DType::kFloat32:
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kFloat8E4M3:
+    case DType::kUInt8:
+    case DType::kBool: return 1;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+    case DType::kFloat32: return "float32";
+    case DType::kFloat8E4M3: return "float8_e4m3fn";
+    case DType::kUInt8: return "uint8";
+    case DType::kBool: return "bool";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+  }
+  return "unknown";
+}
+
+std::string to_string(const Device& d) {
+  return d.type == Device::Type::kCPU ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+}
+
+TensorRef::TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp,
+                     std::initializer_list<int64_t> str, Device dev)
+    : data(ptr), dtype(dt), ndim(static_cast<int>(shp.size())), device(dev) {
+  int i = 0;
+  for (int64_t s : shp) {
+    if (i < kMaxRank) shape[i] = s;
+    ++i;
+  }
+  i = 0;
+  for (int64_t s : str) {
+    if (i < kMaxRank) strides[i] = s;
+    ++i;
+  }
+  if (ndim > kMaxRank || static_cast<int>(str.size()) != ndim) ndim = -1;  // rejected later
+}
+
+TensorRef::TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp, Device dev)
+    : data(ptr), dtype(dt), ndim(static_cast<int>(shp.size())), device(dev) {
+  int i = 0;
+  for (int64_t s : shp) {
+    if (i < kMaxRank) shape[i] = s;
+    ++i;
+  }
+  if (ndim > kMaxRank) {
+    ndim = -1;
+    return;
+  }
+  int64_t st = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    strides[d] = st;
+    st *= shape[d];
+  }
+}
+
+int64_t TensorRef::numel() const noexcept {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+std::string TensorRef::shape_str() const {
+  std::ostringstream os;
+  os << "(";
+  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
+  if (ndim == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+
+bool TensorRef::is_contiguous() const noexcept {
+  int64_t st = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != st) return false;
+    st *= shape[d];
+  }
+  return true;
+}
+
+namespace {
+const char* elem_name(QuantElem e) {
+  switch (e) {
+    case QuantElem::kFloat8E4M3: return "fp8_e4m3fn";
+    case QuantElem::kFloat8E5M2: return "fp8_e5m2";
+    case QuantElem::kInt8: return "int8";
+    case QuantElem::kFloat4E2M1: return "fp4_e2m1";
+  }
+  return "?";
+}
+const char* scale_name(ScaleType s) {
+  switch (s) {
+    case ScaleType::kUE8M0: return "ue8m0";
+    case ScaleType::kFloat32: return "float32";
+    case ScaleType::kFloat16: return "float16";
+  }
+  return "?";
+}
+}  // namespace
+
+bool QuantScheme::operator==(const QuantScheme& o) const noexcept {
+  return elem == o.elem && scale == o.scale && group_m == o.group_m && group_k == o.group_k &&
+         is_static == o.is_static && symmetric == o.symmetric && has_scale2 == o.has_scale2;
+}
+
+std::string to_string(const QuantScheme& q) {
+  std::ostringstream os;
+  os << "QuantScheme(" << elem_name(q.elem) << ", scale=" << scale_name(q.scale) << ", group="
+     << q.group_m << "x" << q.group_k << ", " << (q.is_static ? "static" : "dynamic") << ", "
+     << (q.symmetric ? "symmetric" : "asymmetric") << (q.has_scale2 ? ", scale2" : "") << ")";
+  return os.str();
+}
+
+}  // namespace megamoe
