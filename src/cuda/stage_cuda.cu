@@ -1,0 +1,397 @@
+// stage_cuda.cu: CUDA backend of megamoe staging.
+//
+// Two kernels, chosen on the host (see docs/DESIGN.md):
+//  * stage_fast_kernel<In, G, UE8M0>: G in {32, 128}; hidden rows and x_fp8 rows contiguous
+//    and 16-byte aligned. One thread owns a 16-element "chunk" of one token row (two 16 B
+//    loads of bf16/fp16, four of fp32; one 16 B store of fp8). Consecutive threads own
+//    consecutive chunks of the flattened [T, H] problem, so a warp reads 512 (bf16)
+//    contiguous bytes per load instruction. The G/16 threads of a group reduce amax with
+//    xor-shuffles; the G/4 threads of a UE8M0 word OR their exponent bytes together and the
+//    first of them stores the word (and its shared-expert copy). Top-k repack is spread
+//    over the threads of each row (thread j of row t handles k = j, j + H/16, ...).
+//  * stage_generic_kernel<In, UE8M0>: every other case (any G, any strides, misaligned
+//    pointers). One thread owns one UE8M0 word (4 groups) or one fp32-scale group and
+//    walks it with strided scalar accesses.
+// Both use the numerics of core/numerics.h (the same code as the CPU backend) and 64-bit
+// offsets throughout; grid-stride loops make any T launchable. No allocation, no host
+// synchronization: safe under CUDA-graph capture. Optional PDL (sm_90+).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "core/layout.h"
+#include "core/numerics.h"
+#include "megamoe/error.h"
+#include "megamoe/stage.h"
+#include "validate.h"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+using core::GroupScale;
+
+// ---------------------------------------------------------------------------------------
+// Kernel parameters (passed by value).
+struct Params {
+  const void* hs;
+  int64_t hs_s0, hs_s1;
+  const void* ids;
+  int64_t ids_s0, ids_s1;
+  const void* w;
+  int64_t w_s0, w_s1;
+  const uint8_t* pad;  // nullable
+  int64_t pad_s0;
+  uint8_t* xq;
+  int64_t xq_s0, xq_s1;
+  void* sf;
+  int64_t sf_s0, sf_s1;
+  uint32_t* shared_sf;  // nullable
+  int64_t sh_s0, sh_s1;
+  int64_t shared_bm;
+  int64_t* idx_out;
+  int64_t io_s0, io_s1;
+  float* w_out;
+  int64_t wo_s0, wo_s1;
+  int64_t T, H, K, G;
+  int ids_i64;   // topk_ids dtype is int64
+  int w_dtype;   // 0 fp32, 1 bf16, 2 fp16
+};
+
+enum InKind { kInBF16 = 0, kInF16 = 1, kInF32 = 2 };
+
+template <int In>
+struct InTraits;
+template <>
+struct InTraits<kInBF16> {
+  using T = uint16_t;
+  static __device__ __forceinline__ float to_float(uint16_t v) { return core::bf16_to_float(v); }
+};
+template <>
+struct InTraits<kInF16> {
+  using T = uint16_t;
+  static __device__ __forceinline__ float to_float(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+};
+template <>
+struct InTraits<kInF32> {
+  using T = float;
+  static __device__ __forceinline__ float to_float(float v) { return v; }
+};
+
+__device__ __forceinline__ void pdl_wait_and_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float load_weight(const Params& p, int64_t t, int64_t k) {
+  const int64_t off = t * p.w_s0 + k * p.w_s1;
+  if (p.w_dtype == 0) return static_cast<const float*>(p.w)[off];
+  const uint16_t b = static_cast<const uint16_t*>(p.w)[off];
+  return p.w_dtype == 1 ? core::bf16_to_float(b) : core::half_to_float(b);
+}
+
+/// Top-k repack of row t, entries k = first, first + step, ...
+__device__ __forceinline__ void repack_topk(const Params& p, int64_t t, int64_t first,
+                                            int64_t step) {
+  if (first >= p.K) return;
+  const bool pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
+  for (int64_t k = first; k < p.K; k += step) {
+    int64_t id = -1;
+    float w = 0.0f;
+    if (!pad) {
+      const int64_t off = t * p.ids_s0 + k * p.ids_s1;
+      id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
+                     : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
+      w = load_weight(p, t, k);
+    }
+    p.idx_out[t * p.io_s0 + k * p.io_s1] = id;
+    p.w_out[t * p.wo_s0 + k * p.wo_s1] = w;
+  }
+}
+
+__device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w, uint32_t word) {
+  static_cast<uint32_t*>(p.sf)[t * p.sf_s0 + w * p.sf_s1] = word;
+  if (p.shared_sf != nullptr) {
+    const int64_t r = core::shared_sf_row(t, p.shared_bm);
+    p.shared_sf[r * p.sh_s0 + w * p.sh_s1] = word;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fast path.
+constexpr int kChunk = 16;  // elements per thread
+
+template <int In>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
+  if constexpr (In == kInF32) {
+    const float4* v = reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 f = __ldg(v + i);
+      x[4 * i + 0] = f.x;
+      x[4 * i + 1] = f.y;
+      x[4 * i + 2] = f.z;
+      x[4 * i + 3] = f.w;
+    }
+  } else {
+    const uint4* v = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 u = __ldg(v + i);
+      const uint32_t wds[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[8 * i + 2 * j + 0] = InTraits<In>::to_float(static_cast<uint16_t>(wds[j] & 0xFFFFu));
+        x[8 * i + 2 * j + 1] = InTraits<In>::to_float(static_cast<uint16_t>(wds[j] >> 16));
+      }
+    }
+  }
+}
+
+template <int In, int G, bool UE8M0>
+__global__ void __launch_bounds__(256) stage_fast_kernel(const Params p) {
+  static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
+  constexpr int kTPG = G / kChunk;  // threads per group
+  constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
+  pdl_wait_and_trigger();
+  const int64_t cpr = p.H / kChunk;  // chunks per row
+  const int64_t n = p.T * cpr;
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool small = n < (int64_t{1} << 32);
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c - lane < n; c += stride) {
+    const bool active = c < n;
+    int64_t t, j;
+    if (small) {
+      const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
+      t = c32 / cpr32;
+      j = c32 - static_cast<uint32_t>(t) * cpr32;
+    } else {
+      t = c / cpr;
+      j = c - t * cpr;
+    }
+    float x[kChunk];
+    if (active) {
+      const auto* src = static_cast<const typename InTraits<In>::T*>(p.hs) + t * p.hs_s0 + j * kChunk;
+      load_chunk<In>(src, x);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) x[i] = 0.0f;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, core::abs_bits(x[i]));
+#pragma unroll
+    for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const GroupScale gs = core::group_scale(amax, UE8M0);
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(x[4 * i + 0], gs.inv),
+                                                      core::mul_rn(x[4 * i + 1], gs.inv));
+      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(x[4 * i + 2], gs.inv),
+                                                      core::mul_rn(x[4 * i + 3], gs.inv));
+      packed[i] = lo | (hi << 16);
+    }
+    uint32_t word = 0;
+    if constexpr (UE8M0) {
+      word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
+#pragma unroll
+      for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+    }
+    if (!active) continue;
+    *reinterpret_cast<uint4*>(p.xq + t * p.xq_s0 + j * kChunk) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    if constexpr (UE8M0) {
+      if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
+    } else {
+      if (lane % kTPG == 0) static_cast<float*>(p.sf)[t * p.sf_s0 + (j / kTPG) * p.sf_s1] = gs.scale;
+    }
+    repack_topk(p, t, j, cpr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// General path: any G, any strides, any alignment.
+template <int In, bool UE8M0>
+__global__ void __launch_bounds__(256) stage_generic_kernel(const Params p) {
+  pdl_wait_and_trigger();
+  using Tr = InTraits<In>;
+  const auto* hs = static_cast<const typename Tr::T*>(p.hs);
+  const int64_t span = UE8M0 ? 4 * p.G : p.G;  // elements per unit
+  const int64_t upr = p.H / span;              // units per row
+  const int64_t n = p.T * upr;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < n; u += stride) {
+    const int64_t t = u / upr, j = u - t * upr;
+    const int64_t groups = UE8M0 ? 4 : 1;
+    uint32_t word = 0;
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t h0 = j * span + gi * p.G;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < p.G; ++i) {
+        amax = fmaxf(amax, core::abs_bits(Tr::to_float(hs[t * p.hs_s0 + (h0 + i) * p.hs_s1])));
+      }
+      const GroupScale gs = core::group_scale(amax, UE8M0);
+      for (int64_t i = 0; i < p.G; ++i) {
+        const float x = Tr::to_float(hs[t * p.hs_s0 + (h0 + i) * p.hs_s1]);
+        p.xq[t * p.xq_s0 + (h0 + i) * p.xq_s1] = core::quantize(x, gs.inv);
+      }
+      if (UE8M0) {
+        word |= gs.ue8m0 << (8 * gi);
+      } else {
+        static_cast<float*>(p.sf)[t * p.sf_s0 + j * p.sf_s1] = gs.scale;
+      }
+    }
+    if (UE8M0) store_word(p, t, j, word);
+    repack_topk(p, t, j, upr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side.
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw Error(ErrorCode::kCuda, std::string("megamoe: CUDA error in ") + what + ": " +
+                                      cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  }
+}
+
+int sm_count(int device) {
+  static std::atomic<int> cache[64];
+  if (device >= 0 && device < 64) {
+    int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int v = 0;
+  check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  if (device >= 0 && device < 64) cache[device].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+/// Fast path: contiguous, 16-byte aligned rows in and out.
+bool rows_vectorizable(const TensorRef& t) {
+  const int64_t es = dtype_size(t.dtype);
+  return t.strides[1] == 1 && ((t.strides[0] * es) % 16 == 0 || t.shape[0] == 1) && aligned16(t.data);
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+template <typename Kernel>
+void launch(Kernel kernel, const Params& prm, int64_t work_items, int device, cudaStream_t stream,
+            bool pdl) {
+  constexpr int kThreads = 256;
+  // Enough resident blocks to cover the chip several times; the kernels grid-stride beyond.
+  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * 16;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, max_blocks));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, prm), "cudaLaunchKernelEx(staging)");
+}
+
+template <int In>
+void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int device,
+                 cudaStream_t stream, bool pdl) {
+  if (fast) {
+    const int64_t chunks = p.T * (p.H / kChunk);
+    if (p.G == 32) {
+      if (p.ue8m0) return launch(stage_fast_kernel<In, 32, true>, prm, chunks, device, stream, pdl);
+      return launch(stage_fast_kernel<In, 32, false>, prm, chunks, device, stream, pdl);
+    }
+    if (p.ue8m0) return launch(stage_fast_kernel<In, 128, true>, prm, chunks, device, stream, pdl);
+    return launch(stage_fast_kernel<In, 128, false>, prm, chunks, device, stream, pdl);
+  }
+  const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
+  if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, device, stream, pdl);
+  return launch(stage_generic_kernel<In, false>, prm, units, device, stream, pdl);
+}
+
+}  // namespace
+
+void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
+  Params prm = {};
+  prm.hs = a.hidden_states.data;
+  prm.hs_s0 = a.hidden_states.strides[0];
+  prm.hs_s1 = a.hidden_states.strides[1];
+  prm.ids = a.topk_ids.data;
+  prm.ids_s0 = a.topk_ids.strides[0];
+  prm.ids_s1 = a.topk_ids.strides[1];
+  prm.w = a.topk_weights.data;
+  prm.w_s0 = a.topk_weights.strides[0];
+  prm.w_s1 = a.topk_weights.strides[1];
+  if (a.is_padding) {
+    prm.pad = static_cast<const uint8_t*>(a.is_padding->data);
+    prm.pad_s0 = a.is_padding->strides[0];
+  }
+  prm.xq = static_cast<uint8_t*>(a.x_fp8.data);
+  prm.xq_s0 = a.x_fp8.strides[0];
+  prm.xq_s1 = a.x_fp8.strides[1];
+  prm.sf = a.x_sf.data;
+  prm.sf_s0 = a.x_sf.strides[0];
+  prm.sf_s1 = a.x_sf.strides[1];
+  if (a.shared_x_sf) {
+    prm.shared_sf = static_cast<uint32_t*>(a.shared_x_sf->data);
+    prm.sh_s0 = a.shared_x_sf->strides[0];
+    prm.sh_s1 = a.shared_x_sf->strides[1];
+    prm.shared_bm = p.shared_bm;
+  }
+  prm.idx_out = static_cast<int64_t*>(a.topk_idx_out.data);
+  prm.io_s0 = a.topk_idx_out.strides[0];
+  prm.io_s1 = a.topk_idx_out.strides[1];
+  prm.w_out = static_cast<float*>(a.topk_weights_out.data);
+  prm.wo_s0 = a.topk_weights_out.strides[0];
+  prm.wo_s1 = a.topk_weights_out.strides[1];
+  prm.T = p.T;
+  prm.H = p.H;
+  prm.K = p.K;
+  prm.G = p.G;
+  prm.ids_i64 = a.topk_ids.dtype == DType::kInt64;
+  prm.w_dtype = a.topk_weights.dtype == DType::kFloat32 ? 0 : a.topk_weights.dtype == DType::kBFloat16 ? 1 : 2;
+
+  const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
+                    rows_vectorizable(a.x_fp8);
+  const int device = a.hidden_states.device.index;
+  DeviceGuard guard(device);
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  switch (a.hidden_states.dtype) {
+    case DType::kBFloat16: dispatch_in<kInBF16>(prm, p, fast, device, stream, a.enable_pdl); break;
+    case DType::kFloat16: dispatch_in<kInF16>(prm, p, fast, device, stream, a.enable_pdl); break;
+    default: dispatch_in<kInF32>(prm, p, fast, device, stream, a.enable_pdl); break;
+  }
+}
+
+}  // namespace cuda
+}  // namespace megamoe
