@@ -1,0 +1,151 @@
+// bench_kernel.cu: C++ timing of megamoe's CUDA staging from CUDA-graph replays, next to a
+// device memcpy of the same byte count (the roofline) and an empty kernel, plus the PDL
+// producer->staging pair. Prints one JSON object per line.
+//   usage: bench_kernel [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "megamoe/megamoe.h"
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+using namespace megamoe;
+
+__global__ void empty_kernel() {}
+// A stand-in for the layer before staging: rewrites the hidden states (x = x * 1).
+__global__ void producer_kernel(uint16_t* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = x[i];
+}
+
+/// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
+double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < calls; ++i) fn();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> v;
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(a, s);
+    CK(cudaGraphLaunch(ge, s));
+    cudaEventRecord(b, s);
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    v.push_back(ms * 1000.0 / calls);
+  }
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int64_t K = 8;
+  const int64_t maxT = 65536, maxH = 7168;
+  void *hs, *xq, *sf, *ids, *w, *io, *wo, *pad, *cpy;
+  CK(cudaMalloc(&hs, maxT * maxH * 2));
+  CK(cudaMalloc(&xq, maxT * maxH));
+  CK(cudaMalloc(&sf, maxT * maxH / 32 * 4));
+  CK(cudaMalloc(&ids, maxT * K * 4));
+  CK(cudaMalloc(&w, maxT * K * 4));
+  CK(cudaMalloc(&io, maxT * K * 8));
+  CK(cudaMalloc(&wo, maxT * K * 4));
+  CK(cudaMalloc(&pad, maxT));
+  CK(cudaMalloc(&cpy, maxT * maxH * 4));
+  {  // random inputs: bf16 randn*17-ish, ids, weights, every 5th token padded
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.f, 17.f);
+    std::vector<uint16_t> h(maxT * maxH);
+    for (auto& x : h) {
+      float f = nd(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      x = static_cast<uint16_t>(u >> 16);
+    }
+    CK(cudaMemcpy(hs, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<int32_t> id(maxT * K);
+    std::vector<float> ww(maxT * K);
+    std::vector<uint8_t> p(maxT);
+    for (size_t i = 0; i < id.size(); ++i) id[i] = rng() % 256, ww[i] = (rng() % 1000) / 1000.f;
+    for (int64_t t = 0; t < maxT; ++t) p[t] = t % 5 == 4;
+    CK(cudaMemcpy(ids, id.data(), id.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(w, ww.data(), ww.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pad, p.data(), p.size(), cudaMemcpyHostToDevice));
+  }
+  const double empty_us = time_graph(s, [&] { empty_kernel<<<1, 32, 0, s>>>(); }, 100, 20);
+  std::printf("{\"kind\":\"empty_kernel\",\"us\":%.3f}\n", empty_us);
+  std::vector<int64_t> Ts = {1, 8, 64, 256, 1024, 2048, 4096, 16384, 65536};
+  if (quick) Ts = {1, 64, 1024, 4096, 16384};
+  const Device d = Device::cuda(0);
+  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+    for (int sch = 0; sch < 2; ++sch) {
+      const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
+      for (int64_t T : Ts) {
+        StageArgs a;
+        a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
+        a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
+        a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
+        a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
+        a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
+        const int64_t sfc = q.ue8m0() ? H / 128 : H / 128;
+        a.x_sf = TensorRef(sf, q.ue8m0() ? DType::kInt32 : DType::kFloat32, {T, sfc}, d);
+        a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
+        a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
+        a.hidden_quant = q;
+        const double bytes = T * H * 2.0 + T * H + T * sfc * 4.0 + T * K * (4 + 4 + 8 + 4) + T;
+        const int calls = T >= 16384 ? 5 : 20;
+        const int reps = T >= 16384 ? 10 : 30;
+        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, reps);
+        const size_t half = static_cast<size_t>(bytes / 2);
+        const double mc = time_graph(
+            s, [&] { CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + (maxT * maxH * 2), half, cudaMemcpyDeviceToDevice, s)); },
+            calls, reps);
+        // PDL pair: producer (rewrites hidden) then staging, with and without PDL.
+        const int64_t n = T * H;
+        auto pair = [&](bool pdl) {
+          a.enable_pdl = pdl;
+          return time_graph(s, [&] {
+            producer_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(static_cast<uint16_t*>(hs), n);
+            prepare_inputs(a, s);
+          }, calls, reps);
+        };
+        const double pair_off = pair(false), pair_on = pair(true);
+        a.enable_pdl = false;
+        std::printf("{\"kind\":\"stage\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"bytes\":%.0f,\"us\":%.3f,"
+                    "\"TBps\":%.3f,\"memcpy_us\":%.3f,\"memcpy_TBps\":%.3f,\"frac_memcpy\":%.3f,"
+                    "\"pair_us\":%.3f,\"pair_pdl_us\":%.3f}\n",
+                    sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, bytes, us,
+                    bytes / us * 1e-6, mc, bytes / mc * 1e-6, mc / us, pair_off, pair_on);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# scripts/device.sh: one batched GPU session (build, test, sanitize, benchmark) for the
+# lent H200. Usage: bash scripts/device.sh [steps...]   (default: all)
+# Steps: info build test sanitize bench python pybench. Results and logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/megamoe-out}
+mkdir -p "$OUT"
+DEPS=/tmp/deps
+STEPS=${*:-info build test sanitize bench python pybench}
+JOBS=$(nproc)
+export PYTHONUNBUFFERED=1
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+log() { echo "== $* ($(date +%T))"; }
+
+if has info; then
+  log info
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+  nvcc --version | tail -1 | tee -a "$OUT/gpu.txt"
+  git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/gpu.txt" || true
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+fi
+
+if has build; then
+  log deps
+  if [ -d .deps/googletest-src ] && [ ! -d "$DEPS/lib/cmake/GTest" ]; then
+    cmake -S .deps/googletest-src -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$DEPS" >/dev/null && cmake --build /tmp/gtest-build -j"$JOBS" >/dev/null &&
+      cmake --install /tmp/gtest-build >/dev/null
+  fi
+  for d in .deps/*.deb; do [ -f "$d" ] && dpkg -x "$d" "$DEPS"; done
+  [ -f tests/CMakeLists.txt ] || printf 'find_package(GTest REQUIRED)\ninclude(GoogleTest)\nadd_subdirectory(cuda)\n' >tests/CMakeLists.txt
+  log build
+  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_ENABLE_CUDA=ON \
+    -DMEGAMOE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DMEGAMOE_BUILD_BENCH=ON -DMEGAMOE_BUILD_TESTS=ON \
+    -DCMAKE_PREFIX_PATH="$DEPS;$DEPS/usr" >"$OUT/build.log" 2>&1 &&
+    cmake --build build-dev -j"$JOBS" >>"$OUT/build.log" 2>&1
+  echo "build rc=$?"; tail -5 "$OUT/build.log"
+fi
+
+if has test; then
+  log test
+  (cd build-dev && ctest --output-on-failure -j4 -E 'CudaStage|CudaNumerics' >"$OUT/ctest_cpu.log" 2>&1; echo "ctest(cpu) rc=$?"; tail -3 "$OUT/ctest_cpu.log")
+  ./build-dev/tests/cuda/megamoe_cuda_tests --gtest_output=json:"$OUT/gpu_tests.json" >"$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E '^\[  (PASSED|FAILED|SKIPPED)|^\[       OK|FAILED|Failure|mismatch' "$OUT/gpu_tests.log" | head -40
+fi
+
+if has sanitize; then
+  log sanitize
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 ./build-dev/tests/cuda/megamoe_cuda_tests \
+      --gtest_filter='CudaStageSanitizer.*' >"$OUT/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
+  done
+fi
+
+if has bench; then
+  log bench
+  ./build-dev/megamoe_bench_kernel ${BENCH_ARGS:-} | tee "$OUT/bench_kernel.jsonl"
+fi
+
+if has python; then
+  log python
+  CMAKE_ARGS="-DMEGAMOE_CUDA_ARCHITECTURES=${ARCHS:-90}" python3 -m pip install --no-build-isolation --no-deps -q . >"$OUT/pip.log" 2>&1
+  echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  python3 -m pytest -q tests/python -x -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
+fi
+
+if has pybench; then
+  log pybench
+  python3 bench/bench_stage.py --out "$OUT" 2>&1 | tail -60
+fi
+log done
