@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/tuning.h"
 #include "megamoe/megamoe.h"
 
 #define CK(x)                                                                       \
@@ -27,7 +28,12 @@ using namespace megamoe;
 
 __global__ void empty_kernel() {}
 // A stand-in for the layer before staging: rewrites the hidden states (x = x * 1).
+// Like PDL-aware engine kernels, it lets its dependent launch early (the dependent still
+// waits for its completion in griddepcontrol.wait before reading anything).
 __global__ void producer_kernel(uint16_t* x, int64_t n) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = x[i];
 }
@@ -145,6 +151,30 @@ int main(int argc, char** argv) {
                     bytes / us * 1e-6, mc, bytes / mc * 1e-6, mc / us, pair_off, pair_on);
         std::fflush(stdout);
       }
+    }
+  }
+  // Launch-heuristic sweep at prefill sizes (chunks per thread x grid cap).
+  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+    for (int64_t T : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+      StageArgs a;
+      a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
+      a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
+      a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
+      a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
+      a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
+      a.x_sf = TensorRef(sf, DType::kInt32, {T, H / 128}, d);
+      a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
+      a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
+      const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
+      for (int u : {1, 2}) {
+        for (int waves : {1, 2, 4, 16, 100000}) {
+          megamoe::cuda::set_tuning({u, waves});
+          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 15);
+          std::printf("{\"kind\":\"tune\",\"T\":%lld,\"H\":%lld,\"u\":%d,\"waves\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
+                      (long long)T, (long long)H, u, waves, us, bytes / us * 1e-6);
+        }
+      }
+      megamoe::cuda::set_tuning({});
     }
   }
   return 0;

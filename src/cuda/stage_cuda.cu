@@ -27,6 +27,7 @@
 #include "core/numerics.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
+#include "cuda/tuning.h"
 #include "validate.h"
 
 namespace megamoe {
@@ -154,67 +155,109 @@ __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, 
   }
 }
 
-template <int In, int G, bool UE8M0>
-__global__ void __launch_bounds__(256) stage_fast_kernel(const Params p) {
+/// Top-k entry (t, k) loaded ahead of use so its latency overlaps the hidden-state loads.
+struct TopkEntry {
+  int64_t id;
+  float w;
+  bool pad;
+};
+
+__device__ __forceinline__ TopkEntry load_topk(const Params& p, int64_t t, int64_t k) {
+  TopkEntry e;
+  const int64_t off = t * p.ids_s0 + k * p.ids_s1;
+  e.id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
+                   : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
+  e.w = load_weight(p, t, k);
+  e.pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
+  return e;
+}
+
+__device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k, const TopkEntry& e) {
+  p.idx_out[t * p.io_s0 + k * p.io_s1] = e.pad ? int64_t{-1} : e.id;
+  p.w_out[t * p.wo_s0 + k * p.wo_s1] = e.pad ? 0.0f : e.w;
+}
+
+/// U chunks per thread per iteration: the block's 256*U consecutive chunks, thread i owning
+/// chunks i, i+256, ... so every load instruction of a warp stays contiguous.
+template <int In, int G, bool UE8M0, int U>
+__global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const Params p) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
+  constexpr int kThreads = 256;
   pdl_wait_and_trigger();
   const int64_t cpr = p.H / kChunk;  // chunks per row
   const int64_t n = p.T * cpr;
   const int lane = threadIdx.x & 31;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const bool small = n < (int64_t{1} << 32);
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       c - lane < n; c += stride) {
-    const bool active = c < n;
-    int64_t t, j;
-    if (small) {
-      const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
-      t = c32 / cpr32;
-      j = c32 - static_cast<uint32_t>(t) * cpr32;
-    } else {
-      t = c / cpr;
-      j = c - t * cpr;
-    }
-    float x[kChunk];
-    if (active) {
-      const auto* src = static_cast<const typename InTraits<In>::T*>(p.hs) + t * p.hs_s0 + j * kChunk;
-      load_chunk<In>(src, x);
-    } else {
+  const bool small = n + int64_t{kThreads} * U * gridDim.x < (int64_t{1} << 32);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * U; base < n;
+       base += static_cast<int64_t>(gridDim.x) * kThreads * U) {
+    float x[U][kChunk];
+    int64_t t[U], j[U];
+    bool active[U];
+    TopkEntry tk[U];
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) x[i] = 0.0f;
-    }
-    float amax = 0.0f;
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = base + u * kThreads + threadIdx.x;
+      active[u] = c < n;
+      if (small) {
+        const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
+        t[u] = c32 / cpr32;
+        j[u] = c32 - static_cast<uint32_t>(t[u]) * cpr32;
+      } else {
+        t[u] = c / cpr;
+        j[u] = c - t[u] * cpr;
+      }
+      if (active[u]) {
+        const auto* src =
+            static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
+        load_chunk<In>(src, x[u]);
+        if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
+      } else {
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, core::abs_bits(x[i]));
-#pragma unroll
-    for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    const GroupScale gs = core::group_scale(amax, UE8M0);
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(x[4 * i + 0], gs.inv),
-                                                      core::mul_rn(x[4 * i + 1], gs.inv));
-      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(x[4 * i + 2], gs.inv),
-                                                      core::mul_rn(x[4 * i + 3], gs.inv));
-      packed[i] = lo | (hi << 16);
+        for (int i = 0; i < kChunk; ++i) x[u][i] = 0.0f;
+      }
     }
-    uint32_t word = 0;
-    if constexpr (UE8M0) {
-      word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
 #pragma unroll
-      for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+    for (int u = 0; u < U; ++u) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, core::abs_bits(x[u][i]));
+#pragma unroll
+      for (int off = 1; off < kTPG; off <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+      }
+      const GroupScale gs = core::group_scale(amax, UE8M0);
+      uint32_t packed[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 0], gs.inv),
+                                                        core::mul_rn(x[u][4 * i + 1], gs.inv));
+        const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 2], gs.inv),
+                                                        core::mul_rn(x[u][4 * i + 3], gs.inv));
+        packed[i] = lo | (hi << 16);
+      }
+      uint32_t word = 0;
+      if constexpr (UE8M0) {
+        word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
+#pragma unroll
+        for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+      }
+      if (!active[u]) continue;
+      *reinterpret_cast<uint4*>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      if constexpr (UE8M0) {
+        if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
+      } else {
+        if (lane % kTPG == 0) {
+          static_cast<float*>(p.sf)[t[u] * p.sf_s0 + (j[u] / kTPG) * p.sf_s1] = gs.scale;
+        }
+      }
+      if (j[u] < p.K) {
+        store_topk(p, t[u], j[u], tk[u]);
+        if (j[u] + cpr < p.K) repack_topk(p, t[u], j[u] + cpr, cpr);  // K > H/16: rare
+      }
     }
-    if (!active) continue;
-    *reinterpret_cast<uint4*>(p.xq + t * p.xq_s0 + j * kChunk) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    if constexpr (UE8M0) {
-      if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
-    } else {
-      if (lane % kTPG == 0) static_cast<float*>(p.sf)[t * p.sf_s0 + (j / kTPG) * p.sf_s1] = gs.scale;
-    }
-    repack_topk(p, t, j, cpr);
   }
 }
 
@@ -277,6 +320,12 @@ int sm_count(int device) {
   return v;
 }
 
+// Host-side launch heuristics (see docs/DESIGN.md). Overridable for benchmarking only.
+constexpr int64_t kUnrollFrom = int64_t{1} << 17;  // chunks; 2 chunks/thread from here (T*H >= 2M)
+constexpr int64_t kDefaultMaxWaves = 16;            // grid cap, in waves of 8 blocks per SM
+std::atomic<int> g_chunks_per_thread{0}, g_max_waves{0};
+Tuning tuning() { return Tuning{g_chunks_per_thread.load(), g_max_waves.load()}; }
+
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 /// Fast path: contiguous, 16-byte aligned rows in and out.
@@ -307,7 +356,9 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int device, cu
             bool pdl) {
   constexpr int kThreads = 256;
   // Enough resident blocks to cover the chip several times; the kernels grid-stride beyond.
-  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * 16;
+  const Tuning tn = tuning();
+  const int64_t waves = tn.max_waves > 0 ? tn.max_waves : kDefaultMaxWaves;
+  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, max_blocks));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -322,17 +373,26 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int device, cu
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, prm), "cudaLaunchKernelEx(staging)");
 }
 
+template <int In, int G, bool UE8M0>
+void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaStream_t stream,
+                 bool pdl) {
+  const int64_t chunks = p.T * (p.H / kChunk);
+  const Tuning tn = tuning();
+  const int u = tn.chunks_per_thread > 0 ? tn.chunks_per_thread : (chunks >= kUnrollFrom ? 2 : 1);
+  if (u == 2) return launch(stage_fast_kernel<In, G, UE8M0, 2>, prm, (chunks + 1) / 2, device, stream, pdl);
+  return launch(stage_fast_kernel<In, G, UE8M0, 1>, prm, chunks, device, stream, pdl);
+}
+
 template <int In>
 void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int device,
                  cudaStream_t stream, bool pdl) {
   if (fast) {
-    const int64_t chunks = p.T * (p.H / kChunk);
     if (p.G == 32) {
-      if (p.ue8m0) return launch(stage_fast_kernel<In, 32, true>, prm, chunks, device, stream, pdl);
-      return launch(stage_fast_kernel<In, 32, false>, prm, chunks, device, stream, pdl);
+      if (p.ue8m0) return launch_fast<In, 32, true>(prm, p, device, stream, pdl);
+      return launch_fast<In, 32, false>(prm, p, device, stream, pdl);
     }
-    if (p.ue8m0) return launch(stage_fast_kernel<In, 128, true>, prm, chunks, device, stream, pdl);
-    return launch(stage_fast_kernel<In, 128, false>, prm, chunks, device, stream, pdl);
+    if (p.ue8m0) return launch_fast<In, 128, true>(prm, p, device, stream, pdl);
+    return launch_fast<In, 128, false>(prm, p, device, stream, pdl);
   }
   const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
   if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, device, stream, pdl);
@@ -340,6 +400,11 @@ void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int dev
 }
 
 }  // namespace
+
+void set_tuning(const Tuning& t) {
+  g_chunks_per_thread.store(t.chunks_per_thread);
+  g_max_waves.store(t.max_waves);
+}
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
   Params prm = {};

@@ -15,7 +15,8 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-__global__ void fp8_exhaustive(unsigned long long* mismatches, uint32_t* first) {
+__global__ void fp8_exhaustive(unsigned long long* mismatches, uint32_t* first,
+                               unsigned long long* nan_outputs) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
        i += stride) {
@@ -28,6 +29,7 @@ __global__ void fp8_exhaustive(unsigned long long* mismatches, uint32_t* first) 
     if (sw != hw || (pair & 0xFF) != sw || (pair >> 8) != sw_neg) {
       if (atomicAdd(mismatches, 1ull) == 0) *first = b;
     }
+    if (hw == 0x7F) atomicAdd(nan_outputs, 1ull);  // positive control: the loop really ran
   }
 }
 
@@ -44,19 +46,25 @@ __global__ void half_exhaustive(unsigned long long* mismatches, uint32_t* first)
 
 TEST(CudaNumerics, Fp8HardwareMatchesSoftwareOnAllFloats) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  unsigned long long* d_count;
+  unsigned long long *d_count, *d_nans;
   uint32_t* d_first;
   ASSERT_EQ(cudaMalloc(&d_count, 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_nans, 8), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_first, 4), cudaSuccess);
   cudaMemset(d_count, 0, 8);
+  cudaMemset(d_nans, 0, 8);
   cudaMemset(d_first, 0, 4);
-  fp8_exhaustive<<<132 * 16, 256>>>(d_count, d_first);
+  fp8_exhaustive<<<132 * 16, 256>>>(d_count, d_first, d_nans);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  unsigned long long count = 0;
+  unsigned long long count = 0, nans = 0;
   uint32_t first = 0;
   ASSERT_EQ(cudaMemcpy(&count, d_count, 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaMemcpy(&nans, d_nans, 8, cudaMemcpyDeviceToHost);
   cudaMemcpy(&first, d_first, 4, cudaMemcpyDeviceToHost);
   EXPECT_EQ(count, 0ull) << "first mismatching fp32 bits 0x" << std::hex << first;
+  // Every fp32 NaN (2 signs x (2^23 - 1) payloads) and nothing else gives 0x7F.
+  EXPECT_EQ(nans, 2ull * ((1ull << 23) - 1));
+  cudaFree(d_nans);
   cudaFree(d_count);
   cudaFree(d_first);
 }
