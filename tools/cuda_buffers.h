@@ -1,0 +1,34 @@
+// cuda_buffers.h: the CLI's only contact with the CUDA runtime. Built from cuda_buffers.cpp
+// when the build has CUDA (MEGAMOE_CLI_CUDA=1); otherwise inline stand-ins say "no CUDA".
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "megamoe/stage.h"
+#include "safetensors.h"
+
+namespace megamoe_cli {
+
+#if MEGAMOE_CLI_CUDA
+/// Number of usable CUDA devices; 0 (with the reason in @p why) when there are none.
+int cuda_device_count(std::string* why);
+/// Name of CUDA device @p dev (e.g. "NVIDIA H200").
+std::string cuda_device_name(int dev);
+/// Copy every tensor of @p host (contiguous CPU tensors, outputs included) to device @p dev,
+/// run megamoe::prepare_inputs once as a warmup and then @p iters times on one stream, each
+/// timed with a pair of CUDA events, and copy the outputs back into @p host's buffers.
+/// Returns the time of each timed call in seconds. Throws CliError on a CUDA failure.
+std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters);
+#else
+inline int cuda_device_count(std::string* why) {
+  if (why != nullptr) *why = "this megamoe-stage was built without CUDA support";
+  return 0;
+}
+inline std::string cuda_device_name(int) { return {}; }
+inline std::vector<double> run_cuda(const megamoe::StageArgs&, int, int) {
+  throw CliError("this megamoe-stage was built without CUDA support");
+}
+#endif
+
+}  // namespace megamoe_cli

@@ -1,0 +1,397 @@
+// megamoe_stage.cpp: the megamoe-stage CLI. Stages DeepSeek-V4-shaped (or file-provided)
+// inputs with megamoe::prepare_inputs on the CPU or a CUDA device, times it, measures the
+// quantization quality and compares every output bitwise with the independent reference.
+//
+// Exit status: 0 = outputs match the reference, 1 = mismatch, 2 = usage, input or runtime error.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cuda_buffers.h"
+#include "megamoe/megamoe.h"
+#include "stage_check.h"
+#include "stage_inputs.h"
+
+namespace megamoe_cli {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct Options {
+  GenOptions gen;
+  std::string scheme = "mxfp8";
+  int64_t shared_block_m = 0;
+  bool has_shared = false;
+  std::string device = "auto";
+  int iters = 0;  // 0 = auto
+  std::string input, output, save_inputs;
+  bool json = false;
+};
+
+const std::map<std::string, megamoe::QuantScheme>& schemes() {
+  static const std::map<std::string, megamoe::QuantScheme> m = {
+      {"mxfp8", megamoe::QuantScheme::mxfp8()},
+      {"ue8m0-g128", megamoe::QuantScheme::fp8_ue8m0_g128()},
+      {"fp32-g128", megamoe::QuantScheme::fp8_fp32_g128()},
+      {"fp32-g32", megamoe::QuantScheme::fp8_fp32_g32()}};
+  return m;
+}
+
+const char* kFooter = R"(Inputs (without --input): hidden_states [T, H] bf16 = bf16(randn * 17) (std::mt19937
+seeded with --seed, std::normal_distribution; the exact values depend on the C++ standard
+library), topk_ids [T, K] int32 = K distinct experts in [0, --experts) per token,
+topk_weights [T, K] fp32 uniform in [0.01, 1), is_padding [T] bool with token t padded
+when (t + 1) % --pad-every == 0 (no is_padding tensor when --pad-every is 0).
+
+Safetensors tensors read by --input (and written by --save-inputs):
+  hidden_states [T, H] BF16/F16/F32, topk_ids [T, K] I32/I64,
+  topk_weights [T, K] F32/BF16/F16, is_padding [T] BOOL/U8 (optional; nonzero = padded).
+Written by --output: x_fp8 [T, H] F8_E4M3, x_sf [T, H/(4G)] I32 (UE8M0 bytes packed
+little-endian, 4 per word) or [T, H/G] F32, topk_idx_out [T, K] I64, topk_weights_out
+[T, K] F32, and shared_x_sf [R, H/(4G)] I32 with --shared-block-m (rows no token maps
+to are 0).
+
+Report:
+  time       median wall time of --iters calls after one warmup call (CUDA: event pairs
+             around each call on one stream; CPU: steady_clock around each call).
+  bandwidth  bytes / time, bytes = T*H*(input element size) + T*H (fp8) + scale bytes
+             (x_sf, plus shared_x_sf copies) + T*K*(id bytes + weight bytes + 8 + 4)
+             + T (is_padding, when present).
+  SNR        10*log10(sum x^2 / sum (x - deq)^2) over every finite input element x, where
+             deq = fp8_value(x_fp8) * (scale of its group); "inf" when deq == x everywhere.
+  max relative error
+             max |x - deq| / |x| over finite elements with |x| > 1e-3 * amax, amax being
+             the largest finite |x| of the element's group of G values (smaller elements
+             would be dominated by fp8's absolute resolution); at most 2^-4 for fp8 e4m3
+             unless amax is below the 1e-4 floor.
+  reference  every output compared bitwise with tests/reference/megamoe_reference.h
+             (shared_x_sf rows through megamoe_ref::shared_row): "bit-exact match" or the
+             first mismatch (tensor, [row, col], megamoe's bits, the reference's bits).
+
+Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
+error (the message names the file, tensor, what was expected and what was got).)";
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char* dtype_label(const std::string& st) {
+  static const std::map<std::string, const char*> m = {
+      {"BF16", "bfloat16"}, {"F16", "float16"}, {"F32", "float32"}, {"I32", "int32"},
+      {"I64", "int64"},     {"BOOL", "bool"},   {"U8", "uint8"}};
+  auto it = m.find(st);
+  return it == m.end() ? st.c_str() : it->second;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+/// Allocate the outputs for @p in under scheme @p q (shapes from the contract; invalid
+/// requests still get buffers so that megamoe::validate can name the problem).
+StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, const Options& o) {
+  const int64_t T = in.T(), H = in.H(), K = in.K(), G = q.group_k > 0 ? q.group_k : 1;
+  const int64_t cols = q.ue8m0() ? H / (4 * G) : H / G;
+  StageOutputs out;
+  out.x_fp8 = Tensor("F8_E4M3", {T, H});
+  out.x_sf = Tensor(q.ue8m0() ? "I32" : "F32", {T, cols});
+  out.topk_idx_out = Tensor("I64", {T, K});
+  out.topk_weights_out = Tensor("F32", {T, K});
+  if (o.has_shared) {
+    const int64_t bm = o.shared_block_m;
+    const int64_t rows = bm > 0 ? (T + bm - 1) / bm * ((bm + 127) / 128 * 128) : 0;
+    out.shared_x_sf = Tensor("I32", {rows, cols});
+    out.shared_block_m = bm;
+  }
+  return out;
+}
+
+int run(const Options& o) {
+  const auto sit = schemes().find(o.scheme);
+  const megamoe::QuantScheme q = sit->second;
+
+  // Device.
+  std::string why;
+  const int ndev = o.device == "cpu" ? 0 : cuda_device_count(&why);
+  if (o.device == "cuda") {
+    if (!megamoe::has_cuda_backend()) {
+      throw CliError("--device cuda: the megamoe library was built without the CUDA backend");
+    }
+    if (ndev == 0) throw CliError("--device cuda: no usable CUDA device (" + why + ")");
+  }
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && megamoe::has_cuda_backend() && ndev > 0);
+  const int iters = o.iters > 0 ? o.iters : (cuda ? 20 : 3);
+
+  // Inputs.
+  StageInputs in = o.input.empty() ? generate_inputs(o.gen) : load_inputs(o.input);
+  if (!o.save_inputs.empty()) save_inputs(o.save_inputs, in);
+  const int64_t T = in.T(), H = in.H(), K = in.K();
+  StageOutputs out = make_outputs(in, q, o);
+
+  megamoe::StageArgs args;
+  args.hidden_states = in.hidden_states.ref();
+  args.topk_ids = in.topk_ids.ref();
+  args.topk_weights = in.topk_weights.ref();
+  if (in.is_padding) args.is_padding = in.is_padding->ref();
+  args.x_fp8 = out.x_fp8.ref();
+  args.x_sf = out.x_sf.ref();
+  args.topk_idx_out = out.topk_idx_out.ref();
+  args.topk_weights_out = out.topk_weights_out.ref();
+  if (out.shared_x_sf) {
+    args.shared_x_sf = out.shared_x_sf->ref();
+    args.shared_block_m = out.shared_block_m;
+  }
+  args.hidden_quant = q;
+  megamoe::validate(args);  // megamoe::Error, printed as-is, before anything runs
+
+  // Run and time.
+  std::vector<double> times;
+  std::string device_desc;
+  if (cuda) {
+    times = run_cuda(args, 0, iters);
+    device_desc = "cuda:0 (" + cuda_device_name(0) + ")";
+  } else {
+    megamoe::prepare_inputs(args);  // warmup
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      megamoe::prepare_inputs(args);
+      const auto t1 = std::chrono::steady_clock::now();
+      times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    device_desc = "cpu (" + std::to_string(std::max(1u, std::thread::hardware_concurrency())) +
+                  " hardware threads)";
+  }
+  const double t_med = median(times);
+
+  // Quality and reference.
+  const int64_t G = q.group_k;
+  const std::vector<float> hidden = to_float(in.hidden_states);
+  const Quality qual = measure_quality(hidden, T, H, out, G, q.ue8m0());
+  const RefCheck ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
+
+  if (!o.output.empty()) {
+    std::vector<std::pair<std::string, const Tensor*>> ts = {
+        {"x_fp8", &out.x_fp8}, {"x_sf", &out.x_sf}, {"topk_idx_out", &out.topk_idx_out},
+        {"topk_weights_out", &out.topk_weights_out}};
+    if (out.shared_x_sf) ts.emplace_back("shared_x_sf", &*out.shared_x_sf);
+    write_safetensors(o.output, ts);
+  }
+
+  // Report.
+  const int64_t in_elem = st_dtype_size(in.hidden_states.dtype);
+  const int64_t scale_bytes = static_cast<int64_t>(out.x_sf.data.size()) +
+                              (out.shared_x_sf ? T * out.x_sf.shape[1] * 4 : 0);
+  const int64_t padding_bytes = in.is_padding ? T : 0;
+  const int64_t bytes = T * H * in_elem + T * H + scale_bytes +
+                        T * K * (st_dtype_size(in.topk_ids.dtype) + st_dtype_size(in.topk_weights.dtype) + 8 + 4) +
+                        padding_bytes;
+  const double gbps = t_med > 0 ? bytes / t_med * 1e-9 : 0;
+  int64_t padded = 0;
+  if (in.is_padding) {
+    for (uint8_t b : in.is_padding->data) padded += b != 0;
+  }
+  const int rc = ref.first ? 1 : 0;
+
+  if (o.json) {
+    ojson j;
+    j["tool"] = "megamoe-stage";
+    j["version"] = megamoe::version();
+    j["backend"] = cuda ? "cuda" : "cpu";
+    j["device"] = device_desc;
+    ojson src = {{"source", o.input.empty() ? "generated" : "file"}};
+    if (o.input.empty()) {
+      src["seed"] = o.gen.seed;
+      src["experts"] = o.gen.experts;
+      src["pad_every"] = o.gen.pad_every;
+    } else {
+      src["path"] = o.input;
+    }
+    j["input"] = src;
+    j["shapes"] = {{"tokens", T},
+                   {"hidden", H},
+                   {"topk", K},
+                   {"hidden_states", dtype_label(in.hidden_states.dtype)},
+                   {"topk_ids", dtype_label(in.topk_ids.dtype)},
+                   {"topk_weights", dtype_label(in.topk_weights.dtype)},
+                   {"is_padding", in.is_padding ? ojson(dtype_label(in.is_padding->dtype)) : ojson()},
+                   {"padded_tokens", padded}};
+    j["scheme"] = {{"name", o.scheme},
+                   {"description", megamoe::to_string(q)},
+                   {"scale", q.ue8m0() ? "ue8m0" : "float32"},
+                   {"group_size", G},
+                   {"x_sf_shape", out.x_sf.shape}};
+    j["shared_block_m"] = out.shared_x_sf ? ojson(out.shared_block_m) : ojson();
+    j["shared_x_sf_rows"] = out.shared_x_sf ? ojson(out.shared_x_sf->shape[0]) : ojson();
+    j["timing"] = {{"warmup", 1},
+                   {"iters", iters},
+                   {"median_us", t_med * 1e6},
+                   {"min_us", *std::min_element(times.begin(), times.end()) * 1e6},
+                   {"bytes", bytes},
+                   {"gbps", gbps}};
+    j["quality"] = {{"snr_db", std::isfinite(qual.snr_db) ? ojson(qual.snr_db) : ojson()},
+                    {"snr_exact", std::isinf(qual.snr_db)},
+                    {"max_rel_err", qual.max_rel_err},
+                    {"rel_err_floor", kRelErrFloor},
+                    {"finite_elements", qual.finite}};
+    ojson r = {{"match", !ref.first.has_value()}, {"mismatches", ref.mismatches}};
+    if (ref.first) {
+      r["first_mismatch"] = {{"tensor", ref.first->tensor},
+                             {"row", ref.first->row},
+                             {"col", ref.first->col},
+                             {"index", ref.first->index},
+                             {"got", ref.first->got},
+                             {"expected", ref.first->expected}};
+    } else {
+      r["first_mismatch"] = nullptr;
+    }
+    j["reference"] = r;
+    j["output"] = o.output.empty() ? ojson() : ojson(o.output);
+    j["exit_code"] = rc;
+    std::cout << j.dump(2) << "\n";
+    return rc;
+  }
+
+  std::cout << "megamoe-stage " << megamoe::version() << "\n";
+  std::cout << "backend: " << (cuda ? "cuda" : "cpu") << ", device " << device_desc << "\n";
+  std::cout << "input: "
+            << (o.input.empty()
+                    ? "generated (seed " + std::to_string(o.gen.seed) + ", " +
+                          std::to_string(o.gen.experts) + " experts, pad every " +
+                          std::to_string(o.gen.pad_every) + ")"
+                    : o.input)
+            << "\n";
+  std::cout << "shapes: T=" << T << " H=" << H << " K=" << K << "; hidden_states "
+            << dtype_label(in.hidden_states.dtype) << ", topk_ids " << dtype_label(in.topk_ids.dtype)
+            << ", topk_weights " << dtype_label(in.topk_weights.dtype) << ", is_padding "
+            << (in.is_padding ? dtype_label(in.is_padding->dtype) + std::string(" (") +
+                                    std::to_string(padded) + " padded)"
+                              : std::string("absent"))
+            << "\n";
+  std::cout << "scheme: " << o.scheme << " = " << megamoe::to_string(q) << "; x_sf "
+            << out.x_sf.shape_str() << " " << dtype_label(out.x_sf.dtype);
+  if (out.shared_x_sf) {
+    std::cout << "; shared_x_sf " << out.shared_x_sf->shape_str() << " (shared_block_m "
+              << out.shared_block_m << ")";
+  }
+  std::cout << "\n";
+  std::cout << "time: " << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3))
+            << " per call (median of " << iters
+            << " after 1 warmup)\n";
+  std::cout << "bandwidth: " << fmt("%.2f", gbps) << " GB/s (" << bytes << " bytes per call)\n";
+  if (std::isnan(qual.snr_db)) {
+    std::cout << "SNR: n/a (no finite input values)\n";
+  } else if (std::isinf(qual.snr_db)) {
+    std::cout << "SNR: inf dB (dequantized values equal the input)\n";
+  } else {
+    std::cout << "SNR: " << fmt("%.2f", qual.snr_db) << " dB\n";
+  }
+  std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err)
+            << " (elements with |x| > 1e-3 * group amax)\n";
+  if (ref.first) {
+    const Mismatch& m = *ref.first;
+    std::cout << "reference: MISMATCH, first in " << m.tensor << "[" << m.row << ", " << m.col
+              << "] (flat index " << m.index << "): got " << m.got << ", expected " << m.expected << " (" << ref.mismatches
+              << " differing elements)\n";
+  } else {
+    std::cout << "reference: bit-exact match\n";
+  }
+  if (!o.output.empty()) std::cout << "output: " << o.output << "\n";
+  return rc;
+}
+
+}  // namespace
+}  // namespace megamoe_cli
+
+int main(int argc, char** argv) {
+  using namespace megamoe_cli;
+  Options o;
+  CLI::App app{
+      "megamoe-stage: run MegaMoE input staging (fp8 quantization of the hidden states, top-k\n"
+      "repack, padding mask, shared-expert scales) on generated DeepSeek-V4-shaped inputs or on\n"
+      "a safetensors file; report time, bandwidth, quantization quality and a bitwise check\n"
+      "against the independent reference.",
+      "megamoe-stage"};
+  app.set_version_flag("--version", megamoe::version());
+  app.footer(kFooter);
+  app.get_formatter()->column_width(34);
+
+  auto* input = app.add_option("--input", o.input,
+                               "read hidden_states, topk_ids, topk_weights and optional is_padding "
+                               "from this safetensors file instead of generating them");
+  // Options of the generated inputs (meaningless with --input).
+  auto gen = [&](const char* name, auto& var, const char* desc, const CLI::Validator& v) {
+    app.add_option(name, var, desc)->capture_default_str()->check(v)->excludes(input);
+  };
+  gen("-T,--tokens", o.gen.tokens, "tokens T of the generated inputs", CLI::NonNegativeNumber);
+  gen("-H,--hidden", o.gen.hidden, "hidden size H (a multiple of 128)", CLI::PositiveNumber);
+  gen("-K,--topk", o.gen.topk, "experts per token K", CLI::PositiveNumber);
+  gen("--experts", o.gen.experts, "number of routed experts ids are drawn from",
+      CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  gen("--pad-every", o.gen.pad_every, "pad every N-th token (is_padding); 0 = no is_padding tensor",
+      CLI::NonNegativeNumber);
+  gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", CLI::NonNegativeNumber);
+  app.add_option("--scheme", o.scheme,
+                 "quantization scheme: mxfp8 (UE8M0 scales, G=32), ue8m0-g128, fp32-g128 "
+                 "(Hopper / DeepGEMM SM90), fp32-g32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32"}));
+  app.add_option("--shared-block-m", o.shared_block_m,
+                 "also stage shared_x_sf for this shared-expert block M, with the "
+                 "ceil(T/bm) * align(bm, 128) rows it requires (UE8M0 schemes only)");
+  app.add_option("--device", o.device,
+                 "where to run: cpu, cuda (device 0; error when none is present) or auto "
+                 "(cuda when the library has the CUDA backend and a device is present, else cpu)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--iters", o.iters,
+                 "timed calls; the median is reported, after one warmup call "
+                 "[default: 3 on cpu, 20 on cuda]")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--output", o.output,
+                 "write x_fp8, x_sf, topk_idx_out, topk_weights_out (and shared_x_sf) to this "
+                 "safetensors file");
+  app.add_option("--save-inputs", o.save_inputs,
+                 "write the inputs (generated or read) to this safetensors file, readable "
+                 "with --input");
+  app.add_flag("--json", o.json, "print the report as one JSON object on stdout");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  o.has_shared = app.count("--shared-block-m") > 0;
+
+  auto fail = [&](const std::string& msg) {
+    std::cerr << msg << "\n";
+    if (o.json) std::cout << ojson{{"error", msg}, {"exit_code", 2}}.dump(2) << "\n";
+    return 2;
+  };
+  try {
+    return run(o);
+  } catch (const megamoe::Error& e) {
+    return fail(e.what());
+  } catch (const CliError& e) {
+    return fail(std::string("megamoe-stage: error: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("megamoe-stage: error: out of host memory for these shapes");
+  } catch (const std::exception& e) {
+    return fail(std::string("megamoe-stage: error: ") + e.what());
+  }
+}

@@ -1,0 +1,158 @@
+// stage_check.cpp: quality metrics and the reference comparison (see stage_check.h).
+#include "stage_check.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "megamoe_reference.h"
+
+namespace megamoe_cli {
+namespace {
+
+template <typename T>
+const T* as(const Tensor& t) {
+  return reinterpret_cast<const T*>(t.data.data());
+}
+
+/// fp8 e4m3fn byte -> value (0x7F/0xFF are NaN; no infinities).
+double fp8_e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 0xF && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+std::string hex(uint64_t v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%0*llx", digits, static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string float_text(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s (%.9g)", hex(u, 8).c_str(), static_cast<double>(f));
+  return buf;
+}
+
+/// Compare @p n row-major elements of width @p cols; record the first difference.
+template <typename T, typename Fmt>
+void compare(RefCheck& r, const char* name, const T* got, const T* want, int64_t n, int64_t cols,
+             Fmt fmt) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
+    if (!r.first) r.first = Mismatch{name, i / cols, i % cols, i, fmt(got[i]), fmt(want[i])};
+    ++r.mismatches;
+  }
+}
+
+}  // namespace
+
+std::vector<float> to_float(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype == "F32") {
+    std::memcpy(v.data(), t.data.data(), v.size() * 4);
+  } else {
+    const bool bf16 = t.dtype == "BF16";
+    const uint16_t* p = as<uint16_t>(t);
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = bf16 ? megamoe_ref::bf16_to_float(p[i]) : megamoe_ref::half_to_float(p[i]);
+    }
+  }
+  return v;
+}
+
+Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
+                        const StageOutputs& out, int64_t G, bool ue8m0) {
+  Quality q;
+  double fp8[256];
+  for (int b = 0; b < 256; ++b) fp8[b] = fp8_e4m3_value(static_cast<uint8_t>(b));
+  double signal = 0, noise = 0;
+  const uint8_t* x8 = as<uint8_t>(out.x_fp8);
+  const int64_t groups = H / G, cols = out.x_sf.shape[1];
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      double scale;
+      if (ue8m0) {
+        const uint32_t w = as<uint32_t>(out.x_sf)[t * cols + g / 4];
+        scale = std::ldexp(1.0, static_cast<int>((w >> (8 * (g % 4))) & 0xFF) - 127);
+      } else {
+        scale = as<float>(out.x_sf)[t * cols + g];
+      }
+      const int64_t base = t * H + g * G;
+      double amax = 0;
+      for (int64_t i = 0; i < G; ++i) {
+        const double x = hidden[base + i];
+        if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+      }
+      for (int64_t i = 0; i < G; ++i) {
+        const double x = hidden[base + i];
+        if (!std::isfinite(x)) continue;
+        const double err = x - fp8[x8[base + i]] * scale;
+        signal += x * x;
+        noise += err * err;
+        ++q.finite;
+        if (std::fabs(x) > kRelErrFloor * amax) {
+          q.max_rel_err = std::max(q.max_rel_err, std::fabs(err) / std::fabs(x));
+        }
+      }
+    }
+  }
+  if (q.finite == 0) {
+    q.snr_db = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    q.snr_db = noise == 0 ? std::numeric_limits<double>::infinity() : 10 * std::log10(signal / noise);
+  }
+  return q;
+}
+
+RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,
+                                const StageOutputs& out, int64_t G, bool ue8m0) {
+  const int64_t T = in.T(), H = in.H(), K = in.K();
+  std::vector<int64_t> ids(static_cast<size_t>(T * K));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = in.topk_ids.dtype == "I32" ? as<int32_t>(in.topk_ids)[i] : as<int64_t>(in.topk_ids)[i];
+  }
+  const std::vector<float> w = to_float(in.topk_weights);
+  std::vector<uint8_t> pad;
+  if (in.is_padding) {
+    for (uint8_t b : in.is_padding->data) pad.push_back(b != 0);
+  }
+  const megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), T, H, ids.data(), w.data(), K,
+                                                     in.is_padding ? pad.data() : nullptr, G, ue8m0);
+  RefCheck r;
+  auto byte = [](uint8_t v) { return hex(v, 2); };
+  auto word = [](uint32_t v) { return hex(v, 8); };
+  auto i64 = [](int64_t v) { return std::to_string(v); };
+  auto f32 = [](float v) { return float_text(v); };
+  compare(r, "x_fp8", as<uint8_t>(out.x_fp8), ref.x_fp8.data(), T * H, H, byte);
+  const int64_t cols = out.x_sf.shape[1];
+  if (ue8m0) {
+    compare(r, "x_sf", as<uint32_t>(out.x_sf), ref.sf_words.data(), T * cols, cols, word);
+  } else {
+    compare(r, "x_sf", as<float>(out.x_sf), ref.sf_f32.data(), T * cols, cols, f32);
+  }
+  compare(r, "topk_idx_out", as<int64_t>(out.topk_idx_out), ref.idx.data(), T * K, K, i64);
+  compare(r, "topk_weights_out", as<float>(out.topk_weights_out), ref.w.data(), T * K, K, f32);
+  if (out.shared_x_sf) {
+    const uint32_t* sh = as<uint32_t>(*out.shared_x_sf);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = megamoe_ref::shared_row(t, out.shared_block_m);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint32_t got = sh[row * cols + c], want = ref.sf_words[t * cols + c];
+        if (got == want) continue;
+        if (!r.first) {
+          r.first = Mismatch{"shared_x_sf", row, c, row * cols + c, word(got),
+                             word(want) + " (x_sf of token " + std::to_string(t) + ")"};
+        }
+        ++r.mismatches;
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace megamoe_cli

@@ -1,0 +1,63 @@
+// stage_check.h: what megamoe-stage measures about one staging result: quantization
+// quality after dequantizing, and a bitwise comparison with the independent reference
+// (tests/reference/megamoe_reference.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stage_inputs.h"
+
+namespace megamoe_cli {
+
+/// The staging outputs, as written to --output.
+struct StageOutputs {
+  Tensor x_fp8;             ///< F8_E4M3 [T, H]
+  Tensor x_sf;              ///< I32 [T, H/(4G)] (UE8M0) or F32 [T, H/G]
+  Tensor topk_idx_out;      ///< I64 [T, K]
+  Tensor topk_weights_out;  ///< F32 [T, K]
+  std::optional<Tensor> shared_x_sf;  ///< I32 [R, H/(4G)] with --shared-block-m
+  int64_t shared_block_m = 0;
+};
+
+/// Relative errors count only elements with |x| above this fraction of their group's amax.
+constexpr double kRelErrFloor = 1e-3;
+
+/// Quality of x_fp8 * scale against the input.
+struct Quality {
+  double snr_db = 0;       ///< 10*log10(sum x^2 / sum (x - deq)^2); +inf when exact; NaN when no finite x
+  double max_rel_err = 0;  ///< max |x - deq| / |x| over |x| > kRelErrFloor * group amax
+  int64_t finite = 0;      ///< elements counted in the SNR
+};
+
+/// First differing element of a comparison.
+struct Mismatch {
+  std::string tensor;   ///< output name
+  int64_t row = 0;      ///< row (token, or shared_x_sf row)
+  int64_t col = 0;      ///< column
+  int64_t index = 0;    ///< flat row-major index, row * columns + col
+  std::string got;      ///< what megamoe wrote (hex bits, value where useful)
+  std::string expected; ///< what the reference computed
+};
+
+/// Result of the comparison with the reference.
+struct RefCheck {
+  std::optional<Mismatch> first;  ///< empty when every output matches bitwise
+  int64_t mismatches = 0;         ///< differing elements over all outputs
+};
+
+/// hidden_states or topk_weights (BF16/F16/F32) as fp32, exactly.
+std::vector<float> to_float(const Tensor& t);
+
+/// Dequantize and measure; @p hidden is to_float(in.hidden_states).
+Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
+                        const StageOutputs& out, int64_t G, bool ue8m0);
+
+/// Run megamoe_ref::stage on @p in and compare every output bitwise (shared_x_sf rows
+/// through megamoe_ref::shared_row).
+RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,
+                                const StageOutputs& out, int64_t G, bool ue8m0);
+
+}  // namespace megamoe_cli

@@ -1,0 +1,129 @@
+// stage_inputs.cpp: generate, load and save the staging inputs (see stage_inputs.h).
+#include "stage_inputs.h"
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <random>
+
+namespace megamoe_cli {
+namespace {
+
+/// fp32 -> bf16 bits, round to nearest even (inputs here are finite).
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+std::string join(std::initializer_list<const char*> names) {
+  std::string s;
+  size_t i = 0;
+  for (const char* n : names) {
+    s += (i == 0 ? "" : (i + 1 == names.size() ? " or " : ", "));
+    s += n;
+    ++i;
+  }
+  return s;
+}
+
+/// Move tensor @p name out of @p m, checking dtype and rank.
+std::optional<Tensor> take(std::map<std::string, Tensor>& m, const std::string& path,
+                           const char* name, std::initializer_list<const char*> dtypes,
+                           size_t rank, const char* dims, bool required) {
+  auto it = m.find(name);
+  if (it == m.end()) {
+    if (!required) return std::nullopt;
+    std::string found;
+    for (const auto& kv : m) found += (found.empty() ? "" : ", ") + kv.first;
+    throw CliError(path + ": missing tensor '" + name + "' (the file has: " +
+                   (found.empty() ? std::string("no tensors") : found) + ")");
+  }
+  Tensor t = std::move(it->second);  // the key stays, so later "missing" messages list it
+  const std::string where = path + ": tensor '" + name + "': ";
+  if (std::find_if(dtypes.begin(), dtypes.end(), [&](const char* d) { return t.dtype == d; }) ==
+      dtypes.end()) {
+    throw CliError(where + "expected dtype " + join(dtypes) + ", got " + t.dtype);
+  }
+  if (t.shape.size() != rank) {
+    throw CliError(where + "expected rank " + std::to_string(rank) + " " + dims + ", got rank " +
+                   std::to_string(t.shape.size()) + " with shape " + t.shape_str());
+  }
+  return t;
+}
+
+}  // namespace
+
+StageInputs generate_inputs(const GenOptions& o) {
+  if (o.topk > o.experts) {
+    throw CliError("--topk " + std::to_string(o.topk) + " needs at least as many experts, got --experts " +
+                   std::to_string(o.experts));
+  }
+  StageInputs in;
+  in.hidden_states = Tensor("BF16", {o.tokens, o.hidden});
+  in.topk_ids = Tensor("I32", {o.tokens, o.topk});
+  in.topk_weights = Tensor("F32", {o.tokens, o.topk});
+  std::mt19937 rng(o.seed);
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto* hs = reinterpret_cast<uint16_t*>(in.hidden_states.data.data());
+  for (int64_t i = 0, n = o.tokens * o.hidden; i < n; ++i) hs[i] = float_to_bf16(normal(rng) * 17.0f);
+
+  std::uniform_int_distribution<int32_t> expert(0, static_cast<int32_t>(o.experts - 1));
+  std::uniform_real_distribution<float> weight(0.01f, 1.0f);
+  auto* ids = reinterpret_cast<int32_t*>(in.topk_ids.data.data());
+  auto* ws = reinterpret_cast<float*>(in.topk_weights.data.data());
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    int32_t* row = ids + t * o.topk;
+    for (int64_t k = 0; k < o.topk; ++k) {
+      int32_t e;
+      do {
+        e = expert(rng);
+      } while (std::find(row, row + k, e) != row + k);
+      row[k] = e;
+      ws[t * o.topk + k] = weight(rng);
+    }
+  }
+  if (o.pad_every > 0) {
+    in.is_padding = Tensor("BOOL", {o.tokens});
+    for (int64_t t = 0; t < o.tokens; ++t) in.is_padding->data[t] = (t + 1) % o.pad_every == 0;
+  }
+  return in;
+}
+
+StageInputs load_inputs(const std::string& path) {
+  std::map<std::string, Tensor> m = read_safetensors(path);
+  StageInputs in;
+  in.hidden_states = *take(m, path, "hidden_states", {"BF16", "F16", "F32"}, 2, "[T, H]", true);
+  in.topk_ids = *take(m, path, "topk_ids", {"I32", "I64"}, 2, "[T, K]", true);
+  in.topk_weights = *take(m, path, "topk_weights", {"F32", "BF16", "F16"}, 2, "[T, K]", true);
+  in.is_padding = take(m, path, "is_padding", {"BOOL", "U8"}, 1, "[T]", false);
+
+  const int64_t T = in.T();
+  auto rows = [&](const Tensor& t, const char* name) {
+    if (t.shape[0] != T) {
+      throw CliError(path + ": inconsistent T: hidden_states has " + std::to_string(T) +
+                     " tokens (shape " + in.hidden_states.shape_str() + ") but " + name + " has " +
+                     std::to_string(t.shape[0]) + " (shape " + t.shape_str() + ")");
+    }
+  };
+  rows(in.topk_ids, "topk_ids");
+  rows(in.topk_weights, "topk_weights");
+  if (in.is_padding) rows(*in.is_padding, "is_padding");
+  if (in.topk_weights.shape != in.topk_ids.shape) {
+    throw CliError(path + ": tensor 'topk_weights': expected shape " + in.topk_ids.shape_str() +
+                   " (the shape of topk_ids), got " + in.topk_weights.shape_str());
+  }
+  return in;
+}
+
+void save_inputs(const std::string& path, const StageInputs& in) {
+  std::vector<std::pair<std::string, const Tensor*>> ts = {{"hidden_states", &in.hidden_states},
+                                                           {"topk_ids", &in.topk_ids},
+                                                           {"topk_weights", &in.topk_weights}};
+  if (in.is_padding) ts.emplace_back("is_padding", &*in.is_padding);
+  write_safetensors(path, ts, {{"producer", "megamoe-stage --save-inputs"}});
+}
+
+}  // namespace megamoe_cli

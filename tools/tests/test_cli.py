@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Tests of the megamoe-stage CLI (plain python3, no numpy).
+
+Usage: test_cli.py PATH/TO/megamoe-stage CASE   (CASE: see CASES at the bottom)
+Exits 0 when the case passes; prints what failed otherwise.
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+EXE = None
+SMALL = ["-T", "96", "-H", "512", "--iters", "1"]
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def run(*args, expect_rc=None):
+    p = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=240)
+    if expect_rc is not None and p.returncode != expect_rc:
+        raise Failure(f"megamoe-stage {' '.join(args)}: exit {p.returncode}, expected {expect_rc}\n"
+                      f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def snr(text):
+    m = re.search(r"^SNR: ([0-9.]+) dB$", text, re.M)
+    check(m is not None, f"no 'SNR: <x> dB' line in:\n{text}")
+    return float(m.group(1))
+
+
+def expect_pass(args, min_snr=30.0):
+    p = run(*args, expect_rc=0)
+    check("reference: bit-exact match" in p.stdout, f"no bit-exact line for {args}:\n{p.stdout}")
+    check(snr(p.stdout) > min_snr, f"SNR <= {min_snr} for {args}:\n{p.stdout}")
+    return p
+
+
+def expect_error(args, *needles):
+    p = run(*args, expect_rc=2)
+    for n in needles:
+        check(n in p.stderr, f"megamoe-stage {' '.join(args)}: stderr lacks {n!r}:\n{p.stderr}")
+    return p
+
+
+# ---- safetensors helpers -------------------------------------------------------------
+
+def read_st(path):
+    """-> (header dict, data bytes)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def tensors(path):
+    """-> {name: (dtype, shape, bytes)}."""
+    h, data = read_st(path)
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__"}
+
+
+def write_st(path, ts, header_override=None, raw_header=None):
+    """ts: {name: (dtype, shape, bytes)} written in order; header_override patches entries."""
+    h, off, blobs = {}, 0, []
+    for k, (dt, shape, b) in ts.items():
+        h[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    for k, v in (header_override or {}).items():
+        h.setdefault(k, {}).update(v)
+    hb = raw_header if raw_header is not None else json.dumps(h).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+
+
+def bf16_to_f32_bytes(b):
+    out = bytearray()
+    for i in range(0, len(b), 2):
+        out += b"\0\0" + b[i:i + 2]
+    return bytes(out)
+
+
+def i32_to_i64_bytes(b):
+    vals = struct.unpack(f"<{len(b) // 4}i", b)
+    return struct.pack(f"<{len(vals)}q", *vals)
+
+
+def f32_to_bf16_bytes(b):
+    out = bytearray()
+    for (u,) in struct.iter_unpack("<I", b):
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        out += struct.pack("<H", u & 0xFFFF)
+    return bytes(out)
+
+
+# ---- cases -----------------------------------------------------------------------------
+
+def case_default():
+    """Small default-scheme runs pass with a bit-exact line and SNR > 30 dB."""
+    p = expect_pass(SMALL)
+    check(re.search(r"^time: [0-9.]+ (us|ms) per call", p.stdout, re.M), p.stdout)
+    check(re.search(r"^bandwidth: [0-9.]+ GB/s", p.stdout, re.M), p.stdout)
+    check(re.search(r"^max relative error: [0-9.e+-]+", p.stdout, re.M), p.stdout)
+    check("is_padding bool (19 padded)" in p.stdout, p.stdout)  # tokens 5, 10, ..., 95
+    p = expect_pass(SMALL + ["--pad-every", "0", "--seed", "7", "-K", "6", "--experts", "16"])
+    check("is_padding absent" in p.stdout, p.stdout)
+    p = run("-T", "0", "-H", "256", expect_rc=0)
+    check("reference: bit-exact match" in p.stdout, p.stdout)
+
+
+def case_schemes():
+    """Every scheme, bit-exact against the reference."""
+    for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32"]:
+        p = expect_pass(SMALL + ["--scheme", s], min_snr=28.0)
+        check(f"scheme: {s} = QuantScheme(" in p.stdout, p.stdout)
+        sf = "int32" if s.startswith(("mxfp8", "ue8m0")) else "float32"
+        g = 32 if s in ("mxfp8", "fp32-g32") else 128
+        cols = 512 // (4 * g) if sf == "int32" else 512 // g
+        check(f"x_sf [96, {cols}] {sf}" in p.stdout, p.stdout)
+
+
+def case_shared():
+    """--shared-block-m stages shared_x_sf with the required rows; fp32 schemes are rejected."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.safetensors")
+        for bm in ["64", "192", "1"]:
+            p = expect_pass(["-T", "300", "-H", "1024", "--iters", "1", "--shared-block-m", bm,
+                             "--output", out])
+            b = int(bm)
+            rows = -(-300 // b) * (-(-b // 128) * 128)
+            ts = tensors(out)
+            check(ts["shared_x_sf"][0] == "I32" and ts["shared_x_sf"][1] == [rows, 8],
+                  f"shared_x_sf entry {ts['shared_x_sf'][:2]}, expected I32 [{rows}, 8]")
+            check(f"shared_x_sf [{rows}, 8]" in p.stdout, p.stdout)
+    expect_error(SMALL + ["--scheme", "fp32-g128", "--shared-block-m", "64"], "UE8M0")
+    expect_error(SMALL + ["--shared-block-m", "0"], "shared_block_m must be positive")
+
+
+FLAGS = ["--help", "--version", "--input", "-T", "--tokens", "-H", "--hidden", "-K", "--topk",
+         "--experts", "--pad-every", "--seed", "--scheme", "--shared-block-m", "--device",
+         "--iters", "--output", "--save-inputs", "--json"]
+
+
+def case_help():
+    """--help documents every flag, the schemes, the metrics and the exit codes."""
+    p = run("--help", expect_rc=0)
+    for f in FLAGS:
+        check(re.search(r"(^|[\s,])" + re.escape(f) + r"\b", p.stdout), f"--help lacks {f}:\n{p.stdout}")
+    for word in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "auto", "SNR",
+                 "max relative error", "1e-3 * amax", "bit-exact", "Exit status", "hidden_states",
+                 "topk_ids", "topk_weights", "is_padding", "x_fp8", "x_sf", "topk_idx_out",
+                 "topk_weights_out", "shared_x_sf", "F8_E4M3"]:
+        check(word in p.stdout, f"--help lacks {word!r}")
+    p = run("--version", expect_rc=0)
+    check(re.match(r"\d+\.\d+\.\d+", p.stdout.strip()), p.stdout)
+
+
+def case_json():
+    """--json prints one parseable object (also for errors)."""
+    p = run(*SMALL, "--json", expect_rc=0)
+    j = json.loads(p.stdout)
+    check(j["reference"]["match"] is True and j["reference"]["first_mismatch"] is None, j)
+    check(j["exit_code"] == 0 and j["backend"] in ("cpu", "cuda"), j)
+    check(j["shapes"]["tokens"] == 96 and j["shapes"]["hidden"] == 512 and j["shapes"]["topk"] == 8, j)
+    check(j["scheme"]["name"] == "mxfp8" and j["scheme"]["group_size"] == 32, j)
+    check(j["quality"]["snr_db"] > 30 and 0 < j["quality"]["max_rel_err"] <= 2 ** -4, j)
+    check(j["timing"]["median_us"] > 0 and j["timing"]["bytes"] > 0 and j["timing"]["iters"] == 1, j)
+    # bytes = T*H*2 + T*H + T*(H/128)*4 + T*K*(4 + 4 + 8 + 4) + T
+    check(j["timing"]["bytes"] == 96 * 512 * 3 + 96 * 4 * 4 + 96 * 8 * 20 + 96, j["timing"])
+    p = run("--json", "--input", "/nonexistent/x.safetensors", expect_rc=2)
+    j = json.loads(p.stdout)
+    check("cannot open" in j["error"] and j["exit_code"] == 2, j)
+
+
+def case_roundtrip():
+    """--save-inputs then --input gives byte-identical --output files; other dtypes too."""
+    with tempfile.TemporaryDirectory() as d:
+        inp, o1, o2, o3 = (os.path.join(d, n) for n in ["in.st", "o1.st", "o2.st", "o3.st"])
+        expect_pass(["-T", "100", "-H", "384", "--iters", "1", "--scheme", "fp32-g32",
+                     "--save-inputs", inp, "--output", o1, "--seed", "3"])
+        p = expect_pass(["--input", inp, "--output", o2, "--iters", "1", "--scheme", "fp32-g32"])
+        check(f"input: {inp}" in p.stdout, p.stdout)
+        b1, b2 = open(o1, "rb").read(), open(o2, "rb").read()
+        check(b1 == b2, "--output files differ between the generated run and the --input run")
+        ins = tensors(inp)
+        check({k: v[:2] for k, v in ins.items()} == {
+            "hidden_states": ("BF16", [100, 384]), "topk_ids": ("I32", [100, 8]),
+            "topk_weights": ("F32", [100, 8]), "is_padding": ("BOOL", [100])}, ins.keys())
+        outs = tensors(o1)
+        check({k: v[:2] for k, v in outs.items()} == {
+            "x_fp8": ("F8_E4M3", [100, 384]), "x_sf": ("F32", [100, 12]),
+            "topk_idx_out": ("I64", [100, 8]), "topk_weights_out": ("F32", [100, 8])}, outs)
+        idx = struct.unpack("<800q", outs["topk_idx_out"][2])
+        check(all(v == -1 for v in idx[4 * 8:5 * 8]) and all(0 <= v < 256 for v in idx[:32]), idx[:40])
+        # Same values as F32 hidden / I64 ids / BF16 weights / U8 padding: same x_fp8, x_sf, ids.
+        hs, ids, w, pad = (ins[k] for k in ["hidden_states", "topk_ids", "topk_weights", "is_padding"])
+        alt = os.path.join(d, "alt.st")
+        write_st(alt, {"is_padding": ("U8", pad[1], pad[2]),
+                       "hidden_states": ("F32", hs[1], bf16_to_f32_bytes(hs[2])),
+                       "topk_weights": ("BF16", w[1], f32_to_bf16_bytes(w[2])),
+                       "topk_ids": ("I64", ids[1], i32_to_i64_bytes(ids[2]))})
+        p = expect_pass(["--input", alt, "--output", o3, "--iters", "1", "--scheme", "fp32-g32"])
+        check("hidden_states float32, topk_ids int64, topk_weights bfloat16, is_padding uint8" in p.stdout,
+              p.stdout)
+        o3t = tensors(o3)
+        for k in ["x_fp8", "x_sf", "topk_idx_out"]:
+            check(o3t[k] == outs[k], f"{k} differs between bf16 and fp32 copies of the same input")
+
+
+def case_errors():
+    """Each broken input file exits 2 with a message naming file, tensor and problem."""
+    with tempfile.TemporaryDirectory() as d:
+        good = os.path.join(d, "good.st")
+        run("-T", "10", "-H", "256", "--save-inputs", good, "--iters", "1", expect_rc=0)
+        raw = open(good, "rb").read()
+        ts = tensors(good)
+        bad = os.path.join(d, "bad.st")
+
+        def variant(mutate=None, **kw):
+            t = dict(ts)
+            if mutate:
+                mutate(t)
+            write_st(bad, t, **kw)
+            return ["--input", bad, "--iters", "1"]
+
+        missing = os.path.join(d, "nope.safetensors")
+        expect_error(["--input", missing], missing, "cannot open")
+        open(bad, "wb").write(raw[:5])
+        expect_error(["--input", bad], bad, "truncated file", "5 bytes")
+        open(bad, "wb").write(raw[:100])
+        expect_error(["--input", bad], bad, "bad header length")
+        open(bad, "wb").write(raw[:len(raw) - 7])
+        expect_error(["--input", bad], bad, "out of range", "truncated file?")
+        open(bad, "wb").write(struct.pack("<Q", 1 << 60) + raw[8:])
+        expect_error(["--input", bad], bad, "bad header length")
+        expect_error(variant(raw_header=b"{\"hidden_states\": [1, 2"), bad, "invalid JSON header")
+        expect_error(variant(raw_header=b"[1, 2, 3]"), bad, "expected a JSON object, got array")
+        expect_error(variant(lambda t: t.pop("topk_ids")), bad, "missing tensor 'topk_ids'",
+                     "hidden_states, is_padding, topk_weights")
+        hs = ts["hidden_states"]
+        expect_error(variant(lambda t: t.update(hidden_states=("F64", [10, 64], hs[2]))), bad,
+                     "tensor 'hidden_states'", "expected dtype BF16, F16 or F32, got F64")
+        expect_error(variant(lambda t: t.update(topk_ids=("F32",) + ts["topk_ids"][1:])), bad,
+                     "tensor 'topk_ids'", "expected dtype I32 or I64, got F32")
+        expect_error(variant(lambda t: t.update(is_padding=("I32", [10], b"\0" * 40))), bad,
+                     "tensor 'is_padding'", "expected dtype BOOL or U8, got I32")
+        expect_error(variant(lambda t: t.update(hidden_states=("BF16", [2560], hs[2]))), bad,
+                     "tensor 'hidden_states'", "expected rank 2 [T, H], got rank 1 with shape [2560]")
+        w = ts["topk_weights"]
+        expect_error(variant(lambda t: t.update(topk_weights=("F32", [10, 4], w[2][:160]))), bad,
+                     "tensor 'topk_weights'", "expected shape [10, 8]", "got [10, 4]")
+        ids = ts["topk_ids"]
+        expect_error(variant(lambda t: t.update(topk_ids=("I32", [9, 8], ids[2][:288]))), bad,
+                     "inconsistent T", "hidden_states has 10 tokens", "topk_ids has 9")
+        expect_error(variant(lambda t: t.update(is_padding=("BOOL", [12], b"\0" * 12))), bad,
+                     "inconsistent T", "is_padding has 12")
+        expect_error(variant(header_override={"topk_ids": {"data_offsets": [0, 1 << 40]}}), bad,
+                     "tensor 'topk_ids'", "out of range")
+        expect_error(variant(header_override={"topk_ids": {"shape": [10, 9]}}), bad,
+                     "tensor 'topk_ids'", "needs 360 bytes")
+        expect_error(variant(header_override={"topk_ids": {"shape": [10, -8]}}), bad,
+                     "tensor 'topk_ids'", "non-negative integer sizes")
+        # A megamoe::Error (validation) is printed as-is.
+        expect_error(variant(lambda t: t.update(hidden_states=("BF16", [20, 64], hs[2][:2560]),
+                                                topk_ids=("I32", [20, 4], ids[2]),
+                                                topk_weights=("F32", [20, 4], w[2]),
+                                                is_padding=("BOOL", [20], b"\0" * 20))),
+                     "multiple of 128")
+
+
+def case_usage():
+    """Bad command lines exit 2."""
+    expect_error(["--no-such-flag"])
+    expect_error(["--scheme", "fp16"], "--scheme")
+    expect_error(["--device", "tpu"], "--device")
+    expect_error(["--input", "x.safetensors", "-T", "8"], "excludes")
+    expect_error(["-T", "8", "-K", "9", "--experts", "8"], "--topk 9", "--experts 8")
+    expect_error(["-T", "8", "-H", "200"], "hidden_size to be a multiple of 128")
+    expect_error(["--iters", "0"], "--iters")
+
+
+def case_device():
+    """--device cpu works; --device cuda works or explains why not; auto always works."""
+    p = expect_pass(SMALL + ["--device", "cpu"])
+    check(p.stdout.splitlines()[1].startswith("backend: cpu"), p.stdout)
+    expect_pass(SMALL + ["--device", "auto"])
+    p = run(*SMALL, "--device", "cuda")
+    if p.returncode == 0:
+        check("reference: bit-exact match" in p.stdout and "backend: cuda" in p.stdout, p.stdout)
+    else:
+        check(p.returncode == 2 and "--device cuda" in p.stderr, f"rc {p.returncode}: {p.stderr}")
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[2] not in CASES:
+        sys.exit(f"usage: {sys.argv[0]} MEGAMOE_STAGE {{{','.join(CASES)}}}")
+    EXE = sys.argv[1]
+    try:
+        CASES[sys.argv[2]]()
+    except Failure as e:
+        print(f"FAIL {sys.argv[2]}: {e}")
+        sys.exit(1)
+    print(f"PASS {sys.argv[2]}")
