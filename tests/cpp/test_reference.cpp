@@ -1,0 +1,318 @@
+// The independent reference against hand-computed golden values, then src/core (the
+// numerics shared by the CPU backend and the CUDA kernels) against the reference:
+// fp8 conversion on all 2^32 float bit patterns, bf16/fp16 widening on all 2^16 patterns,
+// group scales on a dense sample of amax values, and the shared_x_sf row map.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/numerics.h"
+#include "megamoe_reference.h"
+
+namespace {
+
+namespace core = megamoe::core;
+
+float u2f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t f2u(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reference self-checks (hand-computed).
+
+struct Fp8Golden {
+  float in;
+  uint8_t out;
+  const char* why;
+};
+
+TEST(ReferenceFp8, GoldenBytes) {
+  const float t9 = std::ldexp(1.0f, -9), t10 = std::ldexp(1.0f, -10);
+  const Fp8Golden cases[] = {
+      {0.0f, 0x00, "+0"},
+      {-0.0f, 0x80, "-0"},
+      {1.0f, 0x38, "1 = 2^0: exponent field 7"},
+      {-1.0f, 0xB8, "-1"},
+      {0.5f, 0x30, "2^-1"},
+      {448.0f, 0x7E, "max finite"},
+      {-448.0f, 0xFE, "-max finite"},
+      {416.0f, 0x7D, "448 - one step"},
+      {432.0f, 0x7E, "tie 416 (0x7D, odd) / 448 (0x7E, even)"},
+      {std::nextafter(432.0f, 0.0f), 0x7D, "just below the 416/448 tie"},
+      {464.0f, 0x7E, "tie 448 / 480 -> 448 (and saturation)"},
+      {-464.0f, 0xFE, "-464"},
+      {470.0f, 0x7E, "saturates (hardware: 0x7E)"},
+      {480.0f, 0x7E, "480 is not finite in e4m3fn: saturates"},
+      {1e9f, 0x7E, "saturates"},
+      {-1e9f, 0xFE, "saturates negative"},
+      {FLT_MAX, 0x7E, "FLT_MAX saturates"},
+      {std::numeric_limits<float>::infinity(), 0x7E, "+Inf -> 0x7E"},
+      {-std::numeric_limits<float>::infinity(), 0xFE, "-Inf -> 0xFE"},
+      {u2f(0x7FC00000u), 0x7F, "quiet NaN"},
+      {u2f(0xFFC00000u), 0x7F, "negative quiet NaN -> 0x7F too"},
+      {u2f(0x7F800001u), 0x7F, "signaling NaN"},
+      {u2f(0xFFFFFFFFu), 0x7F, "negative NaN, full payload"},
+      {t9, 0x01, "smallest subnormal 2^-9"},
+      {-t9, 0x81, "-2^-9"},
+      {t10, 0x00, "2^-10: tie 0 / 2^-9 -> 0 (even)"},
+      {-t10, 0x80, "-2^-10 -> -0"},
+      {std::nextafter(t10, 1.0f), 0x01, "just above 2^-10"},
+      {std::nextafter(t10, 0.0f), 0x00, "just below 2^-10"},
+      {3 * t10, 0x02, "1.5 * 2^-9: tie 1 / 2 -> 2 (even)"},
+      {5 * t10, 0x02, "2.5 * 2^-9: tie 2 / 3 -> 2"},
+      {7 * t9, 0x07, "largest subnormal"},
+      {15 * t10, 0x08, "7.5 * 2^-9: tie 7 / 8 -> 8 = 2^-6, smallest normal"},
+      {std::ldexp(1.0f, -6), 0x08, "smallest normal"},
+      {1.0625f, 0x38, "tie 1.0 / 1.125 -> 1.0"},
+      {std::nextafter(1.0625f, 2.0f), 0x39, "just above the tie"},
+      {1.1875f, 0x3A, "tie 1.125 / 1.25 -> 1.25"},
+      {232.0f, 0x76, "tie 224 / 240 -> 224"},
+      {248.0f, 0x78, "tie 240 / 256 -> 256"},
+      {u2f(0x00000001u), 0x00, "fp32 denormal"},
+      {u2f(0x80000001u), 0x80, "negative fp32 denormal -> -0"},
+      {FLT_MIN, 0x00, "smallest fp32 normal"},
+  };
+  for (const Fp8Golden& c : cases) {
+    EXPECT_EQ(megamoe_ref::fp8_e4m3(c.in), c.out)
+        << c.why << " (input bits 0x" << std::hex << f2u(c.in) << ")";
+  }
+}
+
+// Every byte decodes back to itself: the reference's table is the e4m3fn code space.
+TEST(ReferenceFp8, RoundTripsEveryFiniteByte) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // NaN
+    const int e = (c >> 3) & 0xF, m = c & 7;
+    float v = e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                     : std::ldexp(1.0f + m / 8.0f, e - 7);
+    if (c & 0x80) v = -v;
+    EXPECT_EQ(megamoe_ref::fp8_e4m3(v), c) << "byte 0x" << std::hex << c;
+  }
+}
+
+TEST(ReferenceScalars, Ue8m0AndWidening) {
+  using megamoe_ref::detail::ue8m0_byte;
+  EXPECT_EQ(ue8m0_byte(1.0f), 127);
+  EXPECT_EQ(ue8m0_byte(std::nextafter(1.0f, 2.0f)), 128);
+  EXPECT_EQ(ue8m0_byte(0.75f), 127);
+  EXPECT_EQ(ue8m0_byte(0.5f), 126);
+  EXPECT_EQ(ue8m0_byte(std::ldexp(1.0f, -126)), 1);
+  EXPECT_EQ(ue8m0_byte(std::ldexp(1.0f, -127)), 1);  // subnormal: clamped
+  EXPECT_EQ(ue8m0_byte(u2f(1)), 1);
+  EXPECT_EQ(ue8m0_byte(std::ldexp(1.0f, 127)), 254);
+  EXPECT_EQ(ue8m0_byte(FLT_MAX), 254);  // 255 clamped
+  EXPECT_EQ(ue8m0_byte(std::numeric_limits<float>::infinity()), 254);
+  EXPECT_EQ(f2u(megamoe_ref::detail::inv448()), 0x3B124925u);
+
+  EXPECT_EQ(megamoe_ref::half_to_float(0x3C00), 1.0f);
+  EXPECT_EQ(megamoe_ref::half_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(megamoe_ref::half_to_float(0x8400), -std::ldexp(1.0f, -14));
+  EXPECT_EQ(megamoe_ref::half_to_float(0x7BFF), 65504.0f);
+  EXPECT_EQ(megamoe_ref::half_to_float(0xFC00), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(f2u(megamoe_ref::half_to_float(0x7E00)), 0x7FC00000u);
+  EXPECT_EQ(f2u(megamoe_ref::half_to_float(0x8000)), 0x80000000u);
+  EXPECT_EQ(megamoe_ref::bf16_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(f2u(megamoe_ref::bf16_to_float(0x8001)), 0x80010000u);
+}
+
+// ---------------------------------------------------------------------------------------
+// src/core against the reference.
+
+/// Run f(lo, hi) over [0, n) split across the machine's threads.
+template <typename F>
+void parallel_for(uint64_t n, F f) {
+  const unsigned nt = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (unsigned i = 0; i < nt; ++i) {
+    th.emplace_back([&, i] { f(n * i / nt, n * (i + 1) / nt); });
+  }
+  for (auto& t : th) t.join();
+}
+
+// Optimized builds check all 2^32 patterns (~15 s on 2 cores). Unoptimized (Debug,
+// sanitizer) builds check every sign and exponent with the top 7 mantissa bits (the kept,
+// round and first sticky bits of every fp8 target, normal or subnormal) crossed with
+// 18 low-mantissa patterns, plus 2^24 random patterns.
+std::vector<uint32_t> fp8_sample_patterns() {
+  std::vector<uint32_t> v;
+  const uint32_t lows[] = {0,       1,       2,       3,       0x7FFF,  0x8000,
+                           0x8001,  0xFFFF,  0x10000, 0x10001, 0x1FFFF, 0x3FFFF,
+                           0x7FFFF, 0x80000, 0x80001, 0xFFFFF, 0x5555,  0x2AAAA};
+  for (uint32_t se = 0; se < 512; ++se) {
+    for (uint32_t hi = 0; hi < 128; ++hi) {
+      for (uint32_t lo : lows) v.push_back(se << 23 | hi << 16 | (lo & 0xFFFFu));
+    }
+  }
+  for (uint32_t se = 0; se < 512; ++se) {
+    for (uint32_t hi = 0; hi < 8; ++hi) {
+      for (uint32_t lo : lows) v.push_back(se << 23 | hi << 20 | (lo & 0xFFFFFu));
+    }
+  }
+  std::mt19937 rng(12345);
+  for (int i = 0; i < (1 << 24); ++i) v.push_back(rng());
+  return v;
+}
+
+TEST(CoreVsReference, Fp8AllFloatBitPatterns) {
+#if defined(__OPTIMIZE__)
+  const bool all = true;
+#else
+  const bool all = false;
+#endif
+  const std::vector<uint32_t> sample = all ? std::vector<uint32_t>{} : fp8_sample_patterns();
+  const uint64_t n = all ? uint64_t{1} << 32 : sample.size();
+  std::atomic<uint64_t> bad{0};
+  std::atomic<uint64_t> first{~uint64_t{0}};
+  parallel_for(n, [&](uint64_t lo, uint64_t hi) {
+    uint64_t local = 0, lfirst = ~uint64_t{0};
+    for (uint64_t i = lo; i < hi; ++i) {
+      const uint32_t u = all ? static_cast<uint32_t>(i) : sample[i];
+      const float f = u2f(u);
+      const uint8_t want = megamoe_ref::fp8_e4m3(f);
+      if (core::fp8_e4m3_from_float_sw(f) != want || core::fp8_e4m3_from_float(f) != want) {
+        if (local++ == 0) lfirst = u;
+      }
+    }
+    bad += local;
+    uint64_t cur = first.load();
+    while (lfirst < cur && !first.compare_exchange_weak(cur, lfirst)) {
+    }
+  });
+  if (bad != 0) {
+    const float f = u2f(static_cast<uint32_t>(first.load()));
+    FAIL() << bad.load() << " patterns differ; first 0x" << std::hex << first.load()
+           << ": core 0x" << int(core::fp8_e4m3_from_float_sw(f)) << ", reference 0x"
+           << int(megamoe_ref::fp8_e4m3(f));
+  }
+}
+
+TEST(CoreVsReference, Fp8PairPacking) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 100000; ++i) {
+    const float a = u2f(rng()), b = u2f(rng());
+    const uint16_t p = core::fp8x2_e4m3_from_float(a, b);
+    ASSERT_EQ(p & 0xFF, megamoe_ref::fp8_e4m3(a));
+    ASSERT_EQ(p >> 8, megamoe_ref::fp8_e4m3(b));
+  }
+}
+
+TEST(CoreVsReference, WideningAll16BitPatterns) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    ASSERT_EQ(f2u(core::bf16_to_float(static_cast<uint16_t>(h))),
+              f2u(megamoe_ref::bf16_to_float(static_cast<uint16_t>(h))))
+        << "bf16 0x" << std::hex << h;
+    ASSERT_EQ(f2u(core::half_to_float(static_cast<uint16_t>(h))),
+              f2u(megamoe_ref::half_to_float(static_cast<uint16_t>(h))))
+        << "fp16 0x" << std::hex << h;
+  }
+}
+
+/// Reference group scale of a NaN-free amax: (UE8M0 byte, scale, 1/scale).
+struct RefScale {
+  int e;
+  float scale;
+  float inv;
+};
+RefScale ref_scale(float amax, bool ue8m0) {
+  using namespace megamoe_ref::detail;
+  const float s = mul_f32(std::max(amax, 1e-4f), inv448());
+  RefScale r{0, s, 0.0f};
+  if (ue8m0) {
+    r.e = ue8m0_byte(s);
+    r.scale = std::ldexp(1.0f, r.e - 127);
+  }
+  r.inv = div_f32(1.0f, r.scale);
+  return r;
+}
+
+// Every non-negative amax with exponent field e and mantissa in a stride-31 walk plus the
+// 64 lowest and highest mantissas of every exponent (where the ceil and clamps switch).
+TEST(CoreVsReference, GroupScaleDenseSample) {
+  std::vector<uint32_t> pats;
+  for (uint32_t e = 0; e <= 0xFF; ++e) {
+    for (uint32_t m = 0; m < 64; ++m) {
+      pats.push_back(e << 23 | m);
+      pats.push_back(e << 23 | (0x7FFFFFu - m));
+    }
+  }
+  for (uint32_t u = 0; u < 0x7F800000u; u += 31) pats.push_back(u);
+  std::atomic<uint64_t> bad{0};
+  parallel_for(pats.size(), [&](uint64_t lo, uint64_t hi) {
+    for (uint64_t i = lo; i < hi; ++i) {
+      const float amax = u2f(pats[i]);
+      if (std::isnan(amax)) continue;
+      for (bool ue8m0 : {true, false}) {
+        const core::GroupScale g = core::group_scale(amax, ue8m0);
+        const RefScale r = ref_scale(amax, ue8m0);
+        const bool ok = f2u(g.scale) == f2u(r.scale) && f2u(g.inv) == f2u(r.inv) &&
+                        (!ue8m0 || static_cast<int>(g.ue8m0) == r.e);
+        if (!ok && bad++ < 5) {
+          ADD_FAILURE() << "amax 0x" << std::hex << pats[i] << (ue8m0 ? " ue8m0" : " fp32")
+                        << ": core scale 0x" << f2u(g.scale) << " inv 0x" << f2u(g.inv)
+                        << " e " << std::dec << g.ue8m0 << "; reference scale 0x" << std::hex
+                        << f2u(r.scale) << " inv 0x" << f2u(r.inv) << " e " << std::dec << r.e;
+        }
+      }
+    }
+  });
+  EXPECT_EQ(bad.load(), 0u);
+}
+
+TEST(CoreVsReference, NanIgnoringMax) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(core::fmax_nan_ignoring(nan, 2.0f), 2.0f);
+  EXPECT_EQ(core::fmax_nan_ignoring(2.0f, nan), 2.0f);
+  EXPECT_EQ(core::fmax_nan_ignoring(1.0f, 2.0f), 2.0f);
+  EXPECT_TRUE(std::isnan(core::fmax_nan_ignoring(nan, nan)));
+  EXPECT_EQ(f2u(core::abs_bits(u2f(0xFFC00000u))), 0x7FC00000u);
+  EXPECT_EQ(f2u(core::abs_bits(-0.0f)), 0u);
+}
+
+TEST(CoreVsReference, SharedRowMap) {
+  for (int64_t bm = 1; bm <= 300; ++bm) {
+    for (int64_t t = 0; t < 1000; ++t) {
+      ASSERT_EQ(core::shared_sf_row(t, bm), megamoe_ref::shared_row(t, bm))
+          << "t=" << t << " bm=" << bm;
+    }
+    // Rows required: one past the largest row any of T tokens can map to, rounded to abm.
+    for (int64_t T : {1, 7, 64, 65, 300, 999}) {
+      int64_t max_row = 0;
+      for (int64_t t = 0; t < T; ++t) max_row = std::max(max_row, megamoe_ref::shared_row(t, bm));
+      const int64_t abm = (bm + 127) / 128 * 128;
+      EXPECT_EQ(core::shared_sf_rows_required(T, bm), (T + bm - 1) / bm * abm);
+      EXPECT_GT(core::shared_sf_rows_required(T, bm), max_row);
+    }
+  }
+  // Large t: no overflow in the 64-bit index math.
+  const int64_t big = (int64_t{1} << 40) + 77;
+  EXPECT_EQ(core::shared_sf_row(big, 96), megamoe_ref::shared_row(big, 96));
+}
+
+TEST(CoreVsReference, Ue8m0WordPacking) {
+  for (int64_t g = 0; g < 64; ++g) {
+    EXPECT_EQ(core::ue8m0_word(g), g / 4);
+    EXPECT_EQ(core::ue8m0_shift(g), static_cast<uint32_t>(8 * (g % 4)));
+  }
+  EXPECT_EQ(core::sf_width(7168, 32, true), 56);
+  EXPECT_EQ(core::sf_width(7168, 128, false), 56);
+  EXPECT_EQ(core::sf_width(7168, 32, false), 224);
+}
+
+}  // namespace

@@ -1,0 +1,498 @@
+// test_util.h: strided host buffers with poison, dtype conversions for input generation,
+// a bitwise comparison that names the first mismatch, and a harness that stages one
+// problem through megamoe::prepare_inputs and checks every output byte against the
+// independent reference (tests/reference/megamoe_reference.h).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "megamoe/megamoe.h"
+#include "megamoe_reference.h"
+
+namespace mt {
+
+using megamoe::DType;
+using megamoe::QuantScheme;
+using megamoe::TensorRef;
+
+// ---------------------------------------------------------------------------------------
+// Scalar conversions (used only to generate inputs; the reference widens the stored bits).
+
+inline uint32_t f2u(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float u2f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// fp32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN of the same sign.
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t u = f2u(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// fp32 -> IEEE binary16 bits, round to nearest even, overflow to Inf.
+inline uint16_t float_to_half(float f) {
+  const uint32_t u = f2u(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);
+  if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65536 -> Inf
+  if (a < 0x33000000u) return sign;                                     // < 2^-25 -> 0
+  const int e = static_cast<int>(a >> 23) - 127;
+  uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+  // Number of fraction bits dropped: 13 for normals, more for subnormals (e < -14).
+  const int shift = e >= -14 ? 13 : 13 + (-14 - e);
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  // q includes the implicit bit for normals: compose exponent + mantissa by addition so a
+  // mantissa carry bumps the exponent (and 65504+ rounds up to Inf).
+  const uint32_t h = e >= -14 ? ((static_cast<uint32_t>(e + 14) << 10) + q) : q;
+  return static_cast<uint16_t>(sign | std::min<uint32_t>(h, 0x7C00u));
+}
+
+/// Element bits of a float-valued dtype -> fp32 (exact), through the reference.
+inline float widen(DType dt, const uint8_t* p) {
+  uint16_t h;
+  switch (dt) {
+    case DType::kBFloat16:
+      std::memcpy(&h, p, 2);
+      return megamoe_ref::bf16_to_float(h);
+    case DType::kFloat16:
+      std::memcpy(&h, p, 2);
+      return megamoe_ref::half_to_float(h);
+    default: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+  }
+}
+
+/// fp32 -> element bytes of a float-valued dtype.
+inline void narrow(DType dt, float v, uint8_t* p) {
+  if (dt == DType::kBFloat16) {
+    const uint16_t h = float_to_bf16(v);
+    std::memcpy(p, &h, 2);
+  } else if (dt == DType::kFloat16) {
+    const uint16_t h = float_to_half(v);
+    std::memcpy(p, &h, 2);
+  } else {
+    std::memcpy(p, &v, 4);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Strided buffers.
+
+/// How a tensor's elements are laid out in its buffer.
+enum class Layout {
+  kContig,      ///< row-major dense
+  kPadded,      ///< row-major, row stride = cols + 3 (gap columns)
+  kTransposed,  ///< column-major, column stride = rows + 1
+  kNegRows,     ///< rows in reverse order (negative row stride), padded rows
+  kNegCols,     ///< columns in reverse order (negative column stride)
+  kStride2,     ///< every other element, odd row stride
+  kMnMajor4,    ///< column-major with column stride align(rows, 4) (DeepGEMM MN-major sf)
+};
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContig: return "contig";
+    case Layout::kPadded: return "padded";
+    case Layout::kTransposed: return "transposed";
+    case Layout::kNegRows: return "neg_rows";
+    case Layout::kNegCols: return "neg_cols";
+    case Layout::kStride2: return "stride2";
+    case Layout::kMnMajor4: return "mn_major4";
+  }
+  return "?";
+}
+
+constexpr int64_t kMargin = 32;  ///< bytes of gap before and after every buffer's elements
+
+/// One tensor view over its own heap buffer; everything outside the elements is "gap".
+struct Buf {
+  std::vector<uint8_t> mem;
+  DType dtype = DType::kFloat32;
+  int ndim = 2;
+  int64_t shape[2] = {0, 0};
+  int64_t strides[2] = {0, 0};
+  int64_t base = 0;  ///< byte offset of element (0, 0) in mem
+  int64_t es = 4;    ///< element size in bytes
+
+  int64_t rows() const { return shape[0]; }
+  int64_t cols() const { return ndim == 2 ? shape[1] : 1; }
+  int64_t offset(int64_t i, int64_t j = 0) const {
+    return base + (i * strides[0] + (ndim == 2 ? j * strides[1] : 0)) * es;
+  }
+  uint8_t* ptr(int64_t i, int64_t j = 0) { return mem.data() + offset(i, j); }
+  const uint8_t* ptr(int64_t i, int64_t j = 0) const { return mem.data() + offset(i, j); }
+  template <typename T>
+  T get(int64_t i, int64_t j = 0) const {
+    T v;
+    std::memcpy(&v, ptr(i, j), sizeof(T));
+    return v;
+  }
+  template <typename T>
+  void set(int64_t i, int64_t j, T v) {
+    std::memcpy(ptr(i, j), &v, sizeof(T));
+  }
+  /// The TensorRef the library sees.
+  TensorRef ref() {
+    TensorRef r;
+    r.data = mem.data() + base;
+    r.dtype = dtype;
+    r.ndim = ndim;
+    for (int d = 0; d < 2; ++d) {
+      r.shape[d] = d < ndim ? shape[d] : 0;
+      r.strides[d] = d < ndim ? strides[d] : 0;
+    }
+    return r;
+  }
+  /// "(i, j)" of the element that covers byte b of mem, or "" for a gap byte.
+  std::string element_at(int64_t b) const {
+    for (int64_t i = 0; i < rows(); ++i) {
+      for (int64_t j = 0; j < cols(); ++j) {
+        const int64_t o = offset(i, j);
+        if (b >= o && b < o + es) {
+          std::ostringstream os;
+          os << "(" << i;
+          if (ndim == 2) os << ", " << j;
+          os << ") byte " << (b - o);
+          return os.str();
+        }
+      }
+    }
+    return "";
+  }
+};
+
+/// A buffer for a [rows, cols] (or 1-D [rows] when cols < 0) view of @p dt in layout @p l,
+/// the first element shifted by one element from 16-byte alignment when @p misalign;
+/// every byte filled with @p fill.
+inline Buf make_buf(DType dt, int64_t rows, int64_t cols, Layout l, bool misalign, uint8_t fill) {
+  Buf b;
+  b.dtype = dt;
+  b.es = megamoe::dtype_size(dt);
+  b.ndim = cols < 0 ? 1 : 2;
+  b.shape[0] = rows;
+  b.shape[1] = cols < 0 ? 0 : cols;
+  const int64_t R = rows, C = b.ndim == 2 ? cols : 1;
+  int64_t s0 = C, s1 = 1;
+  switch (l) {
+    case Layout::kContig: break;
+    case Layout::kPadded: s0 = C + 3; break;
+    case Layout::kTransposed: s0 = 1; s1 = R + 1; break;
+    case Layout::kNegRows: s0 = -(C + 2); break;
+    case Layout::kNegCols: s1 = -1; break;
+    case Layout::kStride2: s0 = 2 * C + 1; s1 = 2; break;
+    case Layout::kMnMajor4: s0 = 1; s1 = (R + 3) / 4 * 4; break;
+  }
+  if (b.ndim == 1) {  // 1-D: contiguous, strided or reversed
+    s0 = l == Layout::kContig ? 1 : l == Layout::kNegRows || l == Layout::kNegCols ? -2 : 3;
+  }
+  b.strides[0] = s0;
+  b.strides[1] = b.ndim == 2 ? s1 : 0;
+  int64_t lo = 0, hi = 0;
+  if (R > 0 && C > 0) {
+    for (int d = 0; d < b.ndim; ++d) {
+      const int64_t ext = ((d == 0 ? R : C) - 1) * b.strides[d];
+      (ext < 0 ? lo : hi) += ext;
+    }
+  }
+  b.base = kMargin + (misalign ? b.es : 0) - lo * b.es;
+  b.mem.assign(static_cast<size_t>(b.base + (hi + 1) * b.es + kMargin), fill);
+  return b;
+}
+
+/// Byte-by-byte equality of a buffer with its expected image, naming the first mismatch
+/// (element coordinates or "gap"), both byte values and the mismatch count.
+inline ::testing::AssertionResult assert_bitwise_equal(const char* name, const Buf& actual,
+                                                       const std::vector<uint8_t>& expected) {
+  if (actual.mem.size() != expected.size()) {
+    return ::testing::AssertionFailure() << name << ": buffer size " << actual.mem.size()
+                                         << " vs expected " << expected.size();
+  }
+  size_t first = expected.size(), count = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (actual.mem[i] != expected[i]) {
+      if (count++ == 0) first = i;
+    }
+  }
+  if (count == 0) return ::testing::AssertionSuccess();
+  const std::string where = actual.element_at(static_cast<int64_t>(first));
+  std::ostringstream os;
+  os << name << ": " << count << " byte(s) differ; first at buffer byte " << first << " ("
+     << (where.empty() ? std::string("gap outside the tensor's elements") : "element " + where)
+     << "): got 0x" << std::hex << static_cast<int>(actual.mem[first]) << ", expected 0x"
+     << static_cast<int>(expected[first]);
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// ---------------------------------------------------------------------------------------
+// Staging harness.
+
+/// Dense inputs of one problem, each in its own dtype (row-major bytes).
+struct Problem {
+  int64_t T = 0, H = 0, K = 0;
+  QuantScheme q = QuantScheme::mxfp8();
+  DType hidden_dt = DType::kBFloat16;
+  std::vector<uint8_t> hidden;  ///< T*H elements of hidden_dt
+  DType ids_dt = DType::kInt64;
+  std::vector<uint8_t> ids;  ///< T*K elements of ids_dt
+  DType w_dt = DType::kFloat32;
+  std::vector<uint8_t> w;  ///< T*K elements of w_dt
+  std::optional<DType> pad_dt;  ///< kBool or kUInt8 when is_padding is passed
+  std::vector<uint8_t> pad;     ///< T bytes
+  int64_t bm = 0;               ///< shared_block_m; 0 = no shared_x_sf
+  DType x_fp8_dt = DType::kFloat8E4M3;  ///< x_fp8 may also be raw uint8 bytes
+
+  int64_t groups() const { return H / q.group_k; }
+  int64_t sf_cols() const { return q.ue8m0() ? H / (4 * q.group_k) : H / q.group_k; }
+};
+
+/// Dense problem with contiguous zero-filled inputs (callers fill what they need).
+inline Problem make_problem(int64_t T, int64_t H, int64_t K, QuantScheme q,
+                            DType hidden_dt = DType::kFloat32) {
+  Problem p;
+  p.T = T;
+  p.H = H;
+  p.K = K;
+  p.q = q;
+  p.hidden_dt = hidden_dt;
+  p.hidden.assign(static_cast<size_t>(T * H * megamoe::dtype_size(hidden_dt)), 0);
+  p.ids.assign(static_cast<size_t>(T * K * 8), 0);
+  p.w.assign(static_cast<size_t>(T * K * 4), 0);
+  return p;
+}
+
+/// Set hidden element (t, h) of @p p from an fp32 value (converted to hidden_dt).
+inline void set_hidden(Problem& p, int64_t t, int64_t h, float v) {
+  narrow(p.hidden_dt, v, p.hidden.data() + (t * p.H + h) * megamoe::dtype_size(p.hidden_dt));
+}
+/// Set hidden element (t, h) from raw element bits (bf16/fp16: low 16 bits).
+inline void set_hidden_bits(Problem& p, int64_t t, int64_t h, uint32_t bits) {
+  const int64_t es = megamoe::dtype_size(p.hidden_dt);
+  std::memcpy(p.hidden.data() + (t * p.H + h) * es, &bits, static_cast<size_t>(es));
+}
+
+/// Layout of every tensor of one call.
+struct Layouts {
+  Layout hidden = Layout::kContig, ids = Layout::kContig, w = Layout::kContig,
+         pad = Layout::kContig, x_fp8 = Layout::kContig, x_sf = Layout::kContig,
+         idx = Layout::kContig, wout = Layout::kContig, shared = Layout::kContig;
+  bool misalign_in = false;   ///< shift every input's first element by one element
+  bool misalign_out = false;  ///< same for every output
+  int64_t shared_extra_rows = 0;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << "hidden=" << layout_name(hidden) << " ids=" << layout_name(ids)
+       << " w=" << layout_name(w) << " pad=" << layout_name(pad)
+       << " x_fp8=" << layout_name(x_fp8) << " x_sf=" << layout_name(x_sf)
+       << " idx=" << layout_name(idx) << " wout=" << layout_name(wout)
+       << " shared=" << layout_name(shared) << " misalign_in=" << misalign_in
+       << " misalign_out=" << misalign_out << " shared_extra_rows=" << shared_extra_rows;
+    return os.str();
+  }
+};
+
+constexpr uint8_t kGapFill = 0x7F;  ///< input gap bytes: huge values / NaN if ever read
+constexpr uint8_t kPoison = 0xFF;   ///< output poison: fp8 -NaN, UE8M0 byte 255, NaN fp32
+constexpr uint8_t kPoisonIdx = 0xA5;  ///< topk_idx_out poison (0xFF.. would be id -1)
+
+/// Strided copies of a problem's inputs and poisoned outputs.
+struct Call {
+  Buf hidden, ids, w, x_fp8, x_sf, idx, wout;
+  std::optional<Buf> pad, shared;
+  megamoe::StageArgs args;
+
+  std::vector<std::pair<const char*, const Buf*>> inputs() const {
+    std::vector<std::pair<const char*, const Buf*>> v = {
+        {"hidden_states", &hidden}, {"topk_ids", &ids}, {"topk_weights", &w}};
+    if (pad) v.emplace_back("is_padding", &*pad);
+    return v;
+  }
+  std::vector<std::pair<const char*, const Buf*>> outputs() const {
+    std::vector<std::pair<const char*, const Buf*>> v = {{"x_fp8", &x_fp8},
+                                                         {"x_sf", &x_sf},
+                                                         {"topk_idx_out", &idx},
+                                                         {"topk_weights_out", &wout}};
+    if (shared) v.emplace_back("shared_x_sf", &*shared);
+    return v;
+  }
+};
+
+/// Copy dense row-major elements into a strided buffer.
+inline void scatter(Buf& b, const std::vector<uint8_t>& dense) {
+  for (int64_t i = 0; i < b.rows(); ++i) {
+    for (int64_t j = 0; j < b.cols(); ++j) {
+      std::memcpy(b.ptr(i, j), dense.data() + (i * b.cols() + j) * b.es, static_cast<size_t>(b.es));
+    }
+  }
+}
+
+/// Build the strided inputs and poisoned outputs of @p p in layouts @p l.
+inline Call make_call(const Problem& p, const Layouts& l) {
+  Call c;
+  const bool mi = l.misalign_in, mo = l.misalign_out;
+  c.hidden = make_buf(p.hidden_dt, p.T, p.H, l.hidden, mi, kGapFill);
+  scatter(c.hidden, p.hidden);
+  c.ids = make_buf(p.ids_dt, p.T, p.K, l.ids, mi, kGapFill);
+  scatter(c.ids, p.ids);
+  c.w = make_buf(p.w_dt, p.T, p.K, l.w, mi, kGapFill);
+  scatter(c.w, p.w);
+  if (p.pad_dt) {
+    c.pad = make_buf(*p.pad_dt, p.T, -1, l.pad, mi, kGapFill);
+    scatter(*c.pad, p.pad);
+  }
+  c.x_fp8 = make_buf(p.x_fp8_dt, p.T, p.H, l.x_fp8, mo, kPoison);
+  c.x_sf = make_buf(p.q.ue8m0() ? DType::kInt32 : DType::kFloat32, p.T, p.sf_cols(), l.x_sf, mo,
+                    kPoison);
+  c.idx = make_buf(DType::kInt64, p.T, p.K, l.idx, mo, kPoisonIdx);
+  c.wout = make_buf(DType::kFloat32, p.T, p.K, l.wout, mo, kPoison);
+  if (p.bm > 0) {
+    const int64_t abm = (p.bm + 127) / 128 * 128;
+    const int64_t rows = (p.T + p.bm - 1) / p.bm * abm + l.shared_extra_rows;
+    c.shared = make_buf(DType::kInt32, rows, p.sf_cols(), l.shared, mo, kPoison);
+  }
+  megamoe::StageArgs& a = c.args;
+  a.hidden_states = c.hidden.ref();
+  a.topk_ids = c.ids.ref();
+  a.topk_weights = c.w.ref();
+  if (c.pad) a.is_padding = c.pad->ref();
+  a.x_fp8 = c.x_fp8.ref();
+  a.x_sf = c.x_sf.ref();
+  a.topk_idx_out = c.idx.ref();
+  a.topk_weights_out = c.wout.ref();
+  if (c.shared) {
+    a.shared_x_sf = c.shared->ref();
+    a.shared_block_m = p.bm;
+  }
+  a.hidden_quant = p.q;
+  return c;
+}
+
+/// The reference result of @p p (inputs widened exactly from their dtypes).
+inline megamoe_ref::Result reference(const Problem& p) {
+  std::vector<float> hidden(static_cast<size_t>(p.T * p.H));
+  const int64_t hes = megamoe::dtype_size(p.hidden_dt);
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = widen(p.hidden_dt, p.hidden.data() + i * hes);
+  std::vector<int64_t> ids(static_cast<size_t>(p.T * p.K));
+  std::vector<float> w(ids.size());
+  const int64_t wes = megamoe::dtype_size(p.w_dt);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (p.ids_dt == DType::kInt32) {
+      int32_t v;
+      std::memcpy(&v, p.ids.data() + i * 4, 4);
+      ids[i] = v;
+    } else {
+      std::memcpy(&ids[i], p.ids.data() + i * 8, 8);
+    }
+    w[i] = widen(p.w_dt, p.w.data() + i * wes);
+  }
+  return megamoe_ref::stage(hidden.data(), p.T, p.H, ids.data(), w.data(), p.K,
+                            p.pad_dt ? p.pad.data() : nullptr, p.q.group_k, p.q.ue8m0());
+}
+
+/// Expected images of every output buffer of @p c: poison outside the elements (and on
+/// unmapped shared rows), the reference inside.
+struct Expected {
+  std::vector<uint8_t> x_fp8, x_sf, idx, wout, shared;
+};
+
+inline Expected expected_images(const Problem& p, const Call& c, const megamoe_ref::Result& r) {
+  Expected e;
+  auto put = [](std::vector<uint8_t>& img, const Buf& b, int64_t i, int64_t j, const void* v) {
+    std::memcpy(img.data() + b.offset(i, j), v, static_cast<size_t>(b.es));
+  };
+  e.x_fp8 = c.x_fp8.mem;
+  e.x_sf = c.x_sf.mem;
+  e.idx = c.idx.mem;
+  e.wout = c.wout.mem;
+  const int64_t sc = p.sf_cols();
+  for (int64_t t = 0; t < p.T; ++t) {
+    for (int64_t h = 0; h < p.H; ++h) put(e.x_fp8, c.x_fp8, t, h, &r.x_fp8[t * p.H + h]);
+    for (int64_t s = 0; s < sc; ++s) {
+      const void* v = p.q.ue8m0() ? static_cast<const void*>(&r.sf_words[t * sc + s])
+                                  : static_cast<const void*>(&r.sf_f32[t * sc + s]);
+      put(e.x_sf, c.x_sf, t, s, v);
+    }
+    for (int64_t k = 0; k < p.K; ++k) {
+      put(e.idx, c.idx, t, k, &r.idx[t * p.K + k]);
+      put(e.wout, c.wout, t, k, &r.w[t * p.K + k]);
+    }
+  }
+  if (c.shared) {
+    e.shared = c.shared->mem;
+    for (int64_t t = 0; t < p.T; ++t) {
+      const int64_t row = megamoe_ref::shared_row(t, p.bm);
+      for (int64_t s = 0; s < sc; ++s) put(e.shared, *c.shared, row, s, &r.sf_words[t * sc + s]);
+    }
+  }
+  return e;
+}
+
+/// Stage @p p through the library in layouts @p l and compare every byte of every output
+/// buffer (gaps and unmapped shared rows included) with the reference; inputs must be
+/// left unchanged. The reference result goes to @p ref_out when given.
+inline ::testing::AssertionResult stage_and_compare(const Problem& p, const Layouts& l,
+                                                    megamoe_ref::Result* ref_out = nullptr) {
+  Call c = make_call(p, l);
+  std::vector<std::vector<uint8_t>> inputs_before;
+  for (const auto& in : c.inputs()) inputs_before.push_back(in.second->mem);
+  const megamoe_ref::Result r = reference(p);
+  const Expected e = expected_images(p, c, r);
+  try {
+    megamoe::prepare_inputs(c.args);
+  } catch (const std::exception& ex) {
+    return ::testing::AssertionFailure() << "prepare_inputs threw: " << ex.what();
+  }
+  const auto ins = c.inputs();
+  for (size_t i = 0; i < ins.size(); ++i) {
+    auto res = assert_bitwise_equal(ins[i].first, *ins[i].second, inputs_before[i]);
+    if (!res) return res << " (an input was modified)";
+  }
+  for (auto res : {assert_bitwise_equal("x_fp8", c.x_fp8, e.x_fp8),
+                   assert_bitwise_equal("x_sf", c.x_sf, e.x_sf),
+                   assert_bitwise_equal("topk_idx_out", c.idx, e.idx),
+                   assert_bitwise_equal("topk_weights_out", c.wout, e.wout)}) {
+    if (!res) return res;
+  }
+  if (c.shared) {
+    auto res = assert_bitwise_equal("shared_x_sf", *c.shared, e.shared);
+    if (!res) return res;
+  }
+  if (ref_out != nullptr) *ref_out = r;
+  return ::testing::AssertionSuccess();
+}
+
+/// Name of a scheme for test names: "ue8m0_g32", "fp32_g128".
+inline std::string scheme_tag(const QuantScheme& q) {
+  return std::string(q.ue8m0() ? "ue8m0" : "fp32") + "_g" + std::to_string(q.group_k);
+}
+
+/// A UE8M0 or fp32 scheme with group size G.
+inline QuantScheme scheme(bool ue8m0, int64_t G) {
+  QuantScheme q = QuantScheme::mxfp8();
+  q.scale = ue8m0 ? megamoe::ScaleType::kUE8M0 : megamoe::ScaleType::kFloat32;
+  q.group_k = G;
+  return q;
+}
+
+}  // namespace mt
