@@ -153,14 +153,14 @@ Problem validate_args(const StageArgs& a) {
 
   // Inputs.
   MEGAMOE_CHECK(a.topk_ids.shape[0] == p.T, "topk_ids", "shape " + dims(p.T, p.K),
-                a.topk_ids.shape_str());
+                "shape " + a.topk_ids.shape_str());
   check_dtype(a.topk_ids, "topk_ids", {DType::kInt32, DType::kInt64});
   check_dtype(a.topk_weights, "topk_weights", {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
   p.has_padding = a.is_padding.has_value();
   if (p.has_padding) {
     check_rank(*a.is_padding, "is_padding", 1);
     MEGAMOE_CHECK(a.is_padding->shape[0] == p.T, "is_padding", "shape (" + std::to_string(p.T) + ",)",
-                  a.is_padding->shape_str());
+                  "shape " + a.is_padding->shape_str());
     check_dtype(*a.is_padding, "is_padding", {DType::kBool, DType::kUInt8});
   }
 

@@ -367,8 +367,8 @@ TEST_F(Validation, WrongRanks) {
 TEST_F(Validation, WrongShapes) {
   const BadTensor cases[] = {
       {"topk_ids", DType::kInt64, T - 1, K, nullptr},  // with matching weights below
-      {"is_padding", DType::kBool, T - 1, -1, "is_padding: expected shape (5,), got (4,)"},
-      {"is_padding", DType::kBool, T + 1, -1, "is_padding: expected shape (5,), got (6,)"},
+      {"is_padding", DType::kBool, T - 1, -1, "is_padding: expected shape (5,), got shape (4,)"},
+      {"is_padding", DType::kBool, T + 1, -1, "is_padding: expected shape (5,), got shape (6,)"},
       {"x_fp8", DType::kFloat8E4M3, T, H / 2, "x_fp8: expected shape (5, 256), got shape (5, 128)"},
       {"x_fp8", DType::kFloat8E4M3, T + 1, H, "x_fp8: expected shape (5, 256), got shape (6, 256)"},
       {"x_fp8", DType::kFloat8E4M3, H, T, "x_fp8: expected shape (5, 256), got shape (256, 5)"},
@@ -386,7 +386,7 @@ TEST_F(Validation, WrongShapes) {
       mt::Buf w = mt::make_buf(DType::kFloat32, c.rows, c.cols, Layout::kContig, false, 0);
       a.topk_ids = b.ref();
       a.topk_weights = w.ref();
-      expect_reject(a, {"megamoe: topk_ids: expected shape (5, 3), got (4, 3)"}, true);
+      expect_reject(a, {"megamoe: topk_ids: expected shape (5, 3), got shape (4, 3)"}, true);
       continue;
     }
     slot(a, c.slot) = b.ref();

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# scripts/deps.sh: install what building and testing megamoe needs, from Debian packages
+# and PyPI, skipping anything already present. Safe to run repeatedly.
+set -euo pipefail
+need=()
+for pkg in cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev python3; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+# A pip-installed ninja/cmake on PATH is as good as Debian's.
+if [[ " ${need[*]-} " == *" ninja-build "* ]] && command -v ninja >/dev/null; then
+  need=("${need[@]/ninja-build/}")
+fi
+if [[ " ${need[*]-} " == *" cmake "* ]] && command -v cmake >/dev/null; then
+  need=("${need[@]/cmake/}")
+fi
+pkgs=$(echo "${need[@]-}" | xargs)
+if [ -n "$pkgs" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
+fi
+PY=${PYTHON:-python3}
+missing=()
+for mod in numpy pytest nanobind scikit_build_core; do
+  $PY -c "import $mod" >/dev/null 2>&1 || missing+=("${mod//_/-}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  $PY -m pip install -q "${missing[@]}"
+fi
