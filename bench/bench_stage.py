@@ -127,9 +127,11 @@ def host_overhead(n=3000):
         "triton launch (reference design)": lambda: stage_triton(hs, w, ids, *o, is_padding=pad),
     }
     op = getattr(getattr(torch.ops, "megamoe", None), "prepare_inputs", None)
-    if op is not None and hasattr(megamoe, "_torch") and hasattr(megamoe._torch, "prepare"):
-        fns["torch.ops.megamoe.prepare_inputs (custom op)"] = lambda: megamoe._torch.prepare(
-            hs, w, ids, *o, is_padding=pad)
+    if op is not None:
+        from megamoe._torch import _op_scheme_args
+        sargs = _op_scheme_args(megamoe.MXFP8)
+        fns["torch.ops.megamoe.prepare_inputs (custom op)"] = lambda: op(
+            hs, w, ids, *o, pad, None, None, *sargs, False)
     res = {}
     for name, f in fns.items():
         for _ in range(200):

@@ -89,7 +89,8 @@ void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   const int64_t work = p.T * (p.H + p.K);
-  unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  unsigned n = cores;
   if (work < (int64_t{1} << 18)) n = 1;
   n = static_cast<unsigned>(std::min<int64_t>(n, p.T));
   if (n <= 1) {
