@@ -27,6 +27,11 @@
 using namespace megamoe;
 
 __global__ void empty_kernel() {}
+__global__ void trigger_kernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // A stand-in for the layer before staging: rewrites the hidden states (x = x * 1).
 // Like PDL-aware engine kernels, it lets its dependent launch early (the dependent still
 // waits for its completion in griddepcontrol.wait before reading anything).
@@ -110,6 +115,24 @@ int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {1, 8, 64, 256, 1024, 2048, 4096, 16384, 65536};
   if (quick) Ts = {1, 64, 1024, 4096, 16384};
   const Device d = Device::cuda(0);
+  auto mxfp8_args = [&](int64_t T, int64_t H) {
+    StageArgs a;
+    a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
+    a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
+    a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
+    a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
+    a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
+    a.x_sf = TensorRef(sf, DType::kInt32, {T, H / 128}, d);
+    a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
+    a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
+    return a;
+  };
+  if (argc > 3 && std::strcmp(argv[1], "--one") == 0) {  // for ncu: a few calls of one size
+    StageArgs a = mxfp8_args(std::atoll(argv[2]), std::atoll(argv[3]));
+    for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
+    CK(cudaStreamSynchronize(s));
+    return 0;
+  }
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int sch = 0; sch < 2; ++sch) {
       const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
@@ -153,29 +176,43 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // Launch-heuristic sweep at prefill sizes (chunks per thread x grid cap).
-  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
-    for (int64_t T : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
-      StageArgs a;
-      a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
-      a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
-      a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
-      a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
-      a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
-      a.x_sf = TensorRef(sf, DType::kInt32, {T, H / 128}, d);
-      a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
-      a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
-      const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
-      for (int u : {1, 2}) {
-        for (int waves : {1, 2, 4, 16, 100000}) {
-          megamoe::cuda::set_tuning({u, waves});
-          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 15);
-          std::printf("{\"kind\":\"tune\",\"T\":%lld,\"H\":%lld,\"u\":%d,\"waves\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
-                      (long long)T, (long long)H, u, waves, us, bytes / us * 1e-6);
+  // Launch-heuristic sweep at prefill sizes: grid cap x cache hints, two interleaved rounds
+  // (with the memcpy roofline re-measured each round to show the run-to-run spread).
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+      for (int64_t T : {int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+        StageArgs a = mxfp8_args(T, H);
+        const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
+        const int calls = T >= 16384 ? 5 : 20;
+        const double mc = time_graph(s, [&] {
+          CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + (maxT * maxH * 2), static_cast<size_t>(bytes / 2),
+                             cudaMemcpyDeviceToDevice, s));
+        }, calls, 15);
+        for (int waves : {4, 16}) {
+          for (int st : {0, 1}) {
+            megamoe::cuda::set_tuning({1, waves, st});
+            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
+            std::printf("{\"kind\":\"tune\",\"round\":%d,\"T\":%lld,\"H\":%lld,\"waves\":%d,\"stream\":%d,\"us\":%.3f,\"TBps\":%.3f,\"memcpy_TBps\":%.3f}\n",
+                        round, (long long)T, (long long)H, waves, st, us, bytes / us * 1e-6, bytes / mc * 1e-6);
+          }
         }
+        megamoe::cuda::set_tuning({});
       }
-      megamoe::cuda::set_tuning({});
     }
+  }
+  // PDL with a trivial producer (only triggers its dependents): the launch-latency part.
+  for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{1024}}) {
+    StageArgs a = mxfp8_args(T, 7168);
+    auto pair = [&](bool pdl) {
+      a.enable_pdl = pdl;
+      return time_graph(s, [&] {
+        trigger_kernel<<<1, 32, 0, s>>>();
+        prepare_inputs(a, s);
+      }, 20, 30);
+    };
+    const double off = pair(false), on = pair(true);
+    std::printf("{\"kind\":\"pdl_trivial_producer\",\"T\":%lld,\"pair_us\":%.3f,\"pair_pdl_us\":%.3f}\n",
+                (long long)T, off, on);
   }
   return 0;
 }

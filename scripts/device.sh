@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # scripts/device.sh: one batched GPU session (build, test, sanitize, benchmark) for the
 # lent H200. Usage: bash scripts/device.sh [steps...]   (default: all)
-# Steps: info build test sanitize bench python pybench. Results and logs go to $OUT.
+# Steps: info build test sanitize bench ncu python pybench. Results and logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/megamoe-out}
 mkdir -p "$OUT"
 DEPS=/tmp/deps
-STEPS=${*:-info build test sanitize bench python pybench}
+STEPS=${*:-info build test sanitize bench ncu python pybench}
 JOBS=$(nproc)
 export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -58,11 +58,19 @@ if has bench; then
   ./build-dev/megamoe_bench_kernel ${BENCH_ARGS:-} | tee "$OUT/bench_kernel.jsonl"
 fi
 
+if has ncu; then
+  log ncu
+  ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum -k regex:stage_fast -c 2 \
+    ./build-dev/megamoe_bench_kernel --one ${NCU_T:-16384} ${NCU_H:-4096} >"$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -24
+fi
+
 if has python; then
   log python
   CMAKE_ARGS="-DMEGAMOE_CUDA_ARCHITECTURES=${ARCHS:-90}" python3 -m pip install --no-build-isolation --no-deps -q . >"$OUT/pip.log" 2>&1
   echo "pip rc=$?"; tail -3 "$OUT/pip.log"
-  python3 -m pytest -q tests/python -x -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+  (cd tests/python && timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --durations=15 . >"$OUT/pytest.log" 2>&1)
   echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
 fi
 

@@ -128,23 +128,47 @@ __device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w
 // Fast path.
 constexpr int kChunk = 16;  // elements per thread
 
-template <int In>
+/// 16-byte global load; kStream: bypass L1 and ask L2 to fetch 256 B around the access.
+template <bool kStream>
+__device__ __forceinline__ uint4 load16(const void* ptr) {
+  if constexpr (kStream) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+    return v;
+  } else {
+    return __ldg(static_cast<const uint4*>(ptr));
+  }
+}
+
+/// 16-byte global store; kStream: streaming (evict-first) store.
+template <bool kStream>
+__device__ __forceinline__ void store16(void* ptr, uint4 v) {
+  if constexpr (kStream) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+  } else {
+    *static_cast<uint4*>(ptr) = v;
+  }
+}
+
+template <int In, bool kStream>
 __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
   if constexpr (In == kInF32) {
-    const float4* v = reinterpret_cast<const float4*>(src);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float4 f = __ldg(v + i);
-      x[4 * i + 0] = f.x;
-      x[4 * i + 1] = f.y;
-      x[4 * i + 2] = f.z;
-      x[4 * i + 3] = f.w;
+      const uint4 f = load16<kStream>(src + 4 * i);
+      x[4 * i + 0] = __uint_as_float(f.x);
+      x[4 * i + 1] = __uint_as_float(f.y);
+      x[4 * i + 2] = __uint_as_float(f.z);
+      x[4 * i + 3] = __uint_as_float(f.w);
     }
   } else {
-    const uint4* v = reinterpret_cast<const uint4*>(src);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint4 u = __ldg(v + i);
+      const uint4 u = load16<kStream>(src + 8 * i);
       const uint32_t wds[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -179,7 +203,7 @@ __device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k
 
 /// U chunks per thread per iteration: the block's 256*U consecutive chunks, thread i owning
 /// chunks i, i+256, ... so every load instruction of a warp stays contiguous.
-template <int In, int G, bool UE8M0, int U>
+template <int In, int G, bool UE8M0, int U, bool kStream>
 __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const Params p) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
@@ -211,7 +235,7 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
       if (active[u]) {
         const auto* src =
             static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
-        load_chunk<In>(src, x[u]);
+        load_chunk<In, kStream>(src, x[u]);
         if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
       } else {
 #pragma unroll
@@ -244,8 +268,8 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
         for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
       }
       if (!active[u]) continue;
-      *reinterpret_cast<uint4*>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      store16<kStream>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
+                       make_uint4(packed[0], packed[1], packed[2], packed[3]));
       if constexpr (UE8M0) {
         if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
       } else {
@@ -321,10 +345,10 @@ int sm_count(int device) {
 }
 
 // Host-side launch heuristics (see docs/DESIGN.md). Overridable for benchmarking only.
-constexpr int64_t kUnrollFrom = int64_t{1} << 17;  // chunks; 2 chunks/thread from here (T*H >= 2M)
+constexpr int64_t kStreamFrom = int64_t{1} << 21;  // chunks; streaming hints from T*H >= 32M
 constexpr int64_t kDefaultMaxWaves = 16;            // grid cap, in waves of 8 blocks per SM
-std::atomic<int> g_chunks_per_thread{0}, g_max_waves{0};
-Tuning tuning() { return Tuning{g_chunks_per_thread.load(), g_max_waves.load()}; }
+std::atomic<int> g_chunks_per_thread{0}, g_max_waves{0}, g_streaming{-1};
+Tuning tuning() { return Tuning{g_chunks_per_thread.load(), g_max_waves.load(), g_streaming.load()}; }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
@@ -378,9 +402,14 @@ void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaSt
                  bool pdl) {
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
-  const int u = tn.chunks_per_thread > 0 ? tn.chunks_per_thread : (chunks >= kUnrollFrom ? 2 : 1);
-  if (u == 2) return launch(stage_fast_kernel<In, G, UE8M0, 2>, prm, (chunks + 1) / 2, device, stream, pdl);
-  return launch(stage_fast_kernel<In, G, UE8M0, 1>, prm, chunks, device, stream, pdl);
+  const int u = tn.chunks_per_thread > 0 ? tn.chunks_per_thread : 1;
+  const bool st = tn.streaming >= 0 ? tn.streaming == 1 : chunks >= kStreamFrom;
+  if (u == 2) {
+    if (st) return launch(stage_fast_kernel<In, G, UE8M0, 2, true>, prm, (chunks + 1) / 2, device, stream, pdl);
+    return launch(stage_fast_kernel<In, G, UE8M0, 2, false>, prm, (chunks + 1) / 2, device, stream, pdl);
+  }
+  if (st) return launch(stage_fast_kernel<In, G, UE8M0, 1, true>, prm, chunks, device, stream, pdl);
+  return launch(stage_fast_kernel<In, G, UE8M0, 1, false>, prm, chunks, device, stream, pdl);
 }
 
 template <int In>
@@ -404,6 +433,7 @@ void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int dev
 void set_tuning(const Tuning& t) {
   g_chunks_per_thread.store(t.chunks_per_thread);
   g_max_waves.store(t.max_waves);
+  g_streaming.store(t.streaming);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
