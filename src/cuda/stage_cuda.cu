@@ -128,18 +128,23 @@ __device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w
 // Fast path.
 constexpr int kChunk = 16;  // elements per thread
 
-/// 16-byte global load; kStream: bypass L1 and ask L2 to fetch 256 B around the access.
-template <bool kStream>
+/// 16-byte global load. kMode 0: ld.global.nc; 1: bypass L1, L2 fetches 256 B around the
+/// access; 2: L1-cached, L2 fetches 256 B.
+template <int kMode>
 __device__ __forceinline__ uint4 load16(const void* ptr) {
-  if constexpr (kStream) {
-    uint4 v;
+  uint4 v;
+  if constexpr (kMode == 1) {
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(ptr));
-    return v;
+  } else if constexpr (kMode == 2) {
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
   } else {
-    return __ldg(static_cast<const uint4*>(ptr));
+    v = __ldg(static_cast<const uint4*>(ptr));
   }
+  return v;
 }
 
 /// 16-byte global store; kStream: streaming (evict-first) store.
@@ -154,7 +159,7 @@ __device__ __forceinline__ void store16(void* ptr, uint4 v) {
   }
 }
 
-template <int In, bool kStream>
+template <int In, int kStream>
 __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
   if constexpr (In == kInF32) {
 #pragma unroll
@@ -203,7 +208,7 @@ __device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k
 
 /// U chunks per thread per iteration: the block's 256*U consecutive chunks, thread i owning
 /// chunks i, i+256, ... so every load instruction of a warp stays contiguous.
-template <int In, int G, bool UE8M0, int U, bool kStream>
+template <int In, int G, bool UE8M0, int U, int kLoad, bool kStStream>
 __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const Params p) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
       if (active[u]) {
         const auto* src =
             static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
-        load_chunk<In, kStream>(src, x[u]);
+        load_chunk<In, kLoad>(src, x[u]);
         if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
       } else {
 #pragma unroll
@@ -268,7 +273,7 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
         for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
       }
       if (!active[u]) continue;
-      store16<kStream>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
+      store16<kStStream>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
                        make_uint4(packed[0], packed[1], packed[2], packed[3]));
       if constexpr (UE8M0) {
         if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
@@ -402,14 +407,16 @@ void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaSt
                  bool pdl) {
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
-  const int u = tn.chunks_per_thread > 0 ? tn.chunks_per_thread : 1;
-  const bool st = tn.streaming >= 0 ? tn.streaming == 1 : chunks >= kStreamFrom;
-  if (u == 2) {
-    if (st) return launch(stage_fast_kernel<In, G, UE8M0, 2, true>, prm, (chunks + 1) / 2, device, stream, pdl);
-    return launch(stage_fast_kernel<In, G, UE8M0, 2, false>, prm, (chunks + 1) / 2, device, stream, pdl);
+  const int mode = tn.streaming >= 0 ? tn.streaming : (chunks >= kStreamFrom ? 1 : 0);
+  // mode = load hint (0..2) + 3 * streaming store
+  switch (mode) {
+    case 1: return launch(stage_fast_kernel<In, G, UE8M0, 1, 1, false>, prm, chunks, device, stream, pdl);
+    case 2: return launch(stage_fast_kernel<In, G, UE8M0, 1, 2, false>, prm, chunks, device, stream, pdl);
+    case 3: return launch(stage_fast_kernel<In, G, UE8M0, 1, 0, true>, prm, chunks, device, stream, pdl);
+    case 4: return launch(stage_fast_kernel<In, G, UE8M0, 1, 1, true>, prm, chunks, device, stream, pdl);
+    case 5: return launch(stage_fast_kernel<In, G, UE8M0, 1, 2, true>, prm, chunks, device, stream, pdl);
+    default: return launch(stage_fast_kernel<In, G, UE8M0, 1, 0, false>, prm, chunks, device, stream, pdl);
   }
-  if (st) return launch(stage_fast_kernel<In, G, UE8M0, 1, true>, prm, chunks, device, stream, pdl);
-  return launch(stage_fast_kernel<In, G, UE8M0, 1, false>, prm, chunks, device, stream, pdl);
 }
 
 template <int In>
