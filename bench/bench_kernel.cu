@@ -176,30 +176,30 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // Launch-heuristic sweep at prefill sizes: grid cap x cache hints, two interleaved rounds
-  // (with the memcpy roofline re-measured each round to show the run-to-run spread).
-  for (int round = 0; round < 1; ++round) {
-    for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
-      for (int64_t T : {int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
-        StageArgs a = mxfp8_args(T, H);
-        const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
-        const int calls = T >= 16384 ? 5 : 20;
-        const double mc = time_graph(s, [&] {
-          CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + (maxT * maxH * 2), static_cast<size_t>(bytes / 2),
-                             cudaMemcpyDeviceToDevice, s));
-        }, calls, 15);
-        for (int waves : {4, 16, 100000}) {
-          for (int st : {0, 1, 2, 3, 4, 5}) {
-            megamoe::cuda::set_tuning({1, waves, st});
-            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
-            std::printf("{\"kind\":\"tune\",\"round\":%d,\"T\":%lld,\"H\":%lld,\"waves\":%d,\"stream\":%d,\"us\":%.3f,\"TBps\":%.3f,\"memcpy_TBps\":%.3f}\n",
-                        round, (long long)T, (long long)H, waves, st, us, bytes / us * 1e-6, bytes / mc * 1e-6);
-          }
-        }
-        megamoe::cuda::set_tuning({});
+  // Launch-heuristic sweeps: block size at decode sizes; evict-first stores at prefill.
+  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+    for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
+      StageArgs a = mxfp8_args(T, H);
+      for (int bs : {64, 128, 256}) {
+        megamoe::cuda::set_tuning({0, -1, bs});
+        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+        std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
+                    (long long)T, (long long)H, bs, us);
+      }
+    }
+    for (int64_t T : {int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+      StageArgs a = mxfp8_args(T, H);
+      const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
+      const int calls = T >= 16384 ? 5 : 20;
+      for (int st : {0, 1}) {
+        megamoe::cuda::set_tuning({0, st, 0});
+        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
+        std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
+                    (long long)T, (long long)H, st, us, bytes / us * 1e-6);
       }
     }
   }
+  megamoe::cuda::set_tuning({});
   // PDL with a trivial producer (only triggers its dependents): the launch-latency part.
   for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{1024}}) {
     StageArgs a = mxfp8_args(T, 7168);

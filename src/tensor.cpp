@@ -1,4 +1,4 @@
-#include <sstream>
+#include <string>
 
 #include "megamoe/quant.h"
 #include "megamoe/tensor.h"
@@ -81,12 +81,10 @@ int64_t TensorRef::numel() const noexcept {
 }
 
 std::string TensorRef::shape_str() const {
-  std::ostringstream os;
-  os << "(";
-  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
-  if (ndim == 1) os << ",";
-  os << ")";
-  return os.str();
+  std::string s = "(";
+  for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  if (ndim == 1) s += ",";
+  return s + ")";
 }
 
 bool TensorRef::is_contiguous() const noexcept {
@@ -124,11 +122,10 @@ bool QuantScheme::operator==(const QuantScheme& o) const noexcept {
 }
 
 std::string to_string(const QuantScheme& q) {
-  std::ostringstream os;
-  os << "QuantScheme(" << elem_name(q.elem) << ", scale=" << scale_name(q.scale) << ", group="
-     << q.group_m << "x" << q.group_k << ", " << (q.is_static ? "static" : "dynamic") << ", "
-     << (q.symmetric ? "symmetric" : "asymmetric") << (q.has_scale2 ? ", scale2" : "") << ")";
-  return os.str();
+  return std::string("QuantScheme(") + elem_name(q.elem) + ", scale=" + scale_name(q.scale) +
+         ", group=" + std::to_string(q.group_m) + "x" + std::to_string(q.group_k) + ", " +
+         (q.is_static ? "static" : "dynamic") + ", " + (q.symmetric ? "symmetric" : "asymmetric") +
+         (q.has_scale2 ? ", scale2" : "") + ")";
 }
 
 }  // namespace megamoe

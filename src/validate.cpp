@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,9 +30,7 @@ template <typename E, typename A>
 }
 
 std::string dims(int64_t a, int64_t b) {
-  std::ostringstream os;
-  os << "(" << a << ", " << b << ")";
-  return os.str();
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ")";
 }
 
 void check_rank(const TensorRef& t, const char* name, int rank) {

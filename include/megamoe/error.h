@@ -8,9 +8,9 @@
 /// reference's own sentence, so engines matching on that text keep working.
 #pragma once
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace megamoe {
 
@@ -35,16 +35,27 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// Message pieces as text. No iostreams: the library must not depend on the iostream/locale
+// state of whatever process loads it (a Python extension, a serving binary).
+inline std::string to_text(const std::string& s) { return s; }
+inline std::string to_text(const char* s) { return s != nullptr ? std::string(s) : std::string("(null)"); }
+template <typename T, typename std::enable_if<std::is_arithmetic<T>::value, int>::type = 0>
+std::string to_text(T v) {
+  return std::to_string(v);
+}
+
 template <typename E, typename A>
 [[noreturn]] inline void check_failed(ErrorCode code, const char* context, const char* tensor,
                                       const E& expected, const A& actual) {
-  std::ostringstream os;
+  std::string msg;
   if (context != nullptr && context[0] != '\0') {
-    os << context << " (" << tensor << ": expected " << expected << ", got " << actual << ")";
+    msg = std::string(context) + " (" + tensor + ": expected " + to_text(expected) + ", got " +
+          to_text(actual) + ")";
   } else {
-    os << "megamoe: " << tensor << ": expected " << expected << ", got " << actual;
+    msg = std::string("megamoe: ") + tensor + ": expected " + to_text(expected) + ", got " +
+          to_text(actual);
   }
-  throw Error(code, os.str());
+  throw Error(code, msg);
 }
 }  // namespace detail
 

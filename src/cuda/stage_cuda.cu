@@ -128,25 +128,6 @@ __device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w
 // Fast path.
 constexpr int kChunk = 16;  // elements per thread
 
-/// 16-byte global load. kMode 0: ld.global.nc; 1: bypass L1, L2 fetches 256 B around the
-/// access; 2: L1-cached, L2 fetches 256 B.
-template <int kMode>
-__device__ __forceinline__ uint4 load16(const void* ptr) {
-  uint4 v;
-  if constexpr (kMode == 1) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr));
-  } else if constexpr (kMode == 2) {
-    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr));
-  } else {
-    v = __ldg(static_cast<const uint4*>(ptr));
-  }
-  return v;
-}
-
 /// 16-byte global store; kStream: streaming (evict-first) store.
 template <bool kStream>
 __device__ __forceinline__ void store16(void* ptr, uint4 v) {
@@ -159,12 +140,12 @@ __device__ __forceinline__ void store16(void* ptr, uint4 v) {
   }
 }
 
-template <int In, int kStream>
+template <int In>
 __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
   if constexpr (In == kInF32) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint4 f = load16<kStream>(src + 4 * i);
+      const uint4 f = __ldg(reinterpret_cast<const uint4*>(src + 4 * i));
       x[4 * i + 0] = __uint_as_float(f.x);
       x[4 * i + 1] = __uint_as_float(f.y);
       x[4 * i + 2] = __uint_as_float(f.z);
@@ -173,7 +154,7 @@ __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, 
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint4 u = load16<kStream>(src + 8 * i);
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(src + 8 * i));
       const uint32_t wds[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -206,28 +187,29 @@ __device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k
   p.w_out[t * p.wo_s0 + k * p.wo_s1] = e.pad ? 0.0f : e.w;
 }
 
-/// U chunks per thread per iteration: the block's 256*U consecutive chunks, thread i owning
-/// chunks i, i+256, ... so every load instruction of a warp stays contiguous.
-template <int In, int G, bool UE8M0, int U, int kLoad, bool kStStream>
-__global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const Params p) {
+/// One 16-element chunk per thread per grid-stride step; kStreamStores: evict-first fp8
+/// stores (outputs larger than L2).
+template <int In, int G, bool UE8M0, bool kStreamStores>
+__global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
+  constexpr int U = 1;
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
-  constexpr int kThreads = 256;
+  const int64_t threads = blockDim.x;
   pdl_wait_and_trigger();
   const int64_t cpr = p.H / kChunk;  // chunks per row
   const int64_t n = p.T * cpr;
   const int lane = threadIdx.x & 31;
-  const bool small = n + int64_t{kThreads} * U * gridDim.x < (int64_t{1} << 32);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * U; base < n;
-       base += static_cast<int64_t>(gridDim.x) * kThreads * U) {
+  const bool small = n + threads * U * gridDim.x < (int64_t{1} << 32);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * threads * U; base < n;
+       base += static_cast<int64_t>(gridDim.x) * threads * U) {
     float x[U][kChunk];
     int64_t t[U], j[U];
     bool active[U];
     TopkEntry tk[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t c = base + u * kThreads + threadIdx.x;
+      const int64_t c = base + u * threads + threadIdx.x;
       active[u] = c < n;
       if (small) {
         const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
@@ -240,7 +222,7 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
       if (active[u]) {
         const auto* src =
             static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
-        load_chunk<In, kLoad>(src, x[u]);
+        load_chunk<In>(src, x[u]);
         if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
       } else {
 #pragma unroll
@@ -273,7 +255,7 @@ __global__ void __launch_bounds__(256, U == 1 ? 6 : 4) stage_fast_kernel(const P
         for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
       }
       if (!active[u]) continue;
-      store16<kStStream>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
+      store16<kStreamStores>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
                        make_uint4(packed[0], packed[1], packed[2], packed[3]));
       if constexpr (UE8M0) {
         if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
@@ -350,10 +332,22 @@ int sm_count(int device) {
 }
 
 // Host-side launch heuristics (see docs/DESIGN.md). Overridable for benchmarking only.
-constexpr int64_t kStreamFrom = int64_t{1} << 21;  // chunks; streaming hints from T*H >= 32M
-constexpr int64_t kDefaultMaxWaves = 16;            // grid cap, in waves of 8 blocks per SM
-std::atomic<int> g_chunks_per_thread{0}, g_max_waves{0}, g_streaming{-1};
-Tuning tuning() { return Tuning{g_chunks_per_thread.load(), g_max_waves.load(), g_streaming.load()}; }
+// Evict-first fp8 stores once the output outgrows L2's useful share (T*H >= 16M elements,
+// e.g. T >= 2341 at H = 7168): measured +1..27% at H = 4096, neutral at H = 7168.
+constexpr int64_t kStreamStoresFrom = int64_t{1} << 20;  // 16-element chunks
+constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
+std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0};
+Tuning tuning() { return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load()}; }
+
+int sm_count(int device);
+
+/// Decode sizes: smaller blocks spread the few chunks over more SMs (shorter per-SM issue).
+int block_threads_for(int64_t chunks, int device) {
+  const int64_t sms = sm_count(device);
+  if (chunks <= 64 * sms) return 64;
+  if (chunks <= 128 * sms) return 128;
+  return 256;
+}
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
@@ -381,13 +375,12 @@ class DeviceGuard {
 };
 
 template <typename Kernel>
-void launch(Kernel kernel, const Params& prm, int64_t work_items, int device, cudaStream_t stream,
-            bool pdl) {
-  constexpr int kThreads = 256;
+void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, int device,
+            cudaStream_t stream, bool pdl) {
   // Enough resident blocks to cover the chip several times; the kernels grid-stride beyond.
   const Tuning tn = tuning();
   const int64_t waves = tn.max_waves > 0 ? tn.max_waves : kDefaultMaxWaves;
-  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves;
+  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves * (256 / kThreads);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, max_blocks));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -407,16 +400,10 @@ void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaSt
                  bool pdl) {
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
-  const int mode = tn.streaming >= 0 ? tn.streaming : (chunks >= kStreamFrom ? 1 : 0);
-  // mode = load hint (0..2) + 3 * streaming store
-  switch (mode) {
-    case 1: return launch(stage_fast_kernel<In, G, UE8M0, 1, 1, false>, prm, chunks, device, stream, pdl);
-    case 2: return launch(stage_fast_kernel<In, G, UE8M0, 1, 2, false>, prm, chunks, device, stream, pdl);
-    case 3: return launch(stage_fast_kernel<In, G, UE8M0, 1, 0, true>, prm, chunks, device, stream, pdl);
-    case 4: return launch(stage_fast_kernel<In, G, UE8M0, 1, 1, true>, prm, chunks, device, stream, pdl);
-    case 5: return launch(stage_fast_kernel<In, G, UE8M0, 1, 2, true>, prm, chunks, device, stream, pdl);
-    default: return launch(stage_fast_kernel<In, G, UE8M0, 1, 0, false>, prm, chunks, device, stream, pdl);
-  }
+  const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
+  const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
+  if (st) return launch(stage_fast_kernel<In, G, UE8M0, true>, prm, chunks, threads, device, stream, pdl);
+  return launch(stage_fast_kernel<In, G, UE8M0, false>, prm, chunks, threads, device, stream, pdl);
 }
 
 template <int In>
@@ -431,16 +418,16 @@ void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int dev
     return launch_fast<In, 128, false>(prm, p, device, stream, pdl);
   }
   const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
-  if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, device, stream, pdl);
-  return launch(stage_generic_kernel<In, false>, prm, units, device, stream, pdl);
+  if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, 256, device, stream, pdl);
+  return launch(stage_generic_kernel<In, false>, prm, units, 256, device, stream, pdl);
 }
 
 }  // namespace
 
 void set_tuning(const Tuning& t) {
-  g_chunks_per_thread.store(t.chunks_per_thread);
   g_max_waves.store(t.max_waves);
   g_streaming.store(t.streaming);
+  g_block_threads.store(t.block_threads);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {

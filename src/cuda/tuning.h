@@ -6,9 +6,9 @@ namespace cuda {
 
 /// 0 = the library's heuristic.
 struct Tuning {
-  int chunks_per_thread = 0;  ///< 16-element chunks per thread per iteration (1 or 2)
-  int max_waves = 0;          ///< grid cap in waves of (8 blocks x SM count)
-  int streaming = -1;         ///< -1 heuristic, 0 default caching, 1 L1-bypass/L2-prefetch loads + .cs stores
+  int max_waves = 0;      ///< grid cap in waves of (8 blocks of 256 threads x SM count)
+  int streaming = -1;     ///< fp8 stores: -1 heuristic, 0 default, 1 evict-first (.cs)
+  int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256)
 };
 
 /// Override the heuristics process-wide (benchmarks sweep these; libraries never call it).

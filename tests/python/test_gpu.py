@@ -65,7 +65,9 @@ def per_token_cast_to_fp8(x: torch.Tensor, G: int, ue8m0: bool):
 
 def topk_ref(w: torch.Tensor, ids: torch.Tensor, pad):
     idx = ids.long()
-    wf = w.float()
+    # Exact IEEE widening, NaN payloads kept (the contract; CUDA's own half->float returns a
+    # canonical NaN, so widen on the host where NumPy/x86 keep the payload).
+    wf = torch.from_numpy(w.cpu().numpy().astype("float32")).to(w.device) if w.dtype == torch.float16 else w.float()
     if pad is not None:
         p = pad.bool().unsqueeze(1)
         idx = torch.where(p, torch.full_like(idx, -1), idx)
