@@ -73,7 +73,7 @@ def nbytes(T, H, scheme):
 
 
 def bench(fn, T):
-    return do_bench_cudagraph(fn, rep=200 if T >= 16384 else 100, return_mode="median") * 1000.0
+    return do_bench_cudagraph(fn, rep=200 if T >= 16384 else 60, return_mode="median") * 1000.0
 
 
 def run(args):
@@ -111,6 +111,8 @@ def run(args):
                 r["speedup_vs_triton"] = r["triton_us"] / r["megamoe_us"]
                 rows.append(r)
                 print(json.dumps(r), flush=True)
+                with open(os.path.join(args.out, "bench_rows.jsonl"), "a") as f:
+                    f.write(json.dumps(r) + "\n")
                 del hs, w, ids, pad, om, ot, oe, src, dst
                 torch.cuda.empty_cache()
     host = host_overhead()

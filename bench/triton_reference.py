@@ -2,6 +2,7 @@
 BLOCK_M tokens, BLOCK_M = 8 from 64 tokens, num_warps = 4), written from SPEC.md for
 benchmarking. Supports MXFP8 (UE8M0, G = 32) and fp32-scale schemes with 128 % G == 0.
 Unlike the upstream kernel it uses an IEEE reciprocal (div_rn), as SPEC.md requires."""
+import torch
 import triton
 import triton.language as tl
 
@@ -69,10 +70,10 @@ def stage_triton(hs, w, ids, xq, sf, io, wo, is_padding=None, shared_x_sf=None,
     K = ids.shape[1]
     block_m = 8 if T >= 64 else 1
     grid = (triton.cdiv(T, block_m), triton.cdiv(H, 128))
-    pad = is_padding.view(dtype=is_padding.dtype) if is_padding is not None else hs
+    pad = is_padding if is_padding is not None else hs
     sh = shared_x_sf if shared_x_sf is not None else sf
     _stage_kernel[grid](
-        hs, xq.view(dtype=xq.dtype), sf, sh, ids, w, pad, io, wo,
+        hs, xq.view(torch.float8_e4m3fn), sf, sh, ids, w, pad, io, wo,
         hs.stride(0), hs.stride(1), xq.stride(0), xq.stride(1), sf.stride(0), sf.stride(1),
         sh.stride(0), sh.stride(1), ids.stride(0), ids.stride(1), w.stride(0), w.stride(1),
         is_padding.stride(0) if is_padding is not None else 0,
