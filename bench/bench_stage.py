@@ -39,7 +39,7 @@ def eager_stage(hs, w, ids, pad, xq, sf, io, wo, group_k, ue8m0):
         b = s.view(torch.int32)
         e = (((b >> 23) & 0xFF) + ((b & 0x7FFFFF) != 0).int()).clamp(1, 254)
         scale = (e << 23).view(torch.float32)
-        shifts = torch.tensor([0, 8, 16, 24], device=hs.device, dtype=torch.int64)
+        shifts = torch.arange(0, 32, 8, device=hs.device, dtype=torch.int64)
         sf.copy_((e.view(T, -1, 4).long() << shifts).sum(-1).to(torch.int32))
     else:
         scale = s
