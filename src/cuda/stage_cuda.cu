@@ -126,38 +126,25 @@ __device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w
 
 // ---------------------------------------------------------------------------------------
 // Fast path.
-/// Elements per thread: 8 (one 16 B bf16 load, an 8 B fp8 store) except for UE8M0 with
-/// G = 128, whose 512-element word needs 16 per thread to stay inside one warp.
-template <int G, bool UE8M0>
-__host__ __device__ constexpr int chunk_for() {
-  return (UE8M0 && G == 128) ? 16 : 8;
-}
+constexpr int kChunk = 16;  // elements per thread
 
-/// Store C fp8 bytes (C = 8 or 16); kStream: streaming (evict-first) store.
-template <int C, bool kStream>
-__device__ __forceinline__ void store_fp8(void* ptr, const uint32_t (&v)[C / 4]) {
-  if constexpr (C == 16) {
-    if constexpr (kStream) {
-      asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
-                   "r"(v[2]), "r"(v[3])
-                   : "memory");
-    } else {
-      *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
-    }
+/// 16-byte global store; kStream: streaming (evict-first) store.
+template <bool kStream>
+__device__ __forceinline__ void store16(void* ptr, uint4 v) {
+  if constexpr (kStream) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
   } else {
-    if constexpr (kStream) {
-      asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
-    } else {
-      *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
-    }
+    *static_cast<uint4*>(ptr) = v;
   }
 }
 
-template <int In, int C>
-__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[C]) {
+template <int In>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
   if constexpr (In == kInF32) {
 #pragma unroll
-    for (int i = 0; i < C / 4; ++i) {
+    for (int i = 0; i < 4; ++i) {
       const uint4 f = __ldg(reinterpret_cast<const uint4*>(src + 4 * i));
       x[4 * i + 0] = __uint_as_float(f.x);
       x[4 * i + 1] = __uint_as_float(f.y);
@@ -166,7 +153,7 @@ __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, 
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < C / 8; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const uint4 u = __ldg(reinterpret_cast<const uint4*>(src + 8 * i));
       const uint32_t wds[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -205,11 +192,9 @@ __device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k
 template <int In, int G, bool UE8M0, bool kStreamStores>
 __global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
   constexpr int U = 1;
-  constexpr int kChunk = chunk_for<G, UE8M0>();
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
-  constexpr int kTPW = 4 * G / kChunk;  // threads per UE8M0 word (4 groups)
-  static_assert(!UE8M0 || kTPW <= 32, "a UE8M0 word stays inside one warp");
+  constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
   const int64_t threads = blockDim.x;
   pdl_wait_and_trigger();
   const int64_t cpr = p.H / kChunk;  // chunks per row
@@ -237,7 +222,7 @@ __global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
       if (active[u]) {
         const auto* src =
             static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
-        load_chunk<In, kChunk>(src, x[u]);
+        load_chunk<In>(src, x[u]);
         if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
       } else {
 #pragma unroll
@@ -254,9 +239,9 @@ __global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
         amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
       }
       const GroupScale gs = core::group_scale(amax, UE8M0);
-      uint32_t packed[kChunk / 4];
+      uint32_t packed[4];
 #pragma unroll
-      for (int i = 0; i < kChunk / 4; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 0], gs.inv),
                                                         core::mul_rn(x[u][4 * i + 1], gs.inv));
         const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 2], gs.inv),
@@ -270,7 +255,8 @@ __global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
         for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
       }
       if (!active[u]) continue;
-      store_fp8<kChunk, kStreamStores>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk, packed);
+      store16<kStreamStores>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
+                       make_uint4(packed[0], packed[1], packed[2], packed[3]));
       if constexpr (UE8M0) {
         if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
       } else {
@@ -412,7 +398,7 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
 template <int In, int G, bool UE8M0>
 void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaStream_t stream,
                  bool pdl) {
-  const int64_t chunks = p.T * (p.H / chunk_for<G, UE8M0>());
+  const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
   const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
