@@ -115,18 +115,21 @@ int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {1, 8, 64, 256, 1024, 2048, 4096, 16384, 65536};
   if (quick) Ts = {1, 64, 1024, 4096, 16384};
   const Device d = Device::cuda(0);
-  auto mxfp8_args = [&](int64_t T, int64_t H) {
+  // MXFP8 and fp32-g128 both have H / 128 scale columns (int32 words or floats).
+  auto make_args = [&](int64_t T, int64_t H, const QuantScheme& q) {
     StageArgs a;
     a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
     a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
     a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
     a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
     a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
-    a.x_sf = TensorRef(sf, DType::kInt32, {T, H / 128}, d);
+    a.x_sf = TensorRef(sf, q.ue8m0() ? DType::kInt32 : DType::kFloat32, {T, H / 128}, d);
     a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
     a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
+    a.hidden_quant = q;
     return a;
   };
+  auto mxfp8_args = [&](int64_t T, int64_t H) { return make_args(T, H, QuantScheme::mxfp8()); };
   if (argc > 3 && std::strcmp(argv[1], "--one") == 0) {  // for ncu: a few calls of one size
     StageArgs a = mxfp8_args(std::atoll(argv[2]), std::atoll(argv[3]));
     for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
@@ -137,17 +140,8 @@ int main(int argc, char** argv) {
     for (int sch = 0; sch < 2; ++sch) {
       const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
       for (int64_t T : Ts) {
-        StageArgs a;
-        a.hidden_states = TensorRef(hs, DType::kBFloat16, {T, H}, d);
-        a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
-        a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
-        a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
-        a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
-        const int64_t sfc = q.ue8m0() ? H / 128 : H / 128;
-        a.x_sf = TensorRef(sf, q.ue8m0() ? DType::kInt32 : DType::kFloat32, {T, sfc}, d);
-        a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
-        a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);
-        a.hidden_quant = q;
+        StageArgs a = make_args(T, H, q);
+        const int64_t sfc = H / 128;
         const double bytes = T * H * 2.0 + T * H + T * sfc * 4.0 + T * K * (4 + 4 + 8 + 4) + T;
         const int calls = T >= 16384 ? 5 : 20;
         const int reps = T >= 16384 ? 10 : 30;
