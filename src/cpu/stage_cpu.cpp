@@ -38,26 +38,52 @@ float load_float(const TensorRef& t, int64_t i, int64_t j) {
   }
 }
 
+/// Row t of a bf16/fp16/fp32 tensor widened exactly to fp32 (contiguous rows read directly).
+template <typename Bits, float (*Widen)(Bits)>
+void widen_row(const TensorRef& a, int64_t t, int64_t n, float* out) {
+  const Bits* base = static_cast<const Bits*>(a.data) + t * a.strides[0];
+  if (a.strides[1] == 1) {
+    for (int64_t h = 0; h < n; ++h) out[h] = Widen(base[h]);
+  } else {
+    for (int64_t h = 0; h < n; ++h) out[h] = Widen(base[h * a.strides[1]]);
+  }
+}
+float identity(float f) { return f; }
+
+void load_row(const TensorRef& a, int64_t t, int64_t n, float* out) {
+  switch (a.dtype) {
+    case DType::kBFloat16: return widen_row<uint16_t, core::bf16_to_float>(a, t, n, out);
+    case DType::kFloat16: return widen_row<uint16_t, core::half_to_float>(a, t, n, out);
+    default: return widen_row<float, identity>(a, t, n, out);
+  }
+}
+
 void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
   std::vector<float> row(static_cast<size_t>(p.H));
+  std::vector<uint8_t> q(static_cast<size_t>(p.H));
   std::vector<uint32_t> words(static_cast<size_t>(p.sf_cols));
   const int64_t groups = p.H / p.G;
+  uint8_t* const xq = static_cast<uint8_t*>(a.x_fp8.data);
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t h = 0; h < p.H; ++h) row[h] = load_float(a.hidden_states, t, h);
+    load_row(a.hidden_states, t, p.H, row.data());
     std::fill(words.begin(), words.end(), 0u);
     for (int64_t g = 0; g < groups; ++g) {
       const float* x = row.data() + g * p.G;
       float amax = 0.0f;
       for (int64_t i = 0; i < p.G; ++i) amax = core::fmax_nan_ignoring(amax, core::abs_bits(x[i]));
       const core::GroupScale gs = core::group_scale(amax, p.ue8m0);
-      for (int64_t i = 0; i < p.G; ++i) {
-        store<uint8_t>(a.x_fp8, t, g * p.G + i, core::quantize(x[i], gs.inv));
-      }
+      uint8_t* qg = q.data() + g * p.G;
+      for (int64_t i = 0; i < p.G; ++i) qg[i] = core::quantize(x[i], gs.inv);
       if (p.ue8m0) {
         words[core::ue8m0_word(g)] |= gs.ue8m0 << core::ue8m0_shift(g);
       } else {
         store<float>(a.x_sf, t, g, gs.scale);
       }
+    }
+    if (a.x_fp8.strides[1] == 1) {
+      std::memcpy(xq + t * a.x_fp8.strides[0], q.data(), static_cast<size_t>(p.H));
+    } else {
+      for (int64_t h = 0; h < p.H; ++h) xq[t * a.x_fp8.strides[0] + h * a.x_fp8.strides[1]] = q[h];
     }
     if (p.ue8m0) {
       for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(a.x_sf, t, w, words[w]);
