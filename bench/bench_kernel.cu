@@ -43,6 +43,23 @@ __global__ void producer_kernel(uint16_t* x, int64_t n) {
   if (i < n) x[i] = x[i];
 }
 
+// Decode-latency probes: the bare memory round trip the staging kernel cannot avoid (each
+// thread loads 32 B of bf16 and stores 16 B), with and without griddepcontrol at the start.
+template <bool kGriddep>
+__global__ void probe_roundtrip(const uint4* in, uint4* out, int64_t n) {
+#if __CUDA_ARCH__ >= 900
+  if (kGriddep) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const uint4 a = in[2 * i], b = in[2 * i + 1];
+    out[i] = make_uint4(a.x ^ a.y, a.z ^ a.w, b.x ^ b.y, b.z ^ b.w);
+  }
+}
+
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
 double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
   cudaGraph_t g;
@@ -181,7 +198,7 @@ int main(int argc, char** argv) {
                     (long long)T, (long long)H, bs, us);
       }
     }
-    for (int64_t T : {int64_t{1024}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+    for (int64_t T : {int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
       StageArgs a = mxfp8_args(T, H);
       const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
       const int calls = T >= 16384 ? 5 : 20;
@@ -194,6 +211,27 @@ int main(int argc, char** argv) {
     }
   }
   megamoe::cuda::set_tuning({});
+  // Decode probes: bare round trip vs staging, and the cost of griddepcontrol without PDL.
+  for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
+    const int64_t H = 7168, n = T * H / 16;
+    const unsigned blocks = static_cast<unsigned>((n + 63) / 64);
+    auto probe = [&](bool gd) {
+      return time_graph(s, [&] {
+        if (gd) probe_roundtrip<true><<<blocks, 64, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint4*>(xq), n);
+        else probe_roundtrip<false><<<blocks, 64, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint4*>(xq), n);
+      }, 20, 30);
+    };
+    const double rt = probe(false), rt_gd = probe(true);
+    StageArgs a = mxfp8_args(T, H);
+    const double st = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+    megamoe::cuda::set_tuning({0, -1, 0, 1});
+    const double st_gd = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+    megamoe::cuda::set_tuning({});
+    std::printf("{\"kind\":\"probe\",\"T\":%lld,\"H\":%lld,\"roundtrip_us\":%.3f,\"roundtrip_griddep_us\":%.3f,"
+                "\"stage_us\":%.3f,\"stage_griddep_always_us\":%.3f}\n",
+                (long long)T, (long long)H, rt, rt_gd, st, st_gd);
+    std::fflush(stdout);
+  }
   // PDL with a trivial producer (only triggers its dependents): the launch-latency part.
   for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{1024}}) {
     StageArgs a = mxfp8_args(T, 7168);

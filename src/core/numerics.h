@@ -121,6 +121,13 @@ MEGAMOE_HD float ue8m0_scale(uint32_t e) { return bits_float(e << 23); }
 /// Multiplier applied to x: 1.0f / scale, IEEE-rounded.
 MEGAMOE_HD float inv_scale(float scale) { return div_rn(1.0f, scale); }
 
+/// 1.0f / 2^(e-127) for a UE8M0 byte e in [1, 254], exactly (no division): 2^(127-e) is a
+/// normal fp32 for e <= 253 and the subnormal 2^-127 for e = 254. Equal to
+/// inv_scale(ue8m0_scale(e)) for every e (the quotient is exact, so rounding plays no part).
+MEGAMOE_HD float ue8m0_inv_scale(uint32_t e) {
+  return bits_float(e < 254u ? (254u - e) << 23 : 0x00400000u);
+}
+
 /// fp32 -> fp8 e4m3fn, round to nearest even, finite values saturate to +-448, NaN -> 0x7F,
 /// +-Inf -> +-448. Bit-identical to PTX cvt.rn.satfinite.e4m3x2.f32 (portable software path).
 MEGAMOE_HD uint8_t fp8_e4m3_from_float_sw(float x) {
@@ -185,11 +192,12 @@ MEGAMOE_HD GroupScale group_scale(float amax, bool ue8m0) {
   if (ue8m0) {
     g.ue8m0 = ue8m0_exponent(s);
     g.scale = ue8m0_scale(g.ue8m0);
+    g.inv = ue8m0_inv_scale(g.ue8m0);
   } else {
     g.ue8m0 = 0;
     g.scale = s;
+    g.inv = inv_scale(g.scale);
   }
-  g.inv = inv_scale(g.scale);
   return g;
 }
 

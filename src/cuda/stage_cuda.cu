@@ -27,6 +27,7 @@
 #include "core/numerics.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
+#include "cuda/packed_amax.cuh"
 #include "cuda/tuning.h"
 #include "validate.h"
 
@@ -61,6 +62,7 @@ struct Params {
   int64_t T, H, K, G;
   int ids_i64;   // topk_ids dtype is int64
   int w_dtype;   // 0 fp32, 1 bf16, 2 fp16
+  int pdl;       // launched with programmatic stream serialization: run griddepcontrol
 };
 
 enum InKind { kInBF16 = 0, kInF16 = 1, kInF32 = 2 };
@@ -97,23 +99,32 @@ __device__ __forceinline__ float load_weight(const Params& p, int64_t t, int64_t
   return p.w_dtype == 1 ? core::bf16_to_float(b) : core::half_to_float(b);
 }
 
+/// Top-k entry (t, k) as read.
+struct TopkEntry {
+  int64_t id;
+  float w;
+  bool pad;
+};
+
+__device__ __forceinline__ TopkEntry load_topk(const Params& p, int64_t t, int64_t k) {
+  TopkEntry e;
+  const int64_t off = t * p.ids_s0 + k * p.ids_s1;
+  e.id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
+                   : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
+  e.w = load_weight(p, t, k);
+  e.pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
+  return e;
+}
+
+/// Padded rows get id -1 and weight 0; others a copy (ids widened to int64).
+__device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k, const TopkEntry& e) {
+  p.idx_out[t * p.io_s0 + k * p.io_s1] = e.pad ? int64_t{-1} : e.id;
+  p.w_out[t * p.wo_s0 + k * p.wo_s1] = e.pad ? 0.0f : e.w;
+}
+
 /// Top-k repack of row t, entries k = first, first + step, ...
-__device__ __forceinline__ void repack_topk(const Params& p, int64_t t, int64_t first,
-                                            int64_t step) {
-  if (first >= p.K) return;
-  const bool pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
-  for (int64_t k = first; k < p.K; k += step) {
-    int64_t id = -1;
-    float w = 0.0f;
-    if (!pad) {
-      const int64_t off = t * p.ids_s0 + k * p.ids_s1;
-      id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
-                     : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
-      w = load_weight(p, t, k);
-    }
-    p.idx_out[t * p.io_s0 + k * p.io_s1] = id;
-    p.w_out[t * p.wo_s0 + k * p.wo_s1] = w;
-  }
+__device__ __forceinline__ void repack_topk(const Params& p, int64_t t, int64_t first, int64_t step) {
+  for (int64_t k = first; k < p.K; k += step) store_topk(p, t, k, load_topk(p, t, k));
 }
 
 __device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w, uint32_t word) {
@@ -140,134 +151,124 @@ __device__ __forceinline__ void store16(void* ptr, uint4 v) {
   }
 }
 
+/// One chunk as loaded: 8 packed words for 16-bit inputs, 16 floats' bits for fp32.
 template <int In>
-__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, float (&x)[kChunk]) {
-  if constexpr (In == kInF32) {
+struct RawChunk {
+  static constexpr int kWords = In == kInF32 ? kChunk : kChunk / 2;
+  uint32_t w[kWords];
+};
+
+template <int In>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In>& c) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 f = __ldg(reinterpret_cast<const uint4*>(src + 4 * i));
-      x[4 * i + 0] = __uint_as_float(f.x);
-      x[4 * i + 1] = __uint_as_float(f.y);
-      x[4 * i + 2] = __uint_as_float(f.z);
-      x[4 * i + 3] = __uint_as_float(f.w);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4*>(src + 8 * i));
-      const uint32_t wds[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        x[8 * i + 2 * j + 0] = InTraits<In>::to_float(static_cast<uint16_t>(wds[j] & 0xFFFFu));
-        x[8 * i + 2 * j + 1] = InTraits<In>::to_float(static_cast<uint16_t>(wds[j] >> 16));
-      }
-    }
+  for (int i = 0; i < RawChunk<In>::kWords / 4; ++i) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
+    c.w[4 * i + 0] = u.x;
+    c.w[4 * i + 1] = u.y;
+    c.w[4 * i + 2] = u.z;
+    c.w[4 * i + 3] = u.w;
   }
 }
 
-/// Top-k entry (t, k) loaded ahead of use so its latency overlaps the hidden-state loads.
-struct TopkEntry {
-  int64_t id;
-  float w;
-  bool pad;
-};
-
-__device__ __forceinline__ TopkEntry load_topk(const Params& p, int64_t t, int64_t k) {
-  TopkEntry e;
-  const int64_t off = t * p.ids_s0 + k * p.ids_s1;
-  e.id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
-                   : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
-  e.w = load_weight(p, t, k);
-  e.pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
-  return e;
+/// Element i of the chunk as fp32 (exact).
+template <int In>
+__device__ __forceinline__ float element(const RawChunk<In>& c, int i) {
+  if constexpr (In == kInF32) return __uint_as_float(c.w[i]);
+  else if constexpr (In == kInBF16) return widen<Half2Kind::kBF16>(c.w[i / 2], i % 2);
+  else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
 }
 
-__device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k, const TopkEntry& e) {
-  p.idx_out[t * p.io_s0 + k * p.io_s1] = e.pad ? int64_t{-1} : e.id;
-  p.w_out[t * p.wo_s0 + k * p.wo_s1] = e.pad ? 0.0f : e.w;
+/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits).
+template <int In>
+__device__ __forceinline__ float chunk_amax(const RawChunk<In>& c) {
+  if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);
+  else if constexpr (In == kInF16) return abs_max_packed<Half2Kind::kF16>(c.w);
+  else {
+    float m[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
+#pragma unroll
+    for (int width = kChunk / 2; width >= 1; width /= 2) {
+#pragma unroll
+      for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
+    }
+    return m[0];
+  }
 }
+
+// Resident 256-thread blocks per SM the fast kernel is built for: the SM's thread limit
+// (2048 on sm_80/90/100, 1536 on sm_86/87/89) for 16-bit inputs, which then fit 32
+// registers; fp32 inputs hold twice the bytes per chunk and get 6 blocks (40 registers).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+constexpr int kFastBlocksPerSm16 = 6;
+#else
+constexpr int kFastBlocksPerSm16 = 8;
+#endif
 
 /// One 16-element chunk per thread per grid-stride step; kStreamStores: evict-first fp8
 /// stores (outputs larger than L2).
 template <int In, int G, bool UE8M0, bool kStreamStores>
-__global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
-  constexpr int U = 1;  // chunks per thread per step (2 was measured slower: registers)
+__global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) stage_fast_kernel(const Params p) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
   const int64_t threads = blockDim.x;
-  pdl_wait_and_trigger();
+  if (p.pdl) pdl_wait_and_trigger();
   const int64_t cpr = p.H / kChunk;  // chunks per row
   const int64_t n = p.T * cpr;
   const int lane = threadIdx.x & 31;
-  const bool small = n + threads * U * gridDim.x < (int64_t{1} << 32);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * threads * U; base < n;
-       base += static_cast<int64_t>(gridDim.x) * threads * U) {
-    float x[U][kChunk];
-    int64_t t[U], j[U];
-    bool active[U];
-    TopkEntry tk[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = base + u * threads + threadIdx.x;
-      active[u] = c < n;
-      if (small) {
-        const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
-        t[u] = c32 / cpr32;
-        j[u] = c32 - static_cast<uint32_t>(t[u]) * cpr32;
-      } else {
-        t[u] = c / cpr;
-        j[u] = c - t[u] * cpr;
-      }
-      if (active[u]) {
-        const auto* src =
-            static_cast<const typename InTraits<In>::T*>(p.hs) + t[u] * p.hs_s0 + j[u] * kChunk;
-        load_chunk<In>(src, x[u]);
-        if (j[u] < p.K) tk[u] = load_topk(p, t[u], j[u]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) x[u][i] = 0.0f;
-      }
+  const bool small = n + threads * gridDim.x < (int64_t{1} << 32);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * threads; base < n;
+       base += static_cast<int64_t>(gridDim.x) * threads) {
+    const int64_t c = base + threadIdx.x;
+    const bool active = c < n;
+    int64_t t, j;
+    if (small) {
+      const uint32_t c32 = static_cast<uint32_t>(c), cpr32 = static_cast<uint32_t>(cpr);
+      t = c32 / cpr32;
+      j = c32 - static_cast<uint32_t>(t) * cpr32;
+    } else {
+      t = c / cpr;
+      j = c - t * cpr;
     }
+    RawChunk<In> x;
+    if (active) {
+      load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + t * p.hs_s0 + j * kChunk, x);
+      // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
+      // and their registers are free again before the quantization needs them.
+      if (j < p.K) repack_topk(p, t, j, cpr);
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float amax = 0.0f;
+      for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
+    }
+    float amax = chunk_amax<In>(x);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, core::abs_bits(x[u][i]));
+    for (int off = 1; off < kTPG; off <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    }
+    const GroupScale gs = core::group_scale(amax, UE8M0);
+    uint32_t packed[4];
 #pragma unroll
-      for (int off = 1; off < kTPG; off <<= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-      }
-      const GroupScale gs = core::group_scale(amax, UE8M0);
-      uint32_t packed[4];
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gs.inv),
+                                                      core::mul_rn(element<In>(x, 4 * i + 1), gs.inv));
+      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gs.inv),
+                                                      core::mul_rn(element<In>(x, 4 * i + 3), gs.inv));
+      packed[i] = lo | (hi << 16);
+    }
+    uint32_t word = 0;
+    if constexpr (UE8M0) {
+      word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 0], gs.inv),
-                                                        core::mul_rn(x[u][4 * i + 1], gs.inv));
-        const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(x[u][4 * i + 2], gs.inv),
-                                                        core::mul_rn(x[u][4 * i + 3], gs.inv));
-        packed[i] = lo | (hi << 16);
-      }
-      uint32_t word = 0;
-      if constexpr (UE8M0) {
-        word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
-#pragma unroll
-        for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
-      }
-      if (!active[u]) continue;
-      store16<kStreamStores>(p.xq + t[u] * p.xq_s0 + j[u] * kChunk,
-                       make_uint4(packed[0], packed[1], packed[2], packed[3]));
-      if constexpr (UE8M0) {
-        if (lane % kTPW == 0) store_word(p, t[u], j[u] / kTPW, word);
-      } else {
-        if (lane % kTPG == 0) {
-          static_cast<float*>(p.sf)[t[u] * p.sf_s0 + (j[u] / kTPG) * p.sf_s1] = gs.scale;
-        }
-      }
-      if (j[u] < p.K) {
-        store_topk(p, t[u], j[u], tk[u]);
-        if (j[u] + cpr < p.K) repack_topk(p, t[u], j[u] + cpr, cpr);  // K > H/16: rare
-      }
+      for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+    }
+    if (!active) continue;
+    store16<kStreamStores>(p.xq + t * p.xq_s0 + j * kChunk,
+                           make_uint4(packed[0], packed[1], packed[2], packed[3]));
+    if constexpr (UE8M0) {
+      if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
+    } else {
+      if (lane % kTPG == 0) static_cast<float*>(p.sf)[t * p.sf_s0 + (j / kTPG) * p.sf_s1] = gs.scale;
     }
   }
 }
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(256, 6) stage_fast_kernel(const Params p) {
 // General path: any G, any strides, any alignment.
 template <int In, bool UE8M0>
 __global__ void __launch_bounds__(256) stage_generic_kernel(const Params p) {
-  pdl_wait_and_trigger();
+  if (p.pdl) pdl_wait_and_trigger();
   using Tr = InTraits<In>;
   const auto* hs = static_cast<const typename Tr::T*>(p.hs);
   const int64_t span = UE8M0 ? 4 * p.G : p.G;  // elements per unit
@@ -336,8 +337,10 @@ int sm_count(int device) {
 // e.g. T >= 2341 at H = 7168): measured +1..27% at H = 4096, neutral at H = 7168.
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 20;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
-std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0};
-Tuning tuning() { return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load()}; }
+std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_griddep{-1};
+Tuning tuning() {
+  return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_griddep.load()};
+}
 
 int sm_count(int device);
 
@@ -428,6 +431,7 @@ void set_tuning(const Tuning& t) {
   g_max_waves.store(t.max_waves);
   g_streaming.store(t.streaming);
   g_block_threads.store(t.block_threads);
+  g_griddep.store(t.griddep);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
@@ -469,6 +473,8 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_
   prm.G = p.G;
   prm.ids_i64 = a.topk_ids.dtype == DType::kInt64;
   prm.w_dtype = a.topk_weights.dtype == DType::kFloat32 ? 0 : a.topk_weights.dtype == DType::kBFloat16 ? 1 : 2;
+  // griddepcontrol only when launched with PDL (measured: it is not free without it).
+  prm.pdl = a.enable_pdl || tuning().griddep == 1;
 
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_fp8);

@@ -275,6 +275,17 @@ TEST(CoreVsReference, GroupScaleDenseSample) {
   EXPECT_EQ(bad.load(), 0u);
 }
 
+// The division-free UE8M0 multiplier equals the IEEE quotient 1 / 2^(e-127) for every byte
+// the scale can take, including e = 254 where the quotient is the subnormal 2^-127.
+TEST(CoreVsReference, Ue8m0InverseEveryExponent) {
+  for (uint32_t e = 1; e <= 254; ++e) {
+    const float scale = u2f(e << 23);
+    EXPECT_EQ(f2u(core::ue8m0_inv_scale(e)), f2u(megamoe_ref::detail::div_f32(1.0f, scale))) << "e = " << e;
+  }
+  EXPECT_EQ(f2u(core::ue8m0_inv_scale(254)), 0x00400000u);
+  EXPECT_EQ(f2u(core::ue8m0_inv_scale(127)), 0x3F800000u);
+}
+
 TEST(CoreVsReference, NanIgnoringMax) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(core::fmax_nan_ignoring(nan, 2.0f), 2.0f);

@@ -1,12 +1,15 @@
 // Exhaustive device-side checks of src/core/numerics.h: the hardware fp8 conversion
 // (cvt.rn.satfinite.e4m3x2.f32, what the kernels use on sm_89+) against the portable
 // software conversion (what the CPU backend uses), over all 2^32 fp32 bit patterns, in
-// both halves of the x2 instruction; and fp16 -> fp32 software vs hardware for all halves.
+// both halves of the x2 instruction; fp16 -> fp32 software vs hardware for all halves; and
+// the packed bf16x2/f16x2 amax of src/cuda/packed_amax.cuh against the scalar rule
+// (core::fmax_nan_ignoring of core::abs_bits on the widened values) for all 2^32 pairs.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "core/numerics.h"
+#include "cuda/packed_amax.cuh"
 
 namespace {
 
@@ -44,29 +47,95 @@ __global__ void half_exhaustive(unsigned long long* mismatches, uint32_t* first)
   }
 }
 
+/// Scalar rule on widened values; false when a NaN result is acceptable (both NaN).
+template <megamoe::cuda::Half2Kind K>
+__device__ float scalar_rule(uint16_t a, uint16_t b) {
+  using megamoe::core::abs_bits;
+  const float fa = K == megamoe::cuda::Half2Kind::kBF16 ? megamoe::core::bf16_to_float(a)
+                                                         : megamoe::core::half_to_float(a);
+  const float fb = K == megamoe::cuda::Half2Kind::kBF16 ? megamoe::core::bf16_to_float(b)
+                                                         : megamoe::core::half_to_float(b);
+  return megamoe::core::fmax_nan_ignoring(abs_bits(fa), abs_bits(fb));
+}
+
+template <megamoe::cuda::Half2Kind K>
+__global__ void packed_amax_exhaustive(unsigned long long* mismatches, uint32_t* first,
+                                       unsigned long long* nan_results) {
+  using namespace megamoe::cuda;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+       i += stride) {
+    const uint32_t a = static_cast<uint32_t>(i) & 0xFFFFu, b = static_cast<uint32_t>(i >> 16);
+    // Lane 0 gets (a, b), lane 1 gets (b, a): both lanes and both operand orders.
+    const uint32_t m = abs_max2<K>(a | (b << 16), b | (a << 16));
+    const float want = scalar_rule<K>(static_cast<uint16_t>(a), static_cast<uint16_t>(b));
+    const uint32_t words[1] = {m};
+    const float lane0 = widen<K>(m, 0), lane1 = widen<K>(m, 1), both = abs_max_packed<K>(words);
+    bool ok;
+    if (want != want) {
+      ok = lane0 != lane0 && lane1 != lane1;
+      atomicAdd(nan_results, 1ull);
+    } else {
+      ok = __float_as_uint(lane0) == __float_as_uint(want) &&
+           __float_as_uint(lane1) == __float_as_uint(want) && __float_as_uint(both) == __float_as_uint(want);
+    }
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+/// Mismatch count, first mismatching pattern and a positive-control count of one kernel.
+struct Tally {
+  unsigned long long mismatches = ~0ull, positives = 0;
+  uint32_t first = 0;
+};
+
+/// Runs kernel<<<132 * 16, 256>>>(mismatches, first, positives) and reads the tally back.
+template <typename Kernel>
+Tally run_exhaustive(Kernel kernel) {
+  Tally t;
+  unsigned long long* d_counts = nullptr;
+  uint32_t* d_first = nullptr;
+  if (cudaMalloc(&d_counts, 16) != cudaSuccess || cudaMalloc(&d_first, 4) != cudaSuccess) return t;
+  cudaMemset(d_counts, 0, 16);
+  cudaMemset(d_first, 0, 4);
+  kernel<<<132 * 16, 256>>>(d_counts, d_first, d_counts + 1);
+  if (cudaGetLastError() == cudaSuccess) {
+    unsigned long long c[2] = {~0ull, 0};
+    if (cudaMemcpy(c, d_counts, 16, cudaMemcpyDeviceToHost) == cudaSuccess) {
+      t.mismatches = c[0];
+      t.positives = c[1];
+    }
+    cudaMemcpy(&t.first, d_first, 4, cudaMemcpyDeviceToHost);
+  }
+  cudaFree(d_counts);
+  cudaFree(d_first);
+  return t;
+}
+
+template <megamoe::cuda::Half2Kind K>
+void check_packed_amax(uint64_t nan_patterns) {
+  const Tally t = run_exhaustive(packed_amax_exhaustive<K>);
+  EXPECT_EQ(t.mismatches, 0ull) << "first mismatching pair (b << 16 | a) 0x" << std::hex << t.first;
+  // Positive control: the NaN-NaN pairs, (NaN patterns)^2 of them, and only those.
+  EXPECT_EQ(t.positives, nan_patterns * nan_patterns);
+}
+
+TEST(CudaNumerics, PackedAmaxMatchesScalarRuleBF16) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_packed_amax<megamoe::cuda::Half2Kind::kBF16>(2 * 127);  // exp 0xFF, mantissa != 0
+}
+
+TEST(CudaNumerics, PackedAmaxMatchesScalarRuleF16) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_packed_amax<megamoe::cuda::Half2Kind::kF16>(2 * 1023);
+}
+
 TEST(CudaNumerics, Fp8HardwareMatchesSoftwareOnAllFloats) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  unsigned long long *d_count, *d_nans;
-  uint32_t* d_first;
-  ASSERT_EQ(cudaMalloc(&d_count, 8), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_nans, 8), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_first, 4), cudaSuccess);
-  cudaMemset(d_count, 0, 8);
-  cudaMemset(d_nans, 0, 8);
-  cudaMemset(d_first, 0, 4);
-  fp8_exhaustive<<<132 * 16, 256>>>(d_count, d_first, d_nans);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  unsigned long long count = 0, nans = 0;
-  uint32_t first = 0;
-  ASSERT_EQ(cudaMemcpy(&count, d_count, 8, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaMemcpy(&nans, d_nans, 8, cudaMemcpyDeviceToHost);
-  cudaMemcpy(&first, d_first, 4, cudaMemcpyDeviceToHost);
-  EXPECT_EQ(count, 0ull) << "first mismatching fp32 bits 0x" << std::hex << first;
+  const Tally t = run_exhaustive(fp8_exhaustive);
+  EXPECT_EQ(t.mismatches, 0ull) << "first mismatching fp32 bits 0x" << std::hex << t.first;
   // Every fp32 NaN (2 signs x (2^23 - 1) payloads) and nothing else gives 0x7F.
-  EXPECT_EQ(nans, 2ull * ((1ull << 23) - 1));
-  cudaFree(d_nans);
-  cudaFree(d_count);
-  cudaFree(d_first);
+  EXPECT_EQ(t.positives, 2ull * ((1ull << 23) - 1));
 }
 
 TEST(CudaNumerics, HalfToFloatMatchesHardware) {
