@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/fastdiv.h"
+#include "core/numerics.h"
+#include "cuda/packed_amax.cuh"
 #include "cuda/tuning.h"
 #include "megamoe/megamoe.h"
 
@@ -58,6 +61,68 @@ __global__ void probe_roundtrip(const uint4* in, uint4* out, int64_t n) {
     const uint4 a = in[2 * i], b = in[2 * i + 1];
     out[i] = make_uint4(a.x ^ a.y, a.z ^ a.w, b.x ^ b.y, b.z ^ b.w);
   }
+}
+
+// Anatomy of the fast kernel at decode sizes (bf16, MXFP8, K = 8): the same work added step
+// by step on top of the bare round trip, to see where the time above it goes.
+struct ProbeArgs {
+  const uint4* hs;
+  uint4* xq;
+  uint32_t* sf;
+  const int32_t* ids;
+  const float* w;
+  const uint8_t* pad;
+  int64_t* io;
+  float* wo;
+  uint32_t n, cpr, K;
+  megamoe::core::FastDivU32 div;
+};
+
+// kStage: 1 index division, 2 + quantization (packed amax, shuffle, scale, fp8),
+// 3 + UE8M0 word (3 shuffles, store), 4 + top-k repack, 5 = 4 with core::fastdiv.
+template <int kStage>
+__global__ void probe_anatomy(ProbeArgs a) {
+  namespace mc = megamoe::core;
+  const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool active = c < a.n;
+  const uint32_t t = kStage == 5 ? mc::fastdiv(c, a.div) : c / a.cpr;
+  const uint32_t j = c - t * a.cpr;
+  uint4 u0 = make_uint4(0, 0, 0, 0), u1 = u0;
+  if (active) {
+    u0 = a.hs[2 * (static_cast<uint64_t>(t) * a.cpr + j)];
+    u1 = a.hs[2 * (static_cast<uint64_t>(t) * a.cpr + j) + 1];
+    if (kStage >= 4 && j < a.K) {
+      const uint64_t o = static_cast<uint64_t>(t) * a.K + j;
+      const bool pd = a.pad[t] != 0;
+      const int32_t id = a.ids[o];
+      const float w = a.w[o];
+      a.io[o] = pd ? -1 : id;
+      a.wo[o] = pd ? 0.0f : w;
+    }
+  }
+  if (kStage == 1) {
+    if (active) a.xq[c] = make_uint4(u0.x ^ u0.y, u0.z ^ u0.w, u1.x ^ u1.y, u1.z ^ u1.w);
+    return;
+  }
+  const uint32_t words[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+  float amax = megamoe::cuda::abs_max_packed<megamoe::cuda::Half2Kind::kBF16>(words);
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  const mc::GroupScale gs = mc::group_scale(amax, true);
+  uint32_t q[4];
+  for (int i = 0; i < 4; ++i) {
+    auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
+    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
+           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
+                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
+  }
+  uint32_t word = 0;
+  if (kStage >= 3) {
+    word = gs.ue8m0 << (8 * ((threadIdx.x % 8) / 2));
+    for (int off = 1; off < 8; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+  }
+  if (!active) return;
+  a.xq[c] = make_uint4(q[0], q[1], q[2], q[3]);
+  if (kStage >= 3 && threadIdx.x % 8 == 0) a.sf[static_cast<uint64_t>(t) * (a.cpr / 8) + j / 8] = word;
 }
 
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
@@ -230,6 +295,27 @@ int main(int argc, char** argv) {
     std::printf("{\"kind\":\"probe\",\"T\":%lld,\"H\":%lld,\"roundtrip_us\":%.3f,\"roundtrip_griddep_us\":%.3f,"
                 "\"stage_us\":%.3f,\"stage_griddep_always_us\":%.3f}\n",
                 (long long)T, (long long)H, rt, rt_gd, st, st_gd);
+    std::fflush(stdout);
+  }
+  // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
+  for (int64_t T : {int64_t{1}, int64_t{64}}) {
+    ProbeArgs pa{static_cast<const uint4*>(hs), static_cast<uint4*>(xq), static_cast<uint32_t*>(sf),
+                 static_cast<const int32_t*>(ids), static_cast<const float*>(w), static_cast<const uint8_t*>(pad),
+                 static_cast<int64_t*>(io), static_cast<float*>(wo), static_cast<uint32_t>(T * 448), 448u,
+                 static_cast<uint32_t>(K), megamoe::core::make_fastdiv(448)};
+    const unsigned blocks = (pa.n + 127) / 128;
+    double us[6] = {0, 0, 0, 0, 0, 0};
+    us[1] = time_graph(s, [&] { probe_anatomy<1><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    us[2] = time_graph(s, [&] { probe_anatomy<2><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    us[3] = time_graph(s, [&] { probe_anatomy<3><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    us[4] = time_graph(s, [&] { probe_anatomy<4><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    us[5] = time_graph(s, [&] { probe_anatomy<5><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    StageArgs a = mxfp8_args(T, 7168);
+    a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
+    const double st = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+    std::printf("{\"kind\":\"anatomy\",\"T\":%lld,\"div\":%.3f,\"quant\":%.3f,\"word\":%.3f,\"topk\":%.3f,"
+                "\"topk_fastdiv\":%.3f,\"library\":%.3f}\n",
+                (long long)T, us[1], us[2], us[3], us[4], us[5], st);
     std::fflush(stdout);
   }
   // PDL with a trivial producer (only triggers its dependents): the launch-latency part.
