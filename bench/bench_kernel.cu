@@ -212,6 +212,23 @@ int main(int argc, char** argv) {
     return a;
   };
   auto mxfp8_args = [&](int64_t T, int64_t H) { return make_args(T, H, QuantScheme::mxfp8()); };
+  auto probe_args = [&](int64_t T) {  // anatomy probes: H = 7168 (448 chunks per row)
+    return ProbeArgs{static_cast<const uint4*>(hs), static_cast<uint4*>(xq), static_cast<uint32_t*>(sf),
+                     static_cast<const int32_t*>(ids), static_cast<const float*>(w), static_cast<const uint8_t*>(pad),
+                     static_cast<int64_t*>(io), static_cast<float*>(wo), static_cast<uint32_t>(T * 448), 448u,
+                     static_cast<uint32_t>(K), megamoe::core::make_fastdiv(448)};
+  };
+  if (argc > 2 && std::strcmp(argv[1], "--anatomy-one") == 0) {  // for ncu: library vs probe
+    const int64_t T = std::atoll(argv[2]);
+    const ProbeArgs pa = probe_args(T);
+    StageArgs a = mxfp8_args(T, 7168);
+    for (int i = 0; i < 3; ++i) {
+      prepare_inputs(a, s);
+      probe_anatomy<5><<<(pa.n + 127) / 128, 128, 0, s>>>(pa);
+    }
+    CK(cudaStreamSynchronize(s));
+    return 0;
+  }
   if (argc > 3 && std::strcmp(argv[1], "--one") == 0) {  // for ncu: a few calls of one size
     StageArgs a = mxfp8_args(std::atoll(argv[2]), std::atoll(argv[3]));
     for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
@@ -299,10 +316,7 @@ int main(int argc, char** argv) {
   }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
   for (int64_t T : {int64_t{1}, int64_t{64}}) {
-    ProbeArgs pa{static_cast<const uint4*>(hs), static_cast<uint4*>(xq), static_cast<uint32_t*>(sf),
-                 static_cast<const int32_t*>(ids), static_cast<const float*>(w), static_cast<const uint8_t*>(pad),
-                 static_cast<int64_t*>(io), static_cast<float*>(wo), static_cast<uint32_t>(T * 448), 448u,
-                 static_cast<uint32_t>(K), megamoe::core::make_fastdiv(448)};
+    const ProbeArgs pa = probe_args(T);
     const unsigned blocks = (pa.n + 127) / 128;
     double us[6] = {0, 0, 0, 0, 0, 0};
     us[1] = time_graph(s, [&] { probe_anatomy<1><<<blocks, 128, 0, s>>>(pa); }, 20, 30);

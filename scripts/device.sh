@@ -2,6 +2,8 @@
 # scripts/device.sh: one batched GPU session (build, test, sanitize, benchmark) for the
 # lent H200. Usage: bash scripts/device.sh [steps...]   (default: all)
 # Steps: info build test sanitize bench ncu python pybench. Results and logs go to $OUT.
+# Env: ARCHS (default 90), BUILD_TARGETS (default all), BENCH_ARGS, NCU_ARGS (bench_kernel
+# arguments profiled by ncu, default "--one 16384 4096"), NCU_SECTIONS, SKIP_PYTEST.
 set -uo pipefail
 OUT=${OUT:-/tmp/megamoe-out}
 mkdir -p "$OUT"
@@ -33,7 +35,7 @@ if has build; then
   cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_ENABLE_CUDA=ON \
     -DMEGAMOE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DMEGAMOE_BUILD_BENCH=ON -DMEGAMOE_BUILD_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$DEPS;$DEPS/usr" >"$OUT/build.log" 2>&1 &&
-    cmake --build build-dev -j"$JOBS" >>"$OUT/build.log" 2>&1
+    cmake --build build-dev -j"$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >>"$OUT/build.log" 2>&1
   echo "build rc=$?"; tail -5 "$OUT/build.log"
 fi
 
@@ -60,10 +62,10 @@ fi
 
 if has ncu; then
   log ncu
-  ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    --metrics dram__bytes_read.sum,dram__bytes_write.sum -k regex:stage_fast -c 2 \
-    ./build-dev/megamoe_bench_kernel --one ${NCU_T:-16384} ${NCU_H:-4096} >"$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -24
+  ncu --clock-control none ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum} \
+    -k regex:"${NCU_KERNELS:-stage_fast}" -c ${NCU_COUNT:-2} \
+    ./build-dev/megamoe_bench_kernel ${NCU_ARGS:---one 16384 4096} >"$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy|Max Bandwidth|Stall|stall|Warp Cycles|Executed Instructions" "$OUT/ncu.txt" | head -60
 fi
 
 if has python; then

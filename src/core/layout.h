@@ -9,11 +9,16 @@ namespace megamoe {
 namespace core {
 
 /// bm rounded up to a multiple of 128.
-MEGAMOE_HD int64_t aligned_block_m(int64_t bm) { return (bm + 127) / 128 * 128; }
+template <typename I>
+MEGAMOE_HD I aligned_block_m(I bm) {
+  return (bm + 127) / 128 * 128;
+}
 
 /// Row of shared_x_sf that receives token t's scale words (MN-major TMA permutation).
-MEGAMOE_HD int64_t shared_sf_row(int64_t t, int64_t bm) {
-  const int64_t m = t % bm;
+/// I: int64_t, or uint32_t where the caller knows every row fits.
+template <typename I>
+MEGAMOE_HD I shared_sf_row(I t, I bm) {
+  const I m = t % bm;
   return (t / bm) * aligned_block_m(bm) + (m / 128) * 128 + (m % 32) * 4 + (m % 128) / 32;
 }
 

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/fastdiv.h"
 #include "core/layout.h"
@@ -96,46 +97,41 @@ __device__ __forceinline__ void pdl_wait_and_trigger() {
 #endif
 }
 
-__device__ __forceinline__ float load_weight(const Params& p, int64_t t, int64_t k) {
-  const int64_t off = t * p.w_s0 + k * p.w_s1;
-  if (p.w_dtype == 0) return static_cast<const float*>(p.w)[off];
-  const uint16_t b = static_cast<const uint16_t*>(p.w)[off];
-  return p.w_dtype == 1 ? core::bf16_to_float(b) : core::half_to_float(b);
+// Element offsets are computed in Idx: int64_t in general, uint32_t when the host has
+// checked that every tensor's strides are non-negative and its largest offset is below
+// 2^31 (fewer instructions on the decode critical path; see Mode below).
+template <typename Idx>
+__device__ __forceinline__ Idx offset(Idx i, int64_t s0, Idx k, int64_t s1) {
+  return i * static_cast<Idx>(s0) + k * static_cast<Idx>(s1);
 }
 
-/// Top-k entry (t, k) as read.
-struct TopkEntry {
-  int64_t id;
-  float w;
-  bool pad;
-};
-
-__device__ __forceinline__ TopkEntry load_topk(const Params& p, int64_t t, int64_t k) {
-  TopkEntry e;
-  const int64_t off = t * p.ids_s0 + k * p.ids_s1;
-  e.id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[off]
-                   : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[off]);
-  e.w = load_weight(p, t, k);
-  e.pad = p.pad != nullptr && p.pad[t * p.pad_s0] != 0;
-  return e;
+/// Top-k repack of row t, entries k = first, first + step, ...: padded rows get id -1 and
+/// weight 0, others a copy (ids widened to int64, weights to fp32). All loads of an entry
+/// are issued before any of their values is used, so they overlap.
+template <typename Idx>
+__device__ __forceinline__ void repack_topk(const Params& p, Idx t, Idx first, Idx step) {
+  for (Idx k = first; k < static_cast<Idx>(p.K); k += step) {
+    const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
+    const Idx woff = offset(t, p.w_s0, k, p.w_s1);
+    const int64_t id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[ioff]
+                                 : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[ioff]);
+    const uint32_t wbits = p.w_dtype == 0 ? static_cast<const uint32_t*>(p.w)[woff]
+                                          : static_cast<uint32_t>(static_cast<const uint16_t*>(p.w)[woff]);
+    const uint8_t pad = p.pad != nullptr ? p.pad[t * static_cast<Idx>(p.pad_s0)] : uint8_t{0};
+    const float w = p.w_dtype == 0   ? core::bits_float(wbits)
+                    : p.w_dtype == 1 ? core::bf16_to_float(static_cast<uint16_t>(wbits))
+                                     : core::half_to_float(static_cast<uint16_t>(wbits));
+    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
+    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : w;
+  }
 }
 
-/// Padded rows get id -1 and weight 0; others a copy (ids widened to int64).
-__device__ __forceinline__ void store_topk(const Params& p, int64_t t, int64_t k, const TopkEntry& e) {
-  p.idx_out[t * p.io_s0 + k * p.io_s1] = e.pad ? int64_t{-1} : e.id;
-  p.w_out[t * p.wo_s0 + k * p.wo_s1] = e.pad ? 0.0f : e.w;
-}
-
-/// Top-k repack of row t, entries k = first, first + step, ...
-__device__ __forceinline__ void repack_topk(const Params& p, int64_t t, int64_t first, int64_t step) {
-  for (int64_t k = first; k < p.K; k += step) store_topk(p, t, k, load_topk(p, t, k));
-}
-
-__device__ __forceinline__ void store_word(const Params& p, int64_t t, int64_t w, uint32_t word) {
-  static_cast<uint32_t*>(p.sf)[t * p.sf_s0 + w * p.sf_s1] = word;
+template <typename Idx>
+__device__ __forceinline__ void store_word(const Params& p, Idx t, Idx w, uint32_t word) {
+  static_cast<uint32_t*>(p.sf)[offset(t, p.sf_s0, w, p.sf_s1)] = word;
   if (p.shared_sf != nullptr) {
-    const int64_t r = core::shared_sf_row(t, p.shared_bm);
-    p.shared_sf[r * p.sh_s0 + w * p.sh_s1] = word;
+    const Idx r = core::shared_sf_row(t, static_cast<Idx>(p.shared_bm));
+    p.shared_sf[offset(r, p.sh_s0, w, p.sh_s1)] = word;
   }
 }
 
@@ -209,39 +205,50 @@ constexpr int kFastBlocksPerSm16 = 6;
 constexpr int kFastBlocksPerSm16 = 8;
 #endif
 
-/// One 16-element chunk per thread per grid-stride step; kStreamStores: evict-first fp8
-/// stores (outputs larger than L2).
-template <int In, int G, bool UE8M0, bool kStreamStores>
+/// Index width and store policy of the fast kernel, chosen on the host.
+enum class Mode {
+  kIdx32,        ///< 32-bit chunk indices and offsets, default stores (decode, mid sizes)
+  kIdx32Stream,  ///< 32-bit, evict-first fp8 stores (outputs larger than L2)
+  kIdx64Stream,  ///< 64-bit everything (T*H or an offset beyond 2^31), evict-first stores
+};
+
+/// The chunk c's row t and chunk-in-row j.
+template <typename Idx>
+__device__ __forceinline__ void row_and_chunk(const Params& p, Idx c, Idx& t, Idx& j) {
+  if constexpr (sizeof(Idx) == 4) {
+    t = core::fastdiv(c, p.cpr_div);
+    j = c - t * p.cpr_div.divisor;
+  } else {
+    t = c / p.cpr;
+    j = c - t * p.cpr;
+  }
+}
+
+/// One 16-element chunk per thread per grid-stride step.
+template <int In, int G, bool UE8M0, Mode kMode>
 __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) stage_fast_kernel(const Params p) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
+  using Idx = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>;
+  constexpr bool kStream = kMode != Mode::kIdx32;
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
-  const int64_t threads = blockDim.x;
   if (p.pdl) pdl_wait_and_trigger();
-  const int64_t cpr = p.cpr;
-  const int64_t n = p.n_chunks;
+  const Idx n = static_cast<Idx>(p.n_chunks);
+  const Idx cpr = static_cast<Idx>(p.cpr);
   const int lane = threadIdx.x & 31;
-  const bool small = n + threads * gridDim.x < (int64_t{1} << 32);  // then cpr < 2^32 too
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * threads; base < n;
-       base += static_cast<int64_t>(gridDim.x) * threads) {
-    const int64_t c = base + threadIdx.x;
+  // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
+  for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < n;
+       base += static_cast<Idx>(gridDim.x) * blockDim.x) {
+    const Idx c = base + threadIdx.x;
     const bool active = c < n;
-    int64_t t, j;
-    if (small) {
-      const uint32_t c32 = static_cast<uint32_t>(c);
-      const uint32_t t32 = core::fastdiv(c32, p.cpr_div);
-      t = t32;
-      j = c32 - t32 * p.cpr_div.divisor;
-    } else {
-      t = c / cpr;
-      j = c - t * cpr;
-    }
+    Idx t, j;
+    row_and_chunk(p, c, t, j);
     RawChunk<In> x;
     if (active) {
-      load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + t * p.hs_s0 + j * kChunk, x);
+      load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, 1), x);
       // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
       // and their registers are free again before the quantization needs them.
-      if (j < p.K) repack_topk(p, t, j, cpr);
+      if (j < static_cast<Idx>(p.K)) repack_topk(p, t, j, cpr);
     } else {
 #pragma unroll
       for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
@@ -268,12 +275,11 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) st
       for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
     }
     if (!active) continue;
-    store16<kStreamStores>(p.xq + t * p.xq_s0 + j * kChunk,
-                           make_uint4(packed[0], packed[1], packed[2], packed[3]));
+    store16<kStream>(p.xq + offset(t, p.xq_s0, j * kChunk, 1), make_uint4(packed[0], packed[1], packed[2], packed[3]));
     if constexpr (UE8M0) {
       if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
     } else {
-      if (lane % kTPG == 0) static_cast<float*>(p.sf)[t * p.sf_s0 + (j / kTPG) * p.sf_s1] = gs.scale;
+      if (lane % kTPG == 0) static_cast<float*>(p.sf)[offset(t, p.sf_s0, j / kTPG, p.sf_s1)] = gs.scale;
     }
   }
 }
@@ -310,8 +316,8 @@ __global__ void __launch_bounds__(256) stage_generic_kernel(const Params p) {
         static_cast<float*>(p.sf)[t * p.sf_s0 + j * p.sf_s1] = gs.scale;
       }
     }
-    if (UE8M0) store_word(p, t, j, word);
-    repack_topk(p, t, j, upr);
+    if (UE8M0) store_word<int64_t>(p, t, j, word);
+    repack_topk<int64_t>(p, t, j, upr);
   }
 }
 
@@ -343,6 +349,7 @@ int sm_count(int device) {
 // neutral at 2048 x 4096 and at 1024 x 7168 (below the threshold) and at prefill sizes.
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
+constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 32-bit modes rely on it
 std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_griddep{-1};
 Tuning tuning() {
   return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_griddep.load()};
@@ -390,7 +397,8 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
   const Tuning tn = tuning();
   const int64_t waves = tn.max_waves > 0 ? tn.max_waves : kDefaultMaxWaves;
   const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves * (256 / kThreads);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, max_blocks));
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min({(work_items + kThreads - 1) / kThreads, max_blocks, kMaxGridThreads / kThreads}));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kThreads);
@@ -405,30 +413,55 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
 }
 
 template <int In, int G, bool UE8M0>
-void launch_fast(const Params& prm, const detail::Problem& p, int device, cudaStream_t stream,
-                 bool pdl) {
+void launch_fast(const Params& prm, const detail::Problem& p, bool idx32, int device,
+                 cudaStream_t stream, bool pdl) {
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
   const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
-  if (st) return launch(stage_fast_kernel<In, G, UE8M0, true>, prm, chunks, threads, device, stream, pdl);
-  return launch(stage_fast_kernel<In, G, UE8M0, false>, prm, chunks, threads, device, stream, pdl);
+  if (!idx32) return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream>, prm, chunks, threads, device, stream, pdl);
+  if (st) return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx32Stream>, prm, chunks, threads, device, stream, pdl);
+  return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx32>, prm, chunks, threads, device, stream, pdl);
 }
 
 template <int In>
-void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, int device,
+void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, bool idx32, int device,
                  cudaStream_t stream, bool pdl) {
   if (fast) {
     if (p.G == 32) {
-      if (p.ue8m0) return launch_fast<In, 32, true>(prm, p, device, stream, pdl);
-      return launch_fast<In, 32, false>(prm, p, device, stream, pdl);
+      if (p.ue8m0) return launch_fast<In, 32, true>(prm, p, idx32, device, stream, pdl);
+      return launch_fast<In, 32, false>(prm, p, idx32, device, stream, pdl);
     }
-    if (p.ue8m0) return launch_fast<In, 128, true>(prm, p, device, stream, pdl);
-    return launch_fast<In, 128, false>(prm, p, device, stream, pdl);
+    if (p.ue8m0) return launch_fast<In, 128, true>(prm, p, idx32, device, stream, pdl);
+    return launch_fast<In, 128, false>(prm, p, idx32, device, stream, pdl);
   }
   const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
   if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, 256, device, stream, pdl);
   return launch(stage_generic_kernel<In, false>, prm, units, 256, device, stream, pdl);
+}
+
+/// True when a tensor's strides are non-negative and its largest element offset < 2^31.
+bool offsets_fit_idx32(const TensorRef& t) {
+  int64_t hi = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return true;
+    if (t.strides[d] < 0) return false;
+    hi += (t.shape[d] - 1) * t.strides[d];
+  }
+  return hi < (int64_t{1} << 31);
+}
+
+/// The fast kernel's 32-bit modes apply: every offset fits, and chunk indices never wrap
+/// (n plus one grid of threads < 2^32; launch() never makes a grid of more than kMaxGridThreads).
+bool fits_idx32(const StageArgs& a, int64_t n_chunks) {
+  const TensorRef* ts[] = {&a.hidden_states, &a.topk_ids, &a.topk_weights, &a.x_fp8,
+                           &a.x_sf, &a.topk_idx_out, &a.topk_weights_out};
+  for (const TensorRef* t : ts) {
+    if (!offsets_fit_idx32(*t)) return false;
+  }
+  if (a.is_padding && !offsets_fit_idx32(*a.is_padding)) return false;
+  if (a.shared_x_sf && !offsets_fit_idx32(*a.shared_x_sf)) return false;
+  return n_chunks + kMaxGridThreads < (int64_t{1} << 32);
 }
 
 }  // namespace
@@ -486,15 +519,16 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_
                     rows_vectorizable(a.x_fp8);
   prm.cpr = p.H / kChunk;
   prm.n_chunks = p.T * prm.cpr;
-  // 32-bit chunk indices (the kernel checks the grid fits) divide with a multiplier.
+  // 32-bit chunk indices divide by cpr with a multiplier (only used when idx32).
   prm.cpr_div = core::make_fastdiv(static_cast<uint32_t>(std::min<int64_t>(prm.cpr, 0xFFFFFFFF)));
+  const bool idx32 = fits_idx32(a, prm.n_chunks);
   const int device = a.hidden_states.device.index;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   switch (a.hidden_states.dtype) {
-    case DType::kBFloat16: dispatch_in<kInBF16>(prm, p, fast, device, stream, a.enable_pdl); break;
-    case DType::kFloat16: dispatch_in<kInF16>(prm, p, fast, device, stream, a.enable_pdl); break;
-    default: dispatch_in<kInF32>(prm, p, fast, device, stream, a.enable_pdl); break;
+    case DType::kBFloat16: dispatch_in<kInBF16>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
+    case DType::kFloat16: dispatch_in<kInF16>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
+    default: dispatch_in<kInF32>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
   }
 }
 

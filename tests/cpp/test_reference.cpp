@@ -301,6 +301,10 @@ TEST(CoreVsReference, SharedRowMap) {
     for (int64_t t = 0; t < 1000; ++t) {
       ASSERT_EQ(core::shared_sf_row(t, bm), megamoe_ref::shared_row(t, bm))
           << "t=" << t << " bm=" << bm;
+      // The kernels' 32-bit instantiation (used when every row fits 32 bits) agrees.
+      ASSERT_EQ(static_cast<int64_t>(core::shared_sf_row(static_cast<uint32_t>(t), static_cast<uint32_t>(bm))),
+                megamoe_ref::shared_row(t, bm))
+          << "uint32 t=" << t << " bm=" << bm;
     }
     // Rows required: one past the largest row any of T tokens can map to, rounded to abm.
     for (int64_t T : {1, 7, 64, 65, 300, 999}) {
@@ -313,7 +317,7 @@ TEST(CoreVsReference, SharedRowMap) {
   }
   // Large t: no overflow in the 64-bit index math.
   const int64_t big = (int64_t{1} << 40) + 77;
-  EXPECT_EQ(core::shared_sf_row(big, 96), megamoe_ref::shared_row(big, 96));
+  EXPECT_EQ(core::shared_sf_row(big, int64_t{96}), megamoe_ref::shared_row(big, 96));
 }
 
 TEST(CoreVsReference, Ue8m0WordPacking) {

@@ -3,6 +3,7 @@
 // elements, gaps between strided elements and unmapped shared rows are all checked).
 // Each case runs eagerly and under CUDA-graph capture + replay, with PDL off and on.
 // Skipped when no CUDA device is present.
+#include <algorithm>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -59,9 +60,9 @@ struct View {
   int64_t shape[2];
   int64_t strides[2];
   int64_t offset;
-  size_t bytes() const {  // allocation size covering the view (strides >= 0 here)
+  size_t bytes() const {  // allocation size covering the view (offset covers negative strides)
     int64_t hi = offset;
-    for (int d = 0; d < ndim; ++d) hi += (shape[d] - 1) * strides[d];
+    for (int d = 0; d < ndim; ++d) hi += std::max<int64_t>(0, (shape[d] - 1) * strides[d]);
     return static_cast<size_t>((hi + 1) * megamoe::dtype_size(dtype)) + 16;
   }
   TensorRef ref(void* base, Device dev) const {
@@ -91,13 +92,16 @@ struct Case {
   bool misaligned = false;      // every tensor offset by one element
   bool sf_mn_major = false;     // x_sf[t, g] at g * align(T, 4) + t
   bool strided_topk = false;    // column-major top-k outputs
+  bool reversed_topk_in = false;  // top-k ids/weights viewed with rows reversed (stride -K):
+                                  // the kernels' 64-bit offset mode on a small problem
   bool edge_values = true;
   std::string name() const {
     std::ostringstream os;
     os << "T=" << T << " H=" << H << " K=" << K << " " << megamoe::to_string(q) << " in="
        << megamoe::dtype_name(in) << " ids=" << megamoe::dtype_name(ids) << " w=" << megamoe::dtype_name(w)
        << " pad=" << pad << " bm=" << bm << " shT=" << shared_transposed << " hsNC=" << hs_noncontig
-       << " mis=" << misaligned << " mn=" << sf_mn_major << " stk=" << strided_topk;
+       << " mis=" << misaligned << " mn=" << sf_mn_major << " stk=" << strided_topk
+       << " rev=" << reversed_topk_in;
     return os.str();
   }
 };
@@ -181,6 +185,10 @@ void run_case(const Case& c, bool graph, bool pdl) {
   v.hs = View{c.in, 2, {c.T, c.H}, {c.hs_noncontig ? c.H + 64 : c.H, 1}, off};
   v.w = dense(c.w, c.T, c.K, off);
   v.ids = dense(c.ids, c.T, c.K, off);
+  if (c.reversed_topk_in) {
+    v.w = View{c.w, 2, {c.T, c.K}, {-c.K, 1}, off + (c.T - 1) * c.K};
+    v.ids = View{c.ids, 2, {c.T, c.K}, {-c.K, 1}, off + (c.T - 1) * c.K};
+  }
   v.pad = View{DType::kBool, 1, {c.T, 0}, {c.misaligned ? 3 : 1, 0}, off};
   v.xq = dense(DType::kUInt8, c.T, c.H, off);
   if (c.sf_mn_major) {
@@ -214,7 +222,7 @@ void run_case(const Case& c, bool graph, bool pdl) {
     const bool padded = c.pad && (rng() % 5 == 0);
     pad.host[(off + t * v.pad.strides[0])] = padded ? static_cast<uint8_t>(1 + rng() % 200) : 0;
     for (int64_t k = 0; k < c.K; ++k) {
-      const int64_t e = (off + t * c.K + k);
+      const int64_t e = v.ids.offset + t * v.ids.strides[0] + k * v.ids.strides[1];  // == w's
       const int64_t id = expert(rng) - (rng() % 50 == 0 ? 1000 : 0);
       if (c.ids == DType::kInt32) {
         const int32_t v32 = static_cast<int32_t>(id);
@@ -386,6 +394,7 @@ TEST(CudaStage, StridesAlignmentAndLayouts) {
       c.misaligned = variant == 1 || variant == 3;
       c.sf_mn_major = variant == 2 || variant == 3;
       c.strided_topk = variant == 3;
+      c.reversed_topk_in = variant == 2;
       if (q.ue8m0() && variant >= 1) c.bm = 96, c.shared_transposed = true;
       for (DType in : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
         c.in = in;
