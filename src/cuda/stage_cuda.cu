@@ -244,12 +244,10 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) st
   constexpr bool kStream = kMode != Mode::kIdx32;
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
+  if (p.pdl) pdl_wait_and_trigger();
   const Idx n = static_cast<Idx>(p.n_chunks);
   const Idx cpr = static_cast<Idx>(p.cpr);
   const int lane = threadIdx.x & 31;
-  // Under PDL the parameter reads and index math of the first step overlap the previous
-  // kernel's tail; griddepcontrol.wait comes just before the first global access.
-  bool waited = p.pdl == 0;
   // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
   for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < n;
        base += static_cast<Idx>(gridDim.x) * blockDim.x) {
@@ -257,10 +255,6 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) st
     const bool active = c < n;
     Idx t, j;
     row_and_chunk(p, c, t, j);
-    if (!waited) {
-      pdl_wait_and_trigger();
-      waited = true;
-    }
     RawChunk<In> x;
     if (active) {
       load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, 1), x);
