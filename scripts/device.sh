@@ -2,7 +2,7 @@
 # scripts/device.sh: one batched GPU session (build, test, sanitize, benchmark) for the
 # lent H200. Usage: bash scripts/device.sh [steps...]   (default: all)
 # Steps: info build test sanitize bench ncu python pybench. Results and logs go to $OUT.
-# Env: ARCHS (default 90), BUILD_TARGETS (default all), BENCH_ARGS, NCU_ARGS (bench_kernel
+# Env: MEGAMOE_COMMIT (recorded in gpu.txt), ARCHS (default 90), BUILD_TARGETS (default all), BENCH_ARGS, NCU_ARGS (bench_kernel
 # arguments profiled by ncu, default "--one 16384 4096"), NCU_SECTIONS, SKIP_PYTEST.
 set -uo pipefail
 OUT=${OUT:-/tmp/megamoe-out}
@@ -18,7 +18,8 @@ if has info; then
   log info
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   nvcc --version | tail -1 | tee -a "$OUT/gpu.txt"
-  git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/gpu.txt" || true
+  # The device's copy of the tree has no trustworthy git history: pass the commit in.
+  echo "commit ${MEGAMOE_COMMIT:-unknown (set MEGAMOE_COMMIT)}" | tee -a "$OUT/gpu.txt"
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 fi
 

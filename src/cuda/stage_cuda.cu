@@ -1,7 +1,7 @@
 // stage_cuda.cu: CUDA backend of megamoe staging.
 //
 // Two kernels, chosen on the host (see docs/DESIGN.md):
-//  * stage_fast_kernel<In, G, UE8M0>: G in {32, 128}; hidden rows and x_fp8 rows contiguous
+//  * stage_fast_kernel<In, G, UE8M0, Mode>: G in {32, 128}; hidden rows and x_fp8 rows contiguous
 //    and 16-byte aligned. One thread owns a 16-element "chunk" of one token row (two 16 B
 //    loads of bf16/fp16, four of fp32; one 16 B store of fp8). Consecutive threads own
 //    consecutive chunks of the flattened [T, H] problem, so a warp reads 512 (bf16)
@@ -12,8 +12,9 @@
 //  * stage_generic_kernel<In, UE8M0>: every other case (any G, any strides, misaligned
 //    pointers). One thread owns one UE8M0 word (4 groups) or one fp32-scale group and
 //    walks it with strided scalar accesses.
-// Both use the numerics of core/numerics.h (the same code as the CPU backend) and 64-bit
-// offsets throughout; grid-stride loops make any T launchable. No allocation, no host
+// Both use the numerics of core/numerics.h (the same code as the CPU backend). Offsets are
+// 64-bit, except in the fast kernel's 32-bit modes, which the host picks only when every
+// offset fits (Mode). Grid-stride loops make any T launchable. No allocation, no host
 // synchronization: safe under CUDA-graph capture. Optional PDL (sm_90+).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -357,8 +358,8 @@ int sm_count(int device) {
 
 // Host-side launch heuristics (see docs/DESIGN.md). Overridable for benchmarking only.
 // Evict-first fp8 stores once the output outgrows L2's useful share (T*H >= 8M elements,
-// e.g. T >= 1171 at H = 7168): measured 8% faster at 2048 x 7168 and 16% at 4096 x 4096,
-// neutral at 2048 x 4096 and at 1024 x 7168 (below the threshold) and at prefill sizes.
+// e.g. T >= 1171 at H = 7168): measured time -18% at 2048 x 7168 and -17% at 4096 x 4096,
+// neutral at 2048 x 4096, at 1024 x 7168 (below the threshold) and at prefill sizes.
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 32-bit modes rely on it
