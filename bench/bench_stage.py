@@ -2,9 +2,10 @@
 """Side-by-side staging benchmark on one GPU, in one run (per call, CUDA-graph replays):
 megamoe, the Triton kernel in the reference design (bench/triton_reference.py), the eager
 PyTorch composition, and a device memcpy of the same byte count (the roofline); plus an
-empty kernel and Python host overhead. Writes bench.json, bench.md and bench.png to --out.
+empty kernel and Python host overhead. Writes bench.json, bench.md and bench.png to --out
+(tables and plot by bench/perfdoc.py, which also rebuilds them from a saved bench.json).
 
-    python3 bench/bench_stage.py --out /tmp/out [--quick]
+    python3 bench/bench_stage.py --out /tmp/out [--quick] [--update-doc docs/PERFORMANCE.md]
 """
 import argparse
 import json
@@ -14,11 +15,11 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megamoe  # noqa: E402
+from perfdoc import markdown, plot, update_doc  # noqa: E402
 from triton_reference import stage_triton  # noqa: E402
 
 K = 8
@@ -148,59 +149,12 @@ def host_overhead(n=3000):
     return res
 
 
-def markdown(res):
-    out = [f"GPU: {res['device']}, torch {res['torch']}, triton {res['triton']}; "
-           f"empty kernel (graph replay): {res['empty_kernel_us']:.2f} us", ""]
-    for H in (7168, 4096):
-        for scheme in SCHEMES:
-            out += [f"**H = {H}, {scheme}**", "",
-                    "| T | bytes | megamoe us | TB/s | % of memcpy | Triton ref us | speedup | eager torch us | memcpy us | bit-exact vs eager / Triton |",
-                    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-            for r in res["rows"]:
-                if r["H"] != H or r["scheme"] != scheme:
-                    continue
-                eager = f"{r['eager_us']:.1f}" if r["eager_us"] is not None else "-"
-                out.append(f"| {r['T']} | {r['bytes']/1e6:.2f} MB | {r['megamoe_us']:.2f} | {r['megamoe_TBps']:.2f} | "
-                           f"{100*r['frac_memcpy']:.0f}% | {r['triton_us']:.2f} | {r['speedup_vs_triton']:.2f}x | {eager} | "
-                           f"{r['memcpy_us']:.2f} | {'yes' if r['match_eager'] else 'NO'} / {'yes' if r['match_triton'] else 'NO'} |")
-            out.append("")
-    out += ["Host overhead, Python, per call (T = 1, H = 7168, no graph):", ""]
-    for k, v in res["host_overhead_us"].items():
-        out.append(f"- {k}: {v:.2f} us")
-    return "\n".join(out) + "\n"
-
-
-def plot(res, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    for col, H in enumerate((7168, 4096)):
-        ax_t, ax_b = axes[0][col], axes[1][col]
-        for scheme, ls in (("mxfp8", "-"), ("fp32-g128", "--")):
-            rs = [r for r in res["rows"] if r["H"] == H and r["scheme"] == scheme]
-            Ts = [r["T"] for r in rs]
-            for key, label in (("megamoe_us", "megamoe"), ("triton_us", "Triton ref"), ("eager_us", "eager torch"), ("memcpy_us", "memcpy")):
-                pts = [(t, r[key]) for t, r in zip(Ts, rs) if r[key] is not None]
-                ax_t.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", label=f"{label} ({scheme})")
-            for key, label in (("megamoe_us", "megamoe"), ("triton_us", "Triton ref")):
-                ax_b.plot(Ts, [r["bytes"] / r[key] * 1e-6 for r in rs], ls, marker="o", label=f"{label} ({scheme})")
-            ax_b.plot(Ts, [r["memcpy_TBps"] for r in rs], ls, color="k", label=f"memcpy roofline ({scheme} bytes)")
-        ax_t.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="us per call", title=f"time, H={H}")
-        ax_b.set(xscale="log", xlabel="tokens T", ylabel="TB/s (bytes read + written)", title=f"bandwidth, H={H}")
-        ax_t.grid(True, which="both", alpha=.3)
-        ax_b.grid(True, which="both", alpha=.3)
-        ax_t.legend(fontsize=7)
-        ax_b.legend(fontsize=7)
-    fig.suptitle(f"megamoe staging on {res['device']} (CUDA-graph replays)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--update-doc", metavar="MD", help="also splice the tables into MD (e.g. docs/PERFORMANCE.md) "
+                    "between its bench_stage markers")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = run(args)
@@ -210,6 +164,8 @@ def main():
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(md)
     plot(res, os.path.join(args.out, "bench.png"))
+    if args.update_doc:
+        update_doc(args.update_doc, md)
     print(md)
 
 
