@@ -77,18 +77,37 @@ bool overlaps(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi;
 
 }  // namespace
 
+Extent element_extent(const TensorRef& t) {
+  Extent e;
+  if (t.numel() == 0) return e;
+  for (int d = 0; d < t.ndim; ++d) {
+    const int64_t ext = (t.shape[d] - 1) * t.strides[d];
+    (ext < 0 ? e.lo : e.hi) += ext;
+  }
+  return e;
+}
+
+std::vector<NamedTensor> named_tensors(const StageArgs& a) {
+  std::vector<NamedTensor> all = {{&a.hidden_states, "hidden_states", false},
+                                  {&a.topk_weights, "topk_weights", false},
+                                  {&a.topk_ids, "topk_ids", false},
+                                  {&a.x_fp8, "x_fp8", true},
+                                  {&a.x_sf, "x_sf", true},
+                                  {&a.topk_idx_out, "topk_idx_out", true},
+                                  {&a.topk_weights_out, "topk_weights_out", true}};
+  if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
+  if (a.shared_x_sf) all.push_back({&*a.shared_x_sf, "shared_x_sf", true});
+  return all;
+}
+
 Span byte_span(const TensorRef& t) {
   Span s;
   if (t.numel() == 0) return s;
   const int64_t es = dtype_size(t.dtype);
-  int64_t lo = 0, hi = 0;
-  for (int d = 0; d < t.ndim; ++d) {
-    const int64_t ext = (t.shape[d] - 1) * t.strides[d];
-    (ext < 0 ? lo : hi) += ext;
-  }
+  const Extent e = element_extent(t);
   const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-  s.lo = base + static_cast<uintptr_t>(lo * es);  // lo <= 0: wraps to base - |lo|*es
-  s.hi = base + static_cast<uintptr_t>(hi * es + es);
+  s.lo = base + static_cast<uintptr_t>(e.lo * es);  // lo <= 0: wraps to base - |lo|*es
+  s.hi = base + static_cast<uintptr_t>(e.hi * es + es);
   return s;
 }
 
@@ -176,21 +195,8 @@ Problem validate_args(const StageArgs& a) {
   check_dtype(a.topk_weights_out, "topk_weights_out", {DType::kFloat32});
 
   // Devices, pointers, overlap.
-  struct Named {
-    const TensorRef* t;
-    const char* name;
-    bool output;
-  };
-  std::vector<Named> all = {{&hs, "hidden_states", false},
-                            {&a.topk_weights, "topk_weights", false},
-                            {&a.topk_ids, "topk_ids", false},
-                            {&a.x_fp8, "x_fp8", true},
-                            {&a.x_sf, "x_sf", true},
-                            {&a.topk_idx_out, "topk_idx_out", true},
-                            {&a.topk_weights_out, "topk_weights_out", true}};
-  if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
-  if (a.shared_x_sf) all.push_back({&*a.shared_x_sf, "shared_x_sf", true});
-  for (const Named& n : all) {
+  const std::vector<NamedTensor> all = named_tensors(a);
+  for (const NamedTensor& n : all) {
     MEGAMOE_CHECK(n.t->device == hs.device, n.name, "device " + to_string(hs.device),
                   "device " + to_string(n.t->device));
     check_data(*n.t, n.name);

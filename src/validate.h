@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "megamoe/stage.h"
 
@@ -24,6 +25,22 @@ struct Problem {
 /// Check everything SPEC.md requires; throws megamoe::Error before anything is written.
 /// Returns the resolved problem (T == 0 is valid and means "nothing to do").
 Problem validate_args(const StageArgs& args);
+
+/// Element offsets, relative to the data pointer, of a tensor's first and last elements in
+/// address order: lo <= 0 <= hi (both 0 for an empty tensor).
+struct Extent {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+Extent element_extent(const TensorRef& t);
+
+/// Every tensor of a call (optional ones when present), with its argument name.
+struct NamedTensor {
+  const TensorRef* t;
+  const char* name;
+  bool output;
+};
+std::vector<NamedTensor> named_tensors(const StageArgs& args);
 
 /// Byte address range [lo, hi) touched by a tensor (empty tensors: lo == hi).
 struct Span {

@@ -453,27 +453,14 @@ void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, bool id
   return launch(stage_generic_kernel<In, false>, prm, units, 256, device, stream, pdl);
 }
 
-/// True when a tensor's strides are non-negative and its largest element offset < 2^31.
-bool offsets_fit_idx32(const TensorRef& t) {
-  int64_t hi = 0;
-  for (int d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] == 0) return true;
-    if (t.strides[d] < 0) return false;
-    hi += (t.shape[d] - 1) * t.strides[d];
-  }
-  return hi < (int64_t{1} << 31);
-}
-
-/// The fast kernel's 32-bit modes apply: every offset fits, and chunk indices never wrap
-/// (n plus one grid of threads < 2^32; launch() never makes a grid of more than kMaxGridThreads).
+/// The fast kernel's 32-bit modes apply: no tensor reaches below its data pointer
+/// (negative strides) or 2^31 elements above it, and chunk indices never wrap (n plus one
+/// grid of threads < 2^32; launch() never makes a grid of more than kMaxGridThreads).
 bool fits_idx32(const StageArgs& a, int64_t n_chunks) {
-  const TensorRef* ts[] = {&a.hidden_states, &a.topk_ids, &a.topk_weights, &a.x_fp8,
-                           &a.x_sf, &a.topk_idx_out, &a.topk_weights_out};
-  for (const TensorRef* t : ts) {
-    if (!offsets_fit_idx32(*t)) return false;
+  for (const detail::NamedTensor& n : detail::named_tensors(a)) {
+    const detail::Extent e = detail::element_extent(*n.t);
+    if (e.lo < 0 || e.hi >= (int64_t{1} << 31)) return false;
   }
-  if (a.is_padding && !offsets_fit_idx32(*a.is_padding)) return false;
-  if (a.shared_x_sf && !offsets_fit_idx32(*a.shared_x_sf)) return false;
   return n_chunks + kMaxGridThreads < (int64_t{1} << 32);
 }
 
