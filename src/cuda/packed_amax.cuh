@@ -45,7 +45,7 @@ __device__ __forceinline__ uint32_t abs_max2(uint32_t a, uint32_t b) {
 template <Half2Kind K>
 __device__ __forceinline__ float widen(uint32_t word, int half) {
   if constexpr (K == Half2Kind::kBF16) {
-    return __uint_as_float(half == 0 ? word << 16 : word & 0xFFFF0000u);
+    return core::bf16_to_float(static_cast<uint16_t>(half == 0 ? word : word >> 16));
   } else {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(half == 0 ? word & 0xFFFFu : word >> 16)));
   }
