@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/fastdiv.h"
@@ -46,25 +47,9 @@ __global__ void producer_kernel(uint16_t* x, int64_t n) {
   if (i < n) x[i] = x[i];
 }
 
-// Decode-latency probes: the bare memory round trip the staging kernel cannot avoid (each
-// thread loads 32 B of bf16 and stores 16 B), with and without griddepcontrol at the start.
-template <bool kGriddep>
-__global__ void probe_roundtrip(const uint4* in, uint4* out, int64_t n) {
-#if __CUDA_ARCH__ >= 900
-  if (kGriddep) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
-#endif
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) {
-    const uint4 a = in[2 * i], b = in[2 * i + 1];
-    out[i] = make_uint4(a.x ^ a.y, a.z ^ a.w, b.x ^ b.y, b.z ^ b.w);
-  }
-}
-
-// Anatomy of the fast kernel at decode sizes (bf16, MXFP8, K = 8): the same work added step
-// by step on top of the bare round trip, to see where the time above it goes.
+// Anatomy of the fast kernel at decode sizes (bf16, MXFP8, K = 8): the bare memory round
+// trip the staging kernel cannot avoid (each thread loads 32 B of bf16 and stores 16 B),
+// then the same work added step by step, to see where the time above it goes.
 struct ProbeArgs {
   const uint4* hs;
   uint4* xq;
@@ -78,14 +63,14 @@ struct ProbeArgs {
   megamoe::core::FastDivU32 div;
 };
 
-// kStage: 1 index division, 2 + quantization (packed amax, shuffle, scale, fp8),
-// 3 + UE8M0 word (3 shuffles, store), 4 + top-k repack, 5 = 4 with core::fastdiv.
+// kStage: 0 bare round trip, 1 + index division, 2 + quantization (packed amax, shuffle,
+// scale, fp8), 3 + UE8M0 word (3 shuffles, store), 4 + top-k repack, 5 = 4 with core::fastdiv.
 template <int kStage>
 __global__ void probe_anatomy(ProbeArgs a) {
   namespace mc = megamoe::core;
   const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
   const bool active = c < a.n;
-  const uint32_t t = kStage == 5 ? mc::fastdiv(c, a.div) : c / a.cpr;
+  const uint32_t t = kStage == 0 ? 0u : kStage == 5 ? mc::fastdiv(c, a.div) : c / a.cpr;
   const uint32_t j = c - t * a.cpr;
   uint4 u0 = make_uint4(0, 0, 0, 0), u1 = u0;
   if (active) {
@@ -100,7 +85,7 @@ __global__ void probe_anatomy(ProbeArgs a) {
       a.wo[o] = pd ? 0.0f : w;
     }
   }
-  if (kStage == 1) {
+  if (kStage <= 1) {
     if (active) a.xq[c] = make_uint4(u0.x ^ u0.y, u0.z ^ u0.w, u1.x ^ u1.y, u1.z ^ u1.w);
     return;
   }
@@ -293,43 +278,22 @@ int main(int argc, char** argv) {
     }
   }
   megamoe::cuda::set_tuning({});
-  // Decode probes: bare round trip vs staging, and the cost of griddepcontrol without PDL.
-  for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
-    const int64_t H = 7168, n = T * H / 16;
-    const unsigned blocks = static_cast<unsigned>((n + 63) / 64);
-    auto probe = [&](bool gd) {
-      return time_graph(s, [&] {
-        if (gd) probe_roundtrip<true><<<blocks, 64, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint4*>(xq), n);
-        else probe_roundtrip<false><<<blocks, 64, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint4*>(xq), n);
-      }, 20, 30);
-    };
-    const double rt = probe(false), rt_gd = probe(true);
-    StageArgs a = mxfp8_args(T, H);
-    const double st = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-    megamoe::cuda::set_tuning({0, -1, 0, 1});
-    const double st_gd = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-    megamoe::cuda::set_tuning({});
-    std::printf("{\"kind\":\"probe\",\"T\":%lld,\"H\":%lld,\"roundtrip_us\":%.3f,\"roundtrip_griddep_us\":%.3f,"
-                "\"stage_us\":%.3f,\"stage_griddep_always_us\":%.3f}\n",
-                (long long)T, (long long)H, rt, rt_gd, st, st_gd);
-    std::fflush(stdout);
-  }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
-  for (int64_t T : {int64_t{1}, int64_t{64}}) {
+  for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
     const ProbeArgs pa = probe_args(T);
     const unsigned blocks = (pa.n + 127) / 128;
-    double us[6] = {0, 0, 0, 0, 0, 0};
-    us[1] = time_graph(s, [&] { probe_anatomy<1><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
-    us[2] = time_graph(s, [&] { probe_anatomy<2><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
-    us[3] = time_graph(s, [&] { probe_anatomy<3><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
-    us[4] = time_graph(s, [&] { probe_anatomy<4><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
-    us[5] = time_graph(s, [&] { probe_anatomy<5><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    auto stage = [&](auto k) {
+      return time_graph(s, [&] { probe_anatomy<decltype(k)::value><<<blocks, 128, 0, s>>>(pa); }, 20, 30);
+    };
+    using std::integral_constant;
+    const double us[6] = {stage(integral_constant<int, 0>{}), stage(integral_constant<int, 1>{}),
+                          stage(integral_constant<int, 2>{}), stage(integral_constant<int, 3>{}),
+                          stage(integral_constant<int, 4>{}), stage(integral_constant<int, 5>{})};
     StageArgs a = mxfp8_args(T, 7168);
-    a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
     const double st = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-    std::printf("{\"kind\":\"anatomy\",\"T\":%lld,\"div\":%.3f,\"quant\":%.3f,\"word\":%.3f,\"topk\":%.3f,"
+    std::printf("{\"kind\":\"anatomy\",\"T\":%lld,\"roundtrip\":%.3f,\"div\":%.3f,\"quant\":%.3f,\"word\":%.3f,\"topk\":%.3f,"
                 "\"topk_fastdiv\":%.3f,\"library\":%.3f}\n",
-                (long long)T, us[1], us[2], us[3], us[4], us[5], st);
+                (long long)T, us[0], us[1], us[2], us[3], us[4], us[5], st);
     std::fflush(stdout);
   }
   // PDL with a trivial producer (only triggers its dependents): the launch-latency part.

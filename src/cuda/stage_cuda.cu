@@ -363,10 +363,8 @@ int sm_count(int device) {
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 32-bit modes rely on it
-std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_griddep{-1};
-Tuning tuning() {
-  return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_griddep.load()};
-}
+std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0};
+Tuning tuning() { return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load()}; }
 
 int sm_count(int device);
 
@@ -470,7 +468,6 @@ void set_tuning(const Tuning& t) {
   g_max_waves.store(t.max_waves);
   g_streaming.store(t.streaming);
   g_block_threads.store(t.block_threads);
-  g_griddep.store(t.griddep);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
@@ -512,8 +509,7 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_
   prm.G = p.G;
   prm.ids_i64 = a.topk_ids.dtype == DType::kInt64;
   prm.w_dtype = a.topk_weights.dtype == DType::kFloat32 ? 0 : a.topk_weights.dtype == DType::kBFloat16 ? 1 : 2;
-  // griddepcontrol only when launched with PDL (measured: it is not free without it).
-  prm.pdl = a.enable_pdl || tuning().griddep == 1;
+  prm.pdl = a.enable_pdl;  // griddepcontrol only when launched with PDL
 
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_fp8);

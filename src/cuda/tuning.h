@@ -9,7 +9,6 @@ struct Tuning {
   int max_waves = 0;      ///< grid cap in waves of (8 blocks of 256 threads x SM count)
   int streaming = -1;     ///< fp8 stores: -1 heuristic, 0 default, 1 evict-first (.cs)
   int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256)
-  int griddep = -1;       ///< -1: griddepcontrol only under PDL; 1: always (A/B of its cost)
 };
 
 /// Override the heuristics process-wide (benchmarks sweep these; libraries never call it).
