@@ -426,7 +426,7 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
 template <int In, int G, bool UE8M0>
 void launch_fast(const Params& prm, const detail::Problem& p, bool idx32, int device,
                  cudaStream_t stream, bool pdl) {
-  const int64_t chunks = p.T * (p.H / kChunk);
+  const int64_t chunks = prm.n_chunks;
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
   const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
