@@ -424,8 +424,7 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
 }
 
 template <int In, int G, bool UE8M0>
-void launch_fast(const Params& prm, const detail::Problem& p, bool idx32, int device,
-                 cudaStream_t stream, bool pdl) {
+void launch_fast(const Params& prm, bool idx32, int device, cudaStream_t stream, bool pdl) {
   const int64_t chunks = prm.n_chunks;
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
@@ -440,11 +439,11 @@ void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, bool id
                  cudaStream_t stream, bool pdl) {
   if (fast) {
     if (p.G == 32) {
-      if (p.ue8m0) return launch_fast<In, 32, true>(prm, p, idx32, device, stream, pdl);
-      return launch_fast<In, 32, false>(prm, p, idx32, device, stream, pdl);
+      if (p.ue8m0) return launch_fast<In, 32, true>(prm, idx32, device, stream, pdl);
+      return launch_fast<In, 32, false>(prm, idx32, device, stream, pdl);
     }
-    if (p.ue8m0) return launch_fast<In, 128, true>(prm, p, idx32, device, stream, pdl);
-    return launch_fast<In, 128, false>(prm, p, idx32, device, stream, pdl);
+    if (p.ue8m0) return launch_fast<In, 128, true>(prm, idx32, device, stream, pdl);
+    return launch_fast<In, 128, false>(prm, idx32, device, stream, pdl);
   }
   const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
   if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, 256, device, stream, pdl);
