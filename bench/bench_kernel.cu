@@ -29,6 +29,7 @@
   } while (0)
 
 using namespace megamoe;
+using namespace std::string_literals;
 
 __global__ void empty_kernel() {}
 __global__ void trigger_kernel() {
@@ -108,6 +109,20 @@ __global__ void probe_anatomy(ProbeArgs a) {
   if (!active) return;
   a.xq[c] = make_uint4(q[0], q[1], q[2], q[3]);
   if (kStage >= 3 && threadIdx.x % 8 == 0) a.sf[static_cast<uint64_t>(t) * (a.cpr / 8) + j / 8] = word;
+}
+
+// Bare round trip with more bytes per thread: each thread loads kLoads x 16 B of bf16 and
+// stores kLoads x 8 B (the fp8 size), for the shape of the mid sizes (T = 256..2048).
+template <int kLoads>
+__global__ void probe_roundtrip(const uint4* __restrict__ in, uint2* __restrict__ out, uint32_t n16) {
+  const uint32_t base = (blockIdx.x * blockDim.x + threadIdx.x) * kLoads;
+  uint4 u[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) u[i] = base + i < n16 ? in[base + i] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    if (base + i < n16) out[base + i] = make_uint2(u[i].x ^ u[i].y, u[i].z ^ u[i].w);
+  }
 }
 
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
@@ -259,7 +274,7 @@ int main(int argc, char** argv) {
     for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
       StageArgs a = mxfp8_args(T, H);
       for (int bs : {64, 128, 256}) {
-        megamoe::cuda::set_tuning({0, -1, bs});
+        megamoe::cuda::set_tuning({0, -1, bs, -1, -1});
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
         std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
                     (long long)T, (long long)H, bs, us);
@@ -270,7 +285,7 @@ int main(int argc, char** argv) {
       const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
       const int calls = T >= 16384 ? 5 : 20;
       for (int st : {0, 1}) {
-        megamoe::cuda::set_tuning({0, st, 0});
+        megamoe::cuda::set_tuning({0, st, 0, -1, -1});
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
         std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
                     (long long)T, (long long)H, st, us, bytes / us * 1e-6);
@@ -278,6 +293,52 @@ int main(int argc, char** argv) {
     }
   }
   megamoe::cuda::set_tuning({});
+  // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass,
+  // 2 one pass with top-k blocks of their own; UE8M0 words by shuffles or byte stores.
+  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+    for (int sch = 0; sch < 2; ++sch) {
+      const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
+      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+        StageArgs a = make_args(T, H, q);
+        std::string row;
+        for (int shape : {0, 1, 2}) {
+          for (int bytes : {0, 1}) {
+            if (bytes && sch == 1) continue;
+            megamoe::cuda::set_tuning({0, -1, 0, shape, bytes});
+            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+            row += ",\"s" + std::to_string(shape) + "b" + std::to_string(bytes) + "\":" + std::to_string(us);
+          }
+        }
+        megamoe::cuda::set_tuning({});
+        const double dflt = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+        std::printf("{\"kind\":\"tune_shape\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"default\":%.3f%s}\n",
+                    sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, dflt, row.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  megamoe::cuda::set_tuning({});
+  // Bare round trips with 1, 2, 4, 8 x 16 B loaded per thread and 64..512-thread blocks.
+  for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
+    const uint32_t n16 = static_cast<uint32_t>(T * 7168 * 2 / 16);
+    std::string row;
+    auto one = [&](auto kl, int threads) {
+      constexpr int L = decltype(kl)::value;
+      const unsigned blocks = (n16 / L + threads - 1) / threads;
+      const double us = time_graph(s, [&] {
+        probe_roundtrip<L><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint2*>(xq), n16);
+      }, 20, 30);
+      row += ",\"l" + std::to_string(L) + "t" + std::to_string(threads) + "\":" + std::to_string(us);
+    };
+    for (int threads : {64, 128, 256, 512}) {
+      one(std::integral_constant<int, 1>{}, threads);
+      one(std::integral_constant<int, 2>{}, threads);
+      one(std::integral_constant<int, 4>{}, threads);
+      one(std::integral_constant<int, 8>{}, threads);
+    }
+    std::printf("{\"kind\":\"roundtrip\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
+    std::fflush(stdout);
+  }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
   for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
     const ProbeArgs pa = probe_args(T);

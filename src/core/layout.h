@@ -14,12 +14,18 @@ MEGAMOE_HD I aligned_block_m(I bm) {
   return (bm + 127) / 128 * 128;
 }
 
+/// The same map from token t's block q = t / bm and row in block m = t % bm, with
+/// abm = aligned_block_m(bm) (kernels compute q with core::fastdiv).
+template <typename I>
+MEGAMOE_HD I shared_sf_row_qm(I q, I m, I abm) {
+  return q * abm + (m / 128) * 128 + (m % 32) * 4 + (m % 128) / 32;
+}
+
 /// Row of shared_x_sf that receives token t's scale words (MN-major TMA permutation).
 /// I: int64_t, or uint32_t where the caller knows every row fits.
 template <typename I>
 MEGAMOE_HD I shared_sf_row(I t, I bm) {
-  const I m = t % bm;
-  return (t / bm) * aligned_block_m(bm) + (m / 128) * 128 + (m % 32) * 4 + (m % 128) / 32;
+  return shared_sf_row_qm(t / bm, t % bm, aligned_block_m(bm));
 }
 
 /// Rows shared_x_sf must have for T tokens.

@@ -1,21 +1,25 @@
 // stage_cuda.cu: CUDA backend of megamoe staging.
 //
 // Two kernels, chosen on the host (see docs/DESIGN.md):
-//  * stage_fast_kernel<In, G, UE8M0, Mode>: G in {32, 128}; hidden rows and x_fp8 rows contiguous
-//    and 16-byte aligned. One thread owns a 16-element "chunk" of one token row (two 16 B
-//    loads of bf16/fp16, four of fp32; one 16 B store of fp8). Consecutive threads own
-//    consecutive chunks of the flattened [T, H] problem, so a warp reads 512 (bf16)
-//    contiguous bytes per load instruction. The G/16 threads of a group reduce amax with
-//    xor-shuffles; the G/4 threads of a UE8M0 word OR their exponent bytes together and the
-//    first of them stores the word (and its shared-expert copy). Top-k repack is spread
-//    over the threads of each row (thread j of row t handles k = j, j + H/16, ...).
+//  * stage_fast_kernel<In, G, UE8M0, Mode, Shape, kBytes>: G in {32, 128}; hidden rows and
+//    x_fp8 rows contiguous and 16-byte aligned. One thread owns a 16-element "chunk" of one
+//    token row (two 16 B loads of bf16/fp16, four of fp32; one 16 B store of fp8).
+//    Consecutive threads own consecutive chunks of the flattened [T, H] problem, so a warp
+//    reads 512 (bf16) contiguous bytes per load instruction. The G/16 threads of a group
+//    reduce amax with xor-shuffles. UE8M0 scales: either each group's first thread stores
+//    its exponent byte into the packed word (kBytes), or the G/4 threads of a word OR their
+//    bytes together with shuffles and the first stores the word; the shared-expert copy
+//    goes the same way. Shape: a grid-stride loop (prefill sizes; top-k repacked by the
+//    first threads of each row, k = j, j + H/16, ...), or one chunk per thread with the
+//    top-k repack either in the same threads or in blocks of its own after the quantizing
+//    blocks (one entry per thread), so no warp does both.
 //  * stage_generic_kernel<In, UE8M0>: every other case (any G, any strides, misaligned
 //    pointers). One thread owns one UE8M0 word (4 groups) or one fp32-scale group and
 //    walks it with strided scalar accesses.
 // Both use the numerics of core/numerics.h (the same code as the CPU backend). Offsets are
 // 64-bit, except in the fast kernel's 32-bit modes, which the host picks only when every
-// offset fits (Mode). Grid-stride loops make any T launchable. No allocation, no host
-// synchronization: safe under CUDA-graph capture. Optional PDL (sm_90+).
+// offset fits (Mode). Any T is launchable. No allocation, no host synchronization: safe
+// under CUDA-graph capture. Optional PDL (sm_90+).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -42,46 +46,50 @@ namespace {
 using core::GroupScale;
 
 // ---------------------------------------------------------------------------------------
-// Kernel parameters (passed by value).
+// Kernel parameters (passed by value), for Idx = uint32_t (the fast kernel's 32-bit modes:
+// strides and offsets fit, see fits_idx32) or int64_t (everything else).
 // Kernel arguments live in the constant bank; at decode sizes every first touch of a
-// constant-cache line is a stall on the critical path, so fields are grouped by when the
-// fast kernel needs them: what it reads before its first load fills the first line
-// (48 bytes after the 16 the driver uses), then the store side, then the top-k side.
-struct Params {
-  // Before the first load (fast path).
+// constant-cache line is a stall on the critical path, so fields are grouped by who needs
+// them when (32-bit layout, 64-byte lines, arguments from 16 bytes into the first line):
+// the quantizing warps before their first load (line A, 48 bytes), their scale stores
+// (line B), the top-k warps (lines C, D), then what only the general kernel reads.
+enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u };
+
+template <typename Idx>
+struct ParamsT {
+  // A: before the first load of hidden states.
   const void* hs;
-  int64_t hs_s0;
-  int64_t n_chunks;          // fast path: T * cpr
-  core::FastDivU32 cpr_div;  // fast path: division by cpr for 32-bit chunk indices
-  int pdl;                   // launched with programmatic stream serialization: run griddepcontrol
-  int64_t K;
-  // Stores of the quantized chunk and its scale.
   uint8_t* xq;
-  int64_t xq_s0;
+  Idx hs_s0, xq_s0;
+  Idx n_chunks;              // fast path: T * cpr
+  uint32_t quant_blocks;     // split top-k shape: blocks below quantize, the rest repack top-k
+  core::FastDivU32 cpr_div;  // fast path: chunk index -> row (32-bit modes)
+  uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16
+  // B: scale stores.
   void* sf;
-  int64_t sf_s0, sf_s1;
-  int64_t cpr;  // fast path: 16-element chunks per row (H / 16)
-  // Top-k.
-  const void* ids;
-  int64_t ids_s0, ids_s1;
-  const void* w;
-  int64_t w_s0, w_s1;
-  const uint8_t* pad;  // nullable
-  int64_t pad_s0;
-  int64_t* idx_out;
-  int64_t io_s0, io_s1;
-  float* w_out;
-  int64_t wo_s0, wo_s1;
-  int ids_i64;  // topk_ids dtype is int64
-  int w_dtype;  // 0 fp32, 1 bf16, 2 fp16
-  // Rarely or generic-path only.
   uint32_t* shared_sf;  // nullable
-  int64_t sh_s0, sh_s1;
-  int64_t shared_bm;
-  int64_t hs_s1, xq_s1;
-  int64_t T, H, G;
+  Idx sf_s0, sf_s1, sh_s0, sh_s1;
+  core::FastDivU32 bm_div;  // shared rows: token -> block of shared_bm rows (32-bit modes)
+  Idx abm;                  // aligned_block_m(shared_bm)
+  Idx cpr;                  // 16-element chunks per row (H / 16)
+  Idx hs_s1, xq_s1, G;      // general kernel only (filling the line)
+  // C, D: top-k.
+  const void* ids;
+  const void* w;
+  const uint8_t* pad;  // nullable
+  int64_t* idx_out;
+  float* w_out;
+  Idx ids_s0, ids_s1, w_s0, w_s1, pad_s0, io_s0, io_s1, wo_s0, wo_s1;
+  core::FastDivU32 k_div;  // split top-k shape: entry index -> row
+  Idx n_topk;              // T * K
+  Idx K;
+  // General kernel only.
+  Idx T, H, shared_bm;
 };
-static_assert(offsetof(Params, xq) == 48, "hot fields fill the first 48 bytes");
+using Params32 = ParamsT<uint32_t>;
+using Params64 = ParamsT<int64_t>;
+static_assert(offsetof(Params32, sf) == 48, "line A holds what the quantizing warps read before loading");
+static_assert(offsetof(Params32, ids) == 112, "scale-store fields fill line B");
 
 enum InKind { kInBF16 = 0, kInF16 = 1, kInF32 = 2 };
 
@@ -95,6 +103,8 @@ struct InTraits<kInBF16> {
 template <>
 struct InTraits<kInF16> {
   using T = uint16_t;
+  // Hardware conversion; equal to core::half_to_float for all 65536 inputs
+  // (tests/cuda/test_cuda_numerics.cu, HalfToFloatMatchesHardware).
   static __device__ __forceinline__ float to_float(uint16_t v) { return __half2float(__ushort_as_half(v)); }
 };
 template <>
@@ -114,37 +124,59 @@ __device__ __forceinline__ void pdl_wait_and_trigger() {
 // checked that every tensor's strides are non-negative and its largest offset is below
 // 2^31 (fewer instructions on the decode critical path; see Mode below).
 template <typename Idx>
-__device__ __forceinline__ Idx offset(Idx i, int64_t s0, Idx k, int64_t s1) {
-  return i * static_cast<Idx>(s0) + k * static_cast<Idx>(s1);
+__device__ __forceinline__ Idx offset(Idx i, Idx s0, Idx k, Idx s1) {
+  return i * s0 + k * s1;
 }
 
-/// Top-k repack of row t, entries k = first, first + step, ...: padded rows get id -1 and
-/// weight 0, others a copy (ids widened to int64, weights to fp32). All loads of an entry
-/// are issued before any of their values is used, so they overlap.
+/// Top-k entry (t, k): padded rows get id -1 and weight 0, others a copy (ids widened to
+/// int64, weights to fp32). Both loads (and the padding flag's) issue before any use.
 template <typename Idx>
-__device__ __forceinline__ void repack_topk(const Params& p, Idx t, Idx first, Idx step) {
-  for (Idx k = first; k < static_cast<Idx>(p.K); k += step) {
-    const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
-    const Idx woff = offset(t, p.w_s0, k, p.w_s1);
-    const int64_t id = p.ids_i64 ? static_cast<const int64_t*>(p.ids)[ioff]
-                                 : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[ioff]);
-    const uint32_t wbits = p.w_dtype == 0 ? static_cast<const uint32_t*>(p.w)[woff]
-                                          : static_cast<uint32_t>(static_cast<const uint16_t*>(p.w)[woff]);
-    const uint8_t pad = p.pad != nullptr ? p.pad[t * static_cast<Idx>(p.pad_s0)] : uint8_t{0};
-    const float w = p.w_dtype == 0   ? core::bits_float(wbits)
-                    : p.w_dtype == 1 ? core::bf16_to_float(static_cast<uint16_t>(wbits))
-                                     : core::half_to_float(static_cast<uint16_t>(wbits));
-    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
-    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : w;
+__device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k) {
+  const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
+  const Idx woff = offset(t, p.w_s0, k, p.w_s1);
+  const int64_t id = (p.flags & kFlagIdsI64) ? static_cast<const int64_t*>(p.ids)[ioff]
+                                             : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[ioff]);
+  const bool w16 = (p.flags & (kFlagWBF16 | kFlagWF16)) != 0;
+  const uint32_t wbits = w16 ? static_cast<uint32_t>(static_cast<const uint16_t*>(p.w)[woff])
+                             : static_cast<const uint32_t*>(p.w)[woff];
+  const uint8_t pad = p.pad != nullptr ? p.pad[t * p.pad_s0] : uint8_t{0};
+  const float w = (p.flags & kFlagWBF16)  ? InTraits<kInBF16>::to_float(static_cast<uint16_t>(wbits))
+                  : (p.flags & kFlagWF16) ? InTraits<kInF16>::to_float(static_cast<uint16_t>(wbits))
+                                          : core::bits_float(wbits);
+  p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
+  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : w;
+}
+
+/// Top-k repack of row t, entries k = first, first + step, ...
+template <typename Idx>
+__device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx first, Idx step) {
+  for (Idx k = first; k < p.K; k += step) repack_entry(p, t, k);
+}
+
+/// Row of shared_x_sf for token t (fastdiv in the 32-bit modes).
+template <typename Idx>
+__device__ __forceinline__ Idx shared_row(const ParamsT<Idx>& p, Idx t) {
+  if constexpr (sizeof(Idx) == 4) {
+    const Idx q = core::fastdiv(t, p.bm_div);
+    return core::shared_sf_row_qm(q, t - q * p.bm_div.divisor, p.abm);
+  } else {
+    return core::shared_sf_row(t, p.shared_bm);
   }
 }
 
+/// UE8M0 word w of row t, and its shared-expert copy.
 template <typename Idx>
-__device__ __forceinline__ void store_word(const Params& p, Idx t, Idx w, uint32_t word) {
+__device__ __forceinline__ void store_word(const ParamsT<Idx>& p, Idx t, Idx w, uint32_t word) {
   static_cast<uint32_t*>(p.sf)[offset(t, p.sf_s0, w, p.sf_s1)] = word;
+  if (p.shared_sf != nullptr) p.shared_sf[offset(shared_row(p, t), p.sh_s0, w, p.sh_s1)] = word;
+}
+
+/// Byte b (bits 8b..8b+7, little-endian) of UE8M0 word w of row t, and its shared copy.
+template <typename Idx>
+__device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Idx w, uint32_t b, uint32_t e) {
+  reinterpret_cast<uint8_t*>(static_cast<uint32_t*>(p.sf) + offset(t, p.sf_s0, w, p.sf_s1))[b] = static_cast<uint8_t>(e);
   if (p.shared_sf != nullptr) {
-    const Idx r = core::shared_sf_row(t, static_cast<Idx>(p.shared_bm));
-    p.shared_sf[offset(r, p.sh_s0, w, p.sh_s1)] = word;
+    reinterpret_cast<uint8_t*>(p.shared_sf + offset(shared_row(p, t), p.sh_s0, w, p.sh_s1))[b] = static_cast<uint8_t>(e);
   }
 }
 
@@ -224,10 +256,20 @@ enum class Mode {
   kIdx32Stream,  ///< 32-bit, evict-first fp8 stores (outputs larger than L2)
   kIdx64Stream,  ///< 64-bit everything (T*H or an offset beyond 2^31), evict-first stores
 };
+template <Mode kMode>
+using IdxOf = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>;
+
+/// How the fast kernel's grid covers the work, chosen on the host.
+enum class Shape {
+  kLoop,      ///< grid-stride loop over chunks (grid capped), top-k by the first threads of each row
+  kOnePass,   ///< one chunk per thread, no loop; top-k as in kLoop (32-bit modes only)
+  kSplitTopk, ///< one chunk per thread; top-k entries by blocks of their own after the
+              ///< quantizing blocks, one entry per thread (32-bit modes only)
+};
 
 /// The chunk c's row t and chunk-in-row j.
 template <typename Idx>
-__device__ __forceinline__ void row_and_chunk(const Params& p, Idx c, Idx& t, Idx& j) {
+__device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx& t, Idx& j) {
   if constexpr (sizeof(Idx) == 4) {
     t = core::fastdiv(c, p.cpr_div);
     j = c - t * p.cpr_div.divisor;
@@ -237,71 +279,96 @@ __device__ __forceinline__ void row_and_chunk(const Params& p, Idx c, Idx& t, Id
   }
 }
 
-/// One 16-element chunk per thread per grid-stride step.
-template <int In, int G, bool UE8M0, Mode kMode>
-__global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16) stage_fast_kernel(const Params p) {
+/// Quantize chunk c (a no-op beyond n_chunks, but every lane must call it: shuffles).
+/// kTopk: the row's first threads also repack its top-k entries. kBytes (UE8M0): each
+/// group's first thread stores its exponent byte into the scale word directly instead of
+/// assembling the word with shuffles.
+template <int In, int G, bool UE8M0, bool kStream, bool kTopk, bool kBytes, typename Idx>
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
-  using Idx = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>;
-  constexpr bool kStream = kMode != Mode::kIdx32;
   constexpr int kTPG = G / kChunk;  // threads per group
   constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
-  if (p.pdl) pdl_wait_and_trigger();
-  const Idx n = static_cast<Idx>(p.n_chunks);
-  const Idx cpr = static_cast<Idx>(p.cpr);
   const int lane = threadIdx.x & 31;
-  // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
-  for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < n;
-       base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-    const Idx c = base + threadIdx.x;
-    const bool active = c < n;
-    Idx t, j;
-    row_and_chunk(p, c, t, j);
-    RawChunk<In> x;
-    if (active) {
-      load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, 1), x);
-      // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
-      // and their registers are free again before the quantization needs them.
-      if (j < static_cast<Idx>(p.K)) repack_topk(p, t, j, cpr);
-    } else {
+  const bool active = c < p.n_chunks;
+  Idx t, j;
+  row_and_chunk(p, c, t, j);
+  RawChunk<In> x;
+  if (active) {
+    load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
+    // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
+    // and their registers are free again before the quantization needs them.
+    if constexpr (kTopk) {
+      if (j < p.K) repack_topk(p, t, j, p.cpr);
+    }
+  } else {
 #pragma unroll
-      for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
-    }
-    float amax = chunk_amax<In>(x);
+    for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
+  }
+  float amax = chunk_amax<In>(x);
 #pragma unroll
-    for (int off = 1; off < kTPG; off <<= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    }
-    const GroupScale gs = core::group_scale(amax, UE8M0);
-    uint32_t packed[4];
+  for (int off = 1; off < kTPG; off <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  }
+  const GroupScale gs = core::group_scale(amax, UE8M0);
+  uint32_t packed[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gs.inv),
-                                                      core::mul_rn(element<In>(x, 4 * i + 1), gs.inv));
-      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gs.inv),
-                                                      core::mul_rn(element<In>(x, 4 * i + 3), gs.inv));
-      packed[i] = lo | (hi << 16);
-    }
-    uint32_t word = 0;
-    if constexpr (UE8M0) {
-      word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gs.inv),
+                                                    core::mul_rn(element<In>(x, 4 * i + 1), gs.inv));
+    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gs.inv),
+                                                    core::mul_rn(element<In>(x, 4 * i + 3), gs.inv));
+    packed[i] = lo | (hi << 16);
+  }
+  uint32_t word = 0;
+  if constexpr (UE8M0 && !kBytes) {
+    word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
 #pragma unroll
-      for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+    for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
+  }
+  if (!active) return;
+  store16<kStream>(p.xq + offset(t, p.xq_s0, j * kChunk, Idx{1}), make_uint4(packed[0], packed[1], packed[2], packed[3]));
+  if constexpr (UE8M0 && kBytes) {
+    if (j % kTPG == 0) store_word_byte(p, t, j / kTPW, static_cast<uint32_t>((j / kTPG) % 4), gs.ue8m0);
+  } else if constexpr (UE8M0) {
+    if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
+  } else {
+    if (lane % kTPG == 0) static_cast<float*>(p.sf)[offset(t, p.sf_s0, j / kTPG, p.sf_s1)] = gs.scale;
+  }
+}
+
+/// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
+template <int In, int G, bool UE8M0, Mode kMode, Shape kShape, bool kBytes>
+__global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
+    stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
+  using Idx = IdxOf<kMode>;
+  static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
+  constexpr bool kStream = kMode != Mode::kIdx32;
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  if constexpr (kShape == Shape::kLoop) {
+    // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
+    for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
+         base += static_cast<Idx>(gridDim.x) * blockDim.x) {
+      stage_chunk<In, G, UE8M0, kStream, true, kBytes>(p, base + threadIdx.x);
     }
-    if (!active) continue;
-    store16<kStream>(p.xq + offset(t, p.xq_s0, j * kChunk, 1), make_uint4(packed[0], packed[1], packed[2], packed[3]));
-    if constexpr (UE8M0) {
-      if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
-    } else {
-      if (lane % kTPG == 0) static_cast<float*>(p.sf)[offset(t, p.sf_s0, j / kTPG, p.sf_s1)] = gs.scale;
+  } else if constexpr (kShape == Shape::kOnePass) {
+    stage_chunk<In, G, UE8M0, kStream, true, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
+  } else {
+    if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
+      const Idx e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
+      if (e >= p.n_topk) return;
+      const Idx t = core::fastdiv(e, p.k_div);
+      repack_entry(p, t, e - t * p.K);
+      return;
     }
+    stage_chunk<In, G, UE8M0, kStream, false, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
   }
 }
 
 // ---------------------------------------------------------------------------------------
 // General path: any G, any strides, any alignment.
 template <int In, bool UE8M0>
-__global__ void __launch_bounds__(256) stage_generic_kernel(const Params p) {
-  if (p.pdl) pdl_wait_and_trigger();
+__global__ void __launch_bounds__(256) stage_generic_kernel(const Params64 p) {
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   using Tr = InTraits<In>;
   const auto* hs = static_cast<const typename Tr::T*>(p.hs);
   const int64_t span = UE8M0 ? 4 * p.G : p.G;  // elements per unit
@@ -363,10 +430,10 @@ int sm_count(int device) {
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 32-bit modes rely on it
-std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0};
-Tuning tuning() { return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load()}; }
-
-int sm_count(int device);
+std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_shape{-1}, g_byte_scales{-1};
+Tuning tuning() {
+  return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_shape.load(), g_byte_scales.load()};
+}
 
 /// Decode sizes: smaller blocks spread the few chunks over more SMs (shorter per-SM issue).
 int block_threads_for(int64_t chunks, int device) {
@@ -401,18 +468,21 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
-template <typename Kernel>
-void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, int device,
-            cudaStream_t stream, bool pdl) {
-  // Enough resident blocks to cover the chip several times; the kernels grid-stride beyond.
+/// Blocks for a grid-stride kernel: enough resident blocks to cover the chip several
+/// times (the kernel loops beyond), never more than kMaxGridThreads threads.
+int64_t capped_blocks(int64_t work_items, int threads, int device) {
   const Tuning tn = tuning();
   const int64_t waves = tn.max_waves > 0 ? tn.max_waves : kDefaultMaxWaves;
-  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves * (256 / kThreads);
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min({(work_items + kThreads - 1) / kThreads, max_blocks, kMaxGridThreads / kThreads}));
+  const int64_t max_blocks = static_cast<int64_t>(sm_count(device)) * 8 * waves * (256 / threads);
+  return std::max<int64_t>(
+      1, std::min({(work_items + threads - 1) / threads, max_blocks, kMaxGridThreads / threads}));
+}
+
+template <typename Kernel, typename P>
+void launch(Kernel kernel, const P& prm, int64_t blocks, int threads, cudaStream_t stream, bool pdl) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -423,42 +493,135 @@ void launch(Kernel kernel, const Params& prm, int64_t work_items, int kThreads, 
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, prm), "cudaLaunchKernelEx(staging)");
 }
 
+/// The kernel parameters in index type Idx. For uint32_t, fits_idx32 has checked that every
+/// offset, hence every stride of a dimension longer than 1, fits; strides of length-1
+/// dimensions only ever multiply 0, so their truncation is harmless.
+template <typename Idx>
+ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
+  auto I = [](int64_t v) { return static_cast<Idx>(v); };
+  auto fastdiv_of = [](int64_t d) {  // used in the 32-bit modes only, where d fits
+    return core::make_fastdiv(static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(d, 0xFFFFFFFF))));
+  };
+  ParamsT<Idx> prm = {};
+  prm.hs = a.hidden_states.data;
+  prm.hs_s0 = I(a.hidden_states.strides[0]);
+  prm.hs_s1 = I(a.hidden_states.strides[1]);
+  prm.ids = a.topk_ids.data;
+  prm.ids_s0 = I(a.topk_ids.strides[0]);
+  prm.ids_s1 = I(a.topk_ids.strides[1]);
+  prm.w = a.topk_weights.data;
+  prm.w_s0 = I(a.topk_weights.strides[0]);
+  prm.w_s1 = I(a.topk_weights.strides[1]);
+  if (a.is_padding) {
+    prm.pad = static_cast<const uint8_t*>(a.is_padding->data);
+    prm.pad_s0 = I(a.is_padding->strides[0]);
+  }
+  prm.xq = static_cast<uint8_t*>(a.x_fp8.data);
+  prm.xq_s0 = I(a.x_fp8.strides[0]);
+  prm.xq_s1 = I(a.x_fp8.strides[1]);
+  prm.sf = a.x_sf.data;
+  prm.sf_s0 = I(a.x_sf.strides[0]);
+  prm.sf_s1 = I(a.x_sf.strides[1]);
+  if (a.shared_x_sf) {
+    prm.shared_sf = static_cast<uint32_t*>(a.shared_x_sf->data);
+    prm.sh_s0 = I(a.shared_x_sf->strides[0]);
+    prm.sh_s1 = I(a.shared_x_sf->strides[1]);
+    prm.shared_bm = I(p.shared_bm);
+    prm.abm = I(core::aligned_block_m(p.shared_bm));
+    prm.bm_div = fastdiv_of(p.shared_bm);
+  }
+  prm.idx_out = static_cast<int64_t*>(a.topk_idx_out.data);
+  prm.io_s0 = I(a.topk_idx_out.strides[0]);
+  prm.io_s1 = I(a.topk_idx_out.strides[1]);
+  prm.w_out = static_cast<float*>(a.topk_weights_out.data);
+  prm.wo_s0 = I(a.topk_weights_out.strides[0]);
+  prm.wo_s1 = I(a.topk_weights_out.strides[1]);
+  prm.T = I(p.T);
+  prm.H = I(p.H);
+  prm.K = I(p.K);
+  prm.G = I(p.G);
+  prm.n_topk = I(p.T * p.K);
+  prm.k_div = fastdiv_of(p.K);
+  prm.cpr = I(p.H / kChunk);
+  prm.n_chunks = I(p.T * (p.H / kChunk));
+  prm.cpr_div = fastdiv_of(p.H / kChunk);
+  prm.flags = (a.enable_pdl ? kFlagPdl : 0u) |  // griddepcontrol only when launched with PDL
+              (a.topk_ids.dtype == DType::kInt64 ? kFlagIdsI64 : 0u) |
+              (a.topk_weights.dtype == DType::kBFloat16 ? kFlagWBF16 : 0u) |
+              (a.topk_weights.dtype == DType::kFloat16 ? kFlagWF16 : 0u);
+  return prm;
+}
+
+template <int In, int G, bool UE8M0, Mode kMode, Shape kShape>
+void launch_fast32(const Params32& p, bool bytes, int64_t blocks, int threads, cudaStream_t stream, bool pdl) {
+  if constexpr (UE8M0) {
+    if (bytes) return launch(stage_fast_kernel<In, G, true, kMode, kShape, true>, p, blocks, threads, stream, pdl);
+  }
+  launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, false>, p, blocks, threads, stream, pdl);
+}
+
+template <int In, int G, bool UE8M0, Mode kMode>
+void launch_shape(Params32& p, Shape shape, bool bytes, int threads, int device, cudaStream_t stream, bool pdl) {
+  const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
+  switch (shape) {
+    case Shape::kLoop:
+      return launch_fast32<In, G, UE8M0, kMode, Shape::kLoop>(p, bytes, capped_blocks(p.n_chunks, threads, device),
+                                                             threads, stream, pdl);
+    case Shape::kOnePass:
+      return launch_fast32<In, G, UE8M0, kMode, Shape::kOnePass>(p, bytes, quant_blocks, threads, stream, pdl);
+    case Shape::kSplitTopk:
+      p.quant_blocks = static_cast<uint32_t>(quant_blocks);
+      return launch_fast32<In, G, UE8M0, kMode, Shape::kSplitTopk>(
+          p, bytes, quant_blocks + (static_cast<int64_t>(p.n_topk) + threads - 1) / threads, threads, stream, pdl);
+  }
+}
+
 template <int In, int G, bool UE8M0>
-void launch_fast(const Params& prm, bool idx32, int device, cudaStream_t stream, bool pdl) {
-  const int64_t chunks = prm.n_chunks;
+void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int device, cudaStream_t stream) {
+  const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
   const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
-  if (!idx32) return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream>, prm, chunks, threads, device, stream, pdl);
-  if (st) return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx32Stream>, prm, chunks, threads, device, stream, pdl);
-  return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx32>, prm, chunks, threads, device, stream, pdl);
+  if (!idx32) {
+    return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop, false>, make_params<int64_t>(a, p),
+                  capped_blocks(chunks, threads, device), threads, stream, a.enable_pdl);
+  }
+  // One chunk per thread whenever the capped grid would not loop anyway.
+  const bool one_pass = (chunks + threads - 1) / threads <= capped_blocks(chunks, threads, device);
+  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
+  const bool bytes = tn.byte_scales >= 0 ? tn.byte_scales != 0 : true;
+  Params32 prm = make_params<uint32_t>(a, p);
+  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, bytes, threads, device, stream, a.enable_pdl);
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, bytes, threads, device, stream, a.enable_pdl);
 }
 
 template <int In>
-void dispatch_in(const Params& prm, const detail::Problem& p, bool fast, bool idx32, int device,
-                 cudaStream_t stream, bool pdl) {
+void dispatch_in(const StageArgs& a, const detail::Problem& p, bool fast, bool idx32, int device, cudaStream_t stream) {
   if (fast) {
     if (p.G == 32) {
-      if (p.ue8m0) return launch_fast<In, 32, true>(prm, idx32, device, stream, pdl);
-      return launch_fast<In, 32, false>(prm, idx32, device, stream, pdl);
+      if (p.ue8m0) return launch_fast<In, 32, true>(a, p, idx32, device, stream);
+      return launch_fast<In, 32, false>(a, p, idx32, device, stream);
     }
-    if (p.ue8m0) return launch_fast<In, 128, true>(prm, idx32, device, stream, pdl);
-    return launch_fast<In, 128, false>(prm, idx32, device, stream, pdl);
+    if (p.ue8m0) return launch_fast<In, 128, true>(a, p, idx32, device, stream);
+    return launch_fast<In, 128, false>(a, p, idx32, device, stream);
   }
   const int64_t units = p.T * (p.H / (p.ue8m0 ? 4 * p.G : p.G));
-  if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, units, 256, device, stream, pdl);
-  return launch(stage_generic_kernel<In, false>, prm, units, 256, device, stream, pdl);
+  const int64_t blocks = capped_blocks(units, 256, device);
+  const Params64 prm = make_params<int64_t>(a, p);
+  if (p.ue8m0) return launch(stage_generic_kernel<In, true>, prm, blocks, 256, stream, a.enable_pdl);
+  return launch(stage_generic_kernel<In, false>, prm, blocks, 256, stream, a.enable_pdl);
 }
 
 /// The fast kernel's 32-bit modes apply: no tensor reaches below its data pointer
-/// (negative strides) or 2^31 elements above it, and chunk indices never wrap (n plus one
-/// grid of threads < 2^32; launch() never makes a grid of more than kMaxGridThreads).
-bool fits_idx32(const StageArgs& a, int64_t n_chunks) {
+/// (negative strides) or 2^31 elements above it, chunk indices never wrap (n plus one
+/// grid of threads < 2^32; capped_blocks() never makes a grid of more than kMaxGridThreads),
+/// and the T * K top-k entries fit 31 bits.
+bool fits_idx32(const StageArgs& a, const detail::Problem& p, int64_t n_chunks) {
   for (const detail::NamedTensor& n : detail::named_tensors(a)) {
     const detail::Extent e = detail::element_extent(*n.t);
     if (e.lo < 0 || e.hi >= (int64_t{1} << 31)) return false;
   }
-  return n_chunks + kMaxGridThreads < (int64_t{1} << 32);
+  return n_chunks + kMaxGridThreads < (int64_t{1} << 32) && p.T * p.K < (int64_t{1} << 31);
 }
 
 }  // namespace
@@ -467,63 +630,21 @@ void set_tuning(const Tuning& t) {
   g_max_waves.store(t.max_waves);
   g_streaming.store(t.streaming);
   g_block_threads.store(t.block_threads);
+  g_shape.store(t.shape);
+  g_byte_scales.store(t.byte_scales);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
-  Params prm = {};
-  prm.hs = a.hidden_states.data;
-  prm.hs_s0 = a.hidden_states.strides[0];
-  prm.hs_s1 = a.hidden_states.strides[1];
-  prm.ids = a.topk_ids.data;
-  prm.ids_s0 = a.topk_ids.strides[0];
-  prm.ids_s1 = a.topk_ids.strides[1];
-  prm.w = a.topk_weights.data;
-  prm.w_s0 = a.topk_weights.strides[0];
-  prm.w_s1 = a.topk_weights.strides[1];
-  if (a.is_padding) {
-    prm.pad = static_cast<const uint8_t*>(a.is_padding->data);
-    prm.pad_s0 = a.is_padding->strides[0];
-  }
-  prm.xq = static_cast<uint8_t*>(a.x_fp8.data);
-  prm.xq_s0 = a.x_fp8.strides[0];
-  prm.xq_s1 = a.x_fp8.strides[1];
-  prm.sf = a.x_sf.data;
-  prm.sf_s0 = a.x_sf.strides[0];
-  prm.sf_s1 = a.x_sf.strides[1];
-  if (a.shared_x_sf) {
-    prm.shared_sf = static_cast<uint32_t*>(a.shared_x_sf->data);
-    prm.sh_s0 = a.shared_x_sf->strides[0];
-    prm.sh_s1 = a.shared_x_sf->strides[1];
-    prm.shared_bm = p.shared_bm;
-  }
-  prm.idx_out = static_cast<int64_t*>(a.topk_idx_out.data);
-  prm.io_s0 = a.topk_idx_out.strides[0];
-  prm.io_s1 = a.topk_idx_out.strides[1];
-  prm.w_out = static_cast<float*>(a.topk_weights_out.data);
-  prm.wo_s0 = a.topk_weights_out.strides[0];
-  prm.wo_s1 = a.topk_weights_out.strides[1];
-  prm.T = p.T;
-  prm.H = p.H;
-  prm.K = p.K;
-  prm.G = p.G;
-  prm.ids_i64 = a.topk_ids.dtype == DType::kInt64;
-  prm.w_dtype = a.topk_weights.dtype == DType::kFloat32 ? 0 : a.topk_weights.dtype == DType::kBFloat16 ? 1 : 2;
-  prm.pdl = a.enable_pdl;  // griddepcontrol only when launched with PDL
-
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_fp8);
-  prm.cpr = p.H / kChunk;
-  prm.n_chunks = p.T * prm.cpr;
-  // 32-bit chunk indices divide by cpr with a multiplier (only used when idx32).
-  prm.cpr_div = core::make_fastdiv(static_cast<uint32_t>(std::min<int64_t>(prm.cpr, 0xFFFFFFFF)));
-  const bool idx32 = fits_idx32(a, prm.n_chunks);
+  const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / kChunk));
   const int device = a.hidden_states.device.index;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   switch (a.hidden_states.dtype) {
-    case DType::kBFloat16: dispatch_in<kInBF16>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
-    case DType::kFloat16: dispatch_in<kInF16>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
-    default: dispatch_in<kInF32>(prm, p, fast, idx32, device, stream, a.enable_pdl); break;
+    case DType::kBFloat16: dispatch_in<kInBF16>(a, p, fast, idx32, device, stream); break;
+    case DType::kFloat16: dispatch_in<kInF16>(a, p, fast, idx32, device, stream); break;
+    default: dispatch_in<kInF32>(a, p, fast, idx32, device, stream); break;
   }
 }
 

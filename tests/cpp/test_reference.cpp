@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/fastdiv.h"
 #include "core/layout.h"
 #include "core/numerics.h"
 #include "megamoe_reference.h"
@@ -305,6 +306,12 @@ TEST(CoreVsReference, SharedRowMap) {
       ASSERT_EQ(static_cast<int64_t>(core::shared_sf_row(static_cast<uint32_t>(t), static_cast<uint32_t>(bm))),
                 megamoe_ref::shared_row(t, bm))
           << "uint32 t=" << t << " bm=" << bm;
+      // The kernels' form: block index by core::fastdiv, then the quotient/remainder map.
+      const uint32_t t32 = static_cast<uint32_t>(t), bm32 = static_cast<uint32_t>(bm);
+      const uint32_t q = core::fastdiv(t32, core::make_fastdiv(bm32));
+      ASSERT_EQ(static_cast<int64_t>(core::shared_sf_row_qm(q, t32 - q * bm32, core::aligned_block_m(bm32))),
+                megamoe_ref::shared_row(t, bm))
+          << "fastdiv t=" << t << " bm=" << bm;
     }
     // Rows required: one past the largest row any of T tokens can map to, rounded to abm.
     for (int64_t T : {1, 7, 64, 65, 300, 999}) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/tuning.h"
 #include "megamoe/megamoe.h"
 
 namespace {
@@ -322,6 +323,12 @@ void run_all_modes(const Case& c) {
   }
 }
 
+/// Forces a fast-kernel shape (tuning.h) for its lifetime; the heuristic again after.
+struct ForceShape {
+  ForceShape(int shape, int byte_scales) { megamoe::cuda::set_tuning({0, -1, 0, shape, byte_scales}); }
+  ~ForceShape() { megamoe::cuda::set_tuning({}); }
+};
+
 const QuantScheme kSchemes[] = {QuantScheme::mxfp8(), QuantScheme::fp8_ue8m0_g128(),
                                 QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_fp32_g32()};
 
@@ -338,6 +345,41 @@ TEST(CudaStage, ShapesAndSchemes) {
         c.K = (T % 5 == 0) ? 9 : (T % 2 ? 8 : 6);
         run_all_modes(c);
         if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Every shape of the fast kernel, whatever the heuristic would pick for the size: grid-stride
+// loop, one pass, one pass with separate top-k blocks; UE8M0 words by shuffles or by byte
+// stores. Includes K > H/16 (a row's top-k spans more than one entry per thread) and
+// shared scales through a transposed view.
+TEST(CudaStage, EveryKernelShape) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int shape : {0, 1, 2}) {
+    for (int bytes : {0, 1}) {
+      ForceShape force(shape, bytes);
+      for (int64_t T : {1, 7, 65, 135, 434}) {
+        for (int64_t H : {128, 256, 7168}) {
+          for (const QuantScheme& q : kSchemes) {
+            if (q.ue8m0() && (H / q.group_k) % 4 != 0) continue;
+            if (!q.ue8m0() && bytes) continue;
+            Case c;
+            c.T = T;
+            c.H = H;
+            c.q = q;
+            c.K = H == 128 ? 9 : (T % 2 ? 8 : 16);
+            c.ids = T % 3 == 0 ? DType::kInt64 : DType::kInt32;
+            c.w = T % 5 == 0 ? DType::kBFloat16 : (T == 7 ? DType::kFloat16 : DType::kFloat32);
+            c.strided_topk = T == 65;
+            if (q.ue8m0()) c.bm = T == 1 ? 8 : 96, c.shared_transposed = T % 2 == 1;
+            SCOPED_TRACE("shape " + std::to_string(shape) + " bytes " + std::to_string(bytes));
+            run_case(c, false, false);
+            if (HasFatalFailure()) return;
+            run_case(c, true, true);
+            if (HasFatalFailure()) return;
+          }
+        }
       }
     }
   }
@@ -487,6 +529,11 @@ TEST(CudaStageSanitizer, RepresentativeSet) {
       if (q.ue8m0()) c.bm = 96, c.shared_transposed = variant == 1;
       run_case(c, variant == 1, variant == 1);
       if (HasFatalFailure()) return;
+      if (variant == 0) {  // the heuristic picks one pass here; the loop and word shapes too
+        ForceShape force(0, 0);
+        run_case(c, true, false);
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
