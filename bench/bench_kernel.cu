@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
       StageArgs a = mxfp8_args(T, H);
-      for (int bs : {64, 128, 256}) {
+      for (int bs : {64, 128, 256, 512}) {
         megamoe::cuda::set_tuning({0, -1, bs, -1, -1});
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
         std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
@@ -298,15 +298,20 @@ int main(int argc, char** argv) {
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int sch = 0; sch < 2; ++sch) {
       const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
-      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096},
+                        int64_t{16384}}) {
         StageArgs a = make_args(T, H, q);
         std::string row;
-        for (int shape : {0, 1, 2}) {
+        for (int shape : {0, 1, 2, 3}) {
           for (int bytes : {0, 1}) {
-            if (bytes && sch == 1) continue;
-            megamoe::cuda::set_tuning({0, -1, 0, shape, bytes});
-            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-            row += ",\"s" + std::to_string(shape) + "b" + std::to_string(bytes) + "\":" + std::to_string(us);
+            if (bytes && (sch == 1 || shape == 3)) continue;
+            for (int threads : {0, 512}) {
+              if (threads && shape != 3) continue;
+              megamoe::cuda::set_tuning({0, -1, threads, shape, bytes});
+              const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+              row += ",\"s" + std::to_string(shape) + "b" + std::to_string(bytes) + (threads ? "t512" : "") +
+                     "\":" + std::to_string(us);
+            }
           }
         }
         megamoe::cuda::set_tuning({});

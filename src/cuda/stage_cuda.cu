@@ -182,31 +182,44 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
 
 // ---------------------------------------------------------------------------------------
 // Fast path.
-constexpr int kChunk = 16;  // elements per thread
+constexpr int kChunk = 16;  // elements per thread of the wide layout
 
-/// 16-byte global store; kStream: streaming (evict-first) store.
-template <bool kStream>
-__device__ __forceinline__ void store16(void* ptr, uint4 v) {
-  if constexpr (kStream) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
+/// Elements per thread: 16 (wide: two 16 B loads of 16-bit input, four of fp32), or one
+/// 16 B load (narrow: 8 elements of 16-bit input, 4 of fp32).
+template <int In, bool kNarrow>
+constexpr int kElemsPerThread = kNarrow ? (In == kInF32 ? 4 : 8) : kChunk;
+
+/// Global store of N = 4, 8 or 16 bytes; kStream: streaming (evict-first) store.
+template <bool kStream, int N>
+__device__ __forceinline__ void store_bytes(void* ptr, const uint32_t (&v)[N / 4]) {
+  if constexpr (kStream && N == 16) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3])
                  : "memory");
+  } else if constexpr (kStream && N == 8) {
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
+  } else if constexpr (kStream) {
+    asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(ptr), "r"(v[0]) : "memory");
+  } else if constexpr (N == 16) {
+    *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (N == 8) {
+    *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
   } else {
-    *static_cast<uint4*>(ptr) = v;
+    *static_cast<uint32_t*>(ptr) = v[0];
   }
 }
 
-/// One chunk as loaded: 8 packed words for 16-bit inputs, 16 floats' bits for fp32.
-template <int In>
+/// A thread's elements as loaded: packed pairs for 16-bit inputs, fp32 bits otherwise.
+template <int In, int kElems>
 struct RawChunk {
-  static constexpr int kWords = In == kInF32 ? kChunk : kChunk / 2;
+  static constexpr int kWords = In == kInF32 ? kElems : kElems / 2;
   uint32_t w[kWords];
 };
 
-template <int In>
-__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In>& c) {
+template <int In, int kElems>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In, kElems>& c) {
 #pragma unroll
-  for (int i = 0; i < RawChunk<In>::kWords / 4; ++i) {
+  for (int i = 0; i < RawChunk<In, kElems>::kWords / 4; ++i) {
     const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
     c.w[4 * i + 0] = u.x;
     c.w[4 * i + 1] = u.y;
@@ -215,25 +228,25 @@ __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, 
   }
 }
 
-/// Element i of the chunk as fp32 (exact).
-template <int In>
-__device__ __forceinline__ float element(const RawChunk<In>& c, int i) {
+/// Element i as fp32 (exact).
+template <int In, int kElems>
+__device__ __forceinline__ float element(const RawChunk<In, kElems>& c, int i) {
   if constexpr (In == kInF32) return __uint_as_float(c.w[i]);
   else if constexpr (In == kInBF16) return widen<Half2Kind::kBF16>(c.w[i / 2], i % 2);
   else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
 }
 
-/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits).
-template <int In>
-__device__ __forceinline__ float chunk_amax(const RawChunk<In>& c) {
+/// NaN-ignoring max |x| over the thread's elements (core::fmax_nan_ignoring of core::abs_bits).
+template <int In, int kElems>
+__device__ __forceinline__ float chunk_amax(const RawChunk<In, kElems>& c) {
   if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);
   else if constexpr (In == kInF16) return abs_max_packed<Half2Kind::kF16>(c.w);
   else {
-    float m[kChunk];
+    float m[kElems];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
+    for (int i = 0; i < kElems; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
 #pragma unroll
-    for (int width = kChunk / 2; width >= 1; width /= 2) {
+    for (int width = kElems / 2; width >= 1; width /= 2) {
 #pragma unroll
       for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
     }
@@ -261,10 +274,12 @@ using IdxOf = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>
 
 /// How the fast kernel's grid covers the work, chosen on the host.
 enum class Shape {
-  kLoop,      ///< grid-stride loop over chunks (grid capped), top-k by the first threads of each row
-  kOnePass,   ///< one chunk per thread, no loop; top-k as in kLoop (32-bit modes only)
-  kSplitTopk, ///< one chunk per thread; top-k entries by blocks of their own after the
-              ///< quantizing blocks, one entry per thread (32-bit modes only)
+  kLoop,       ///< grid-stride loop over 16-element chunks (grid capped), top-k by the first threads of each row
+  kOnePass,    ///< one chunk per thread, no loop; top-k as in kLoop (32-bit modes only)
+  kSplitTopk,  ///< one chunk per thread; top-k entries by blocks of their own after the
+               ///< quantizing blocks, one entry per thread (32-bit modes only)
+  kNarrow,     ///< as kSplitTopk with one 16 B load per thread (8 or 4 elements), so every
+               ///< load instruction of a warp reads 512 contiguous bytes (UE8M0: byte stores)
 };
 
 /// The chunk c's row t and chunk-in-row j.
@@ -279,22 +294,23 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
   }
 }
 
-/// Quantize chunk c (a no-op beyond n_chunks, but every lane must call it: shuffles).
-/// kTopk: the row's first threads also repack its top-k entries. kBytes (UE8M0): each
-/// group's first thread stores its exponent byte into the scale word directly instead of
-/// assembling the word with shuffles.
-template <int In, int G, bool UE8M0, bool kStream, bool kTopk, bool kBytes, typename Idx>
+/// Quantize chunk c of kElems elements (a no-op beyond n_chunks, but every lane must call
+/// it: shuffles). kTopk: the row's first threads also repack its top-k entries. kBytes
+/// (UE8M0): each group's first thread stores its exponent byte into the scale word
+/// directly instead of assembling the word with shuffles.
+template <int In, int kElems, int G, bool UE8M0, bool kStream, bool kTopk, bool kBytes, typename Idx>
 __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
-  static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
-  constexpr int kTPG = G / kChunk;  // threads per group
-  constexpr int kTPW = G / 4;       // threads per UE8M0 word (4 groups)
+  static_assert(G % kElems == 0 && G / kElems <= 32, "groups span whole chunks of one warp");
+  constexpr int kTPG = G / kElems;  // threads per group
+  constexpr int kTPW = 4 * kTPG;    // threads per UE8M0 word (4 groups)
+  static_assert(!UE8M0 || kBytes || kTPW <= 32, "words assembled by shuffles lie in one warp");
   const int lane = threadIdx.x & 31;
   const bool active = c < p.n_chunks;
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  RawChunk<In> x;
+  RawChunk<In, kElems> x;
   if (active) {
-    load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
+    load_chunk<In, kElems>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kElems, Idx{1}), x);
     // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
     // and their registers are free again before the quantization needs them.
     if constexpr (kTopk) {
@@ -302,21 +318,21 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
+    for (int i = 0; i < RawChunk<In, kElems>::kWords; ++i) x.w[i] = 0u;
   }
-  float amax = chunk_amax<In>(x);
+  float amax = chunk_amax<In, kElems>(x);
 #pragma unroll
   for (int off = 1; off < kTPG; off <<= 1) {
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   }
   const GroupScale gs = core::group_scale(amax, UE8M0);
-  uint32_t packed[4];
+  uint32_t packed[kElems / 4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gs.inv),
-                                                    core::mul_rn(element<In>(x, 4 * i + 1), gs.inv));
-    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gs.inv),
-                                                    core::mul_rn(element<In>(x, 4 * i + 3), gs.inv));
+  for (int i = 0; i < kElems / 4; ++i) {
+    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 0), gs.inv),
+                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 1), gs.inv));
+    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 2), gs.inv),
+                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 3), gs.inv));
     packed[i] = lo | (hi << 16);
   }
   uint32_t word = 0;
@@ -326,7 +342,7 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
     for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
   }
   if (!active) return;
-  store16<kStream>(p.xq + offset(t, p.xq_s0, j * kChunk, Idx{1}), make_uint4(packed[0], packed[1], packed[2], packed[3]));
+  store_bytes<kStream, kElems>(p.xq + offset(t, p.xq_s0, j * kElems, Idx{1}), packed);
   if constexpr (UE8M0 && kBytes) {
     if (j % kTPG == 0) store_word_byte(p, t, j / kTPW, static_cast<uint32_t>((j / kTPG) % 4), gs.ue8m0);
   } else if constexpr (UE8M0) {
@@ -338,20 +354,22 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
 
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
 template <int In, int G, bool UE8M0, Mode kMode, Shape kShape, bool kBytes>
-__global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
+__global__ void __launch_bounds__(kShape == Shape::kNarrow ? 512 : 256,
+                                  kShape == Shape::kNarrow ? 4 : (In == kInF32 ? 6 : kFastBlocksPerSm16))
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
   constexpr bool kStream = kMode != Mode::kIdx32;
+  constexpr int kElems = kElemsPerThread<In, kShape == Shape::kNarrow>;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if constexpr (kShape == Shape::kLoop) {
     // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
     for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
          base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-      stage_chunk<In, G, UE8M0, kStream, true, kBytes>(p, base + threadIdx.x);
+      stage_chunk<In, kElems, G, UE8M0, kStream, true, kBytes>(p, base + threadIdx.x);
     }
   } else if constexpr (kShape == Shape::kOnePass) {
-    stage_chunk<In, G, UE8M0, kStream, true, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
+    stage_chunk<In, kElems, G, UE8M0, kStream, true, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
       const Idx e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
@@ -360,7 +378,7 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
       repack_entry(p, t, e - t * p.K);
       return;
     }
-    stage_chunk<In, G, UE8M0, kStream, false, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
+    stage_chunk<In, kElems, G, UE8M0, kStream, false, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
   }
 }
 
@@ -440,7 +458,7 @@ int block_threads_for(int64_t chunks, int device) {
   const int64_t sms = sm_count(device);
   if (chunks <= 64 * sms) return 64;
   if (chunks <= 128 * sms) return 128;
-  return 256;
+  return 256;  // (bench sweeps 512 for the narrow shape)
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
@@ -554,15 +572,30 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
 
 template <int In, int G, bool UE8M0, Mode kMode, Shape kShape>
 void launch_fast32(const Params32& p, bool bytes, int64_t blocks, int threads, cudaStream_t stream, bool pdl) {
-  if constexpr (UE8M0) {
-    if (bytes) return launch(stage_fast_kernel<In, G, true, kMode, kShape, true>, p, blocks, threads, stream, pdl);
+  if constexpr (kShape == Shape::kNarrow) {  // UE8M0: byte stores only
+    return launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, UE8M0>, p, blocks, threads, stream, pdl);
+  } else {
+    if constexpr (UE8M0) {
+      if (bytes) return launch(stage_fast_kernel<In, G, true, kMode, kShape, true>, p, blocks, threads, stream, pdl);
+    }
+    launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, false>, p, blocks, threads, stream, pdl);
   }
-  launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, false>, p, blocks, threads, stream, pdl);
+}
+
+/// Chunk geometry of a shape: elements per thread, and the parameters that depend on it.
+void set_chunk_elems(Params32& p, const detail::Problem& pr, int elems) {
+  p.cpr = static_cast<uint32_t>(pr.H / elems);
+  p.n_chunks = static_cast<uint32_t>(pr.T * (pr.H / elems));
+  p.cpr_div = core::make_fastdiv(p.cpr);
 }
 
 template <int In, int G, bool UE8M0, Mode kMode>
-void launch_shape(Params32& p, Shape shape, bool bytes, int threads, int device, cudaStream_t stream, bool pdl) {
+void launch_shape(Params32& p, const detail::Problem& pr, Shape shape, bool bytes, int threads, int device,
+                  cudaStream_t stream, bool pdl) {
+  set_chunk_elems(p, pr, shape == Shape::kNarrow ? kElemsPerThread<In, true> : kChunk);
   const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
+  const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + threads - 1) / threads;
+  p.quant_blocks = static_cast<uint32_t>(quant_blocks);
   switch (shape) {
     case Shape::kLoop:
       return launch_fast32<In, G, UE8M0, kMode, Shape::kLoop>(p, bytes, capped_blocks(p.n_chunks, threads, device),
@@ -570,9 +603,11 @@ void launch_shape(Params32& p, Shape shape, bool bytes, int threads, int device,
     case Shape::kOnePass:
       return launch_fast32<In, G, UE8M0, kMode, Shape::kOnePass>(p, bytes, quant_blocks, threads, stream, pdl);
     case Shape::kSplitTopk:
-      p.quant_blocks = static_cast<uint32_t>(quant_blocks);
-      return launch_fast32<In, G, UE8M0, kMode, Shape::kSplitTopk>(
-          p, bytes, quant_blocks + (static_cast<int64_t>(p.n_topk) + threads - 1) / threads, threads, stream, pdl);
+      return launch_fast32<In, G, UE8M0, kMode, Shape::kSplitTopk>(p, bytes, quant_blocks + topk_blocks, threads,
+                                                                  stream, pdl);
+    case Shape::kNarrow:
+      return launch_fast32<In, G, UE8M0, kMode, Shape::kNarrow>(p, bytes, quant_blocks + topk_blocks, threads,
+                                                               stream, pdl);
   }
 }
 
@@ -581,18 +616,21 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
-  const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
   if (!idx32) {
+    const int threads = tn.block_threads > 0 ? std::min(tn.block_threads, 256) : block_threads_for(chunks, device);
     return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop, false>, make_params<int64_t>(a, p),
                   capped_blocks(chunks, threads, device), threads, stream, a.enable_pdl);
   }
-  // One chunk per thread whenever the capped grid would not loop anyway.
-  const bool one_pass = (chunks + threads - 1) / threads <= capped_blocks(chunks, threads, device);
-  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
+  // One pass whenever the capped grid would not loop anyway.
+  const bool one_pass = (chunks + 255) / 256 <= capped_blocks(chunks, 256, device);
+  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kNarrow : Shape::kLoop;
   const bool bytes = tn.byte_scales >= 0 ? tn.byte_scales != 0 : true;
+  const int64_t per_thread = shape == Shape::kNarrow ? kElemsPerThread<In, true> : kChunk;
+  int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(p.T * (p.H / per_thread), device);
+  if (shape != Shape::kNarrow) threads = std::min(threads, 256);
   Params32 prm = make_params<uint32_t>(a, p);
-  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, bytes, threads, device, stream, a.enable_pdl);
-  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, bytes, threads, device, stream, a.enable_pdl);
+  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, p, shape, bytes, threads, device, stream, a.enable_pdl);
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, p, shape, bytes, threads, device, stream, a.enable_pdl);
 }
 
 template <int In>
@@ -613,9 +651,10 @@ void dispatch_in(const StageArgs& a, const detail::Problem& p, bool fast, bool i
 }
 
 /// The fast kernel's 32-bit modes apply: no tensor reaches below its data pointer
-/// (negative strides) or 2^31 elements above it, chunk indices never wrap (n plus one
-/// grid of threads < 2^32; capped_blocks() never makes a grid of more than kMaxGridThreads),
-/// and the T * K top-k entries fit 31 bits.
+/// (negative strides) or 2^31 elements above it, chunk indices never wrap (n_chunks, for
+/// the finest shape's 4 elements per thread, plus one grid of threads < 2^32;
+/// capped_blocks() never makes a grid of more than kMaxGridThreads), and the T * K top-k
+/// entries fit 31 bits.
 bool fits_idx32(const StageArgs& a, const detail::Problem& p, int64_t n_chunks) {
   for (const detail::NamedTensor& n : detail::named_tensors(a)) {
     const detail::Extent e = detail::element_extent(*n.t);
@@ -637,7 +676,7 @@ void set_tuning(const Tuning& t) {
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_fp8);
-  const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / kChunk));
+  const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / 4));
   const int device = a.hidden_states.device.index;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_handle);

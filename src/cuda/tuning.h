@@ -8,9 +8,10 @@ namespace cuda {
 struct Tuning {
   int max_waves = 0;      ///< grid cap in waves of (8 blocks of 256 threads x SM count)
   int streaming = -1;     ///< fp8 stores: -1 heuristic, 0 default, 1 evict-first (.cs)
-  int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256)
+  int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256; 512 narrow shape only)
   int shape = -1;         ///< fast kernel, 32-bit modes: -1 heuristic, 0 grid-stride loop,
-                          ///< 1 one pass, 2 one pass with top-k blocks of their own
+                          ///< 1 one pass, 2 one pass with top-k blocks of their own,
+                          ///< 3 as 2 with one 16-byte load per thread
   int byte_scales = -1;   ///< UE8M0 fast kernel: -1 heuristic, 0 words by shuffles, 1 byte stores
 };
 

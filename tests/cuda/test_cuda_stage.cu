@@ -323,9 +323,11 @@ void run_all_modes(const Case& c) {
   }
 }
 
-/// Forces a fast-kernel shape (tuning.h) for its lifetime; the heuristic again after.
+/// Forces a fast-kernel shape and block size (tuning.h) for its lifetime; the heuristic again after.
 struct ForceShape {
-  ForceShape(int shape, int byte_scales) { megamoe::cuda::set_tuning({0, -1, 0, shape, byte_scales}); }
+  ForceShape(int shape, int byte_scales, int threads = 0) {
+    megamoe::cuda::set_tuning({0, -1, threads, shape, byte_scales});
+  }
   ~ForceShape() { megamoe::cuda::set_tuning({}); }
 };
 
@@ -351,34 +353,39 @@ TEST(CudaStage, ShapesAndSchemes) {
 }
 
 // Every shape of the fast kernel, whatever the heuristic would pick for the size: grid-stride
-// loop, one pass, one pass with separate top-k blocks; UE8M0 words by shuffles or by byte
-// stores. Includes K > H/16 (a row's top-k spans more than one entry per thread) and
-// shared scales through a transposed view.
+// loop, one pass, one pass with separate top-k blocks (UE8M0 words by shuffles or by byte
+// stores), and the narrow shape (one 16-byte load per thread) with 64..512-thread blocks.
+// Includes K > H/16 (a row's top-k spans more than one entry per thread) and shared
+// scales through a transposed view.
 TEST(CudaStage, EveryKernelShape) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (int shape : {0, 1, 2}) {
-    for (int bytes : {0, 1}) {
-      ForceShape force(shape, bytes);
-      for (int64_t T : {1, 7, 65, 135, 434}) {
-        for (int64_t H : {128, 256, 7168}) {
-          for (const QuantScheme& q : kSchemes) {
-            if (q.ue8m0() && (H / q.group_k) % 4 != 0) continue;
-            if (!q.ue8m0() && bytes) continue;
-            Case c;
-            c.T = T;
-            c.H = H;
-            c.q = q;
-            c.K = H == 128 ? 9 : (T % 2 ? 8 : 16);
-            c.ids = T % 3 == 0 ? DType::kInt64 : DType::kInt32;
-            c.w = T % 5 == 0 ? DType::kBFloat16 : (T == 7 ? DType::kFloat16 : DType::kFloat32);
-            c.strided_topk = T == 65;
-            if (q.ue8m0()) c.bm = T == 1 ? 8 : 96, c.shared_transposed = T % 2 == 1;
-            SCOPED_TRACE("shape " + std::to_string(shape) + " bytes " + std::to_string(bytes));
-            run_case(c, false, false);
-            if (HasFatalFailure()) return;
-            run_case(c, true, true);
-            if (HasFatalFailure()) return;
-          }
+  struct Config {
+    int shape, bytes, threads;
+  };
+  for (const Config& k : {Config{0, 0, 0}, Config{0, 1, 0}, Config{1, 0, 0}, Config{1, 1, 0}, Config{2, 0, 0},
+                          Config{2, 1, 0}, Config{3, -1, 0}, Config{3, -1, 64}, Config{3, -1, 512}}) {
+    ForceShape force(k.shape, k.bytes, k.threads);
+    for (int64_t T : {1, 7, 65, 135, 434}) {
+      for (int64_t H : {128, 256, 7168}) {
+        for (const QuantScheme& q : kSchemes) {
+          if (q.ue8m0() && (H / q.group_k) % 4 != 0) continue;
+          if (!q.ue8m0() && k.bytes == 1) continue;
+          Case c;
+          c.T = T;
+          c.H = H;
+          c.q = q;
+          c.K = H == 128 ? 9 : (T % 2 ? 8 : 16);
+          c.ids = T % 3 == 0 ? DType::kInt64 : DType::kInt32;
+          c.w = T % 5 == 0 ? DType::kBFloat16 : (T == 7 ? DType::kFloat16 : DType::kFloat32);
+          c.in = T == 7 ? DType::kFloat16 : (T == 65 ? DType::kFloat32 : DType::kBFloat16);
+          c.strided_topk = T == 65;
+          if (q.ue8m0()) c.bm = T == 1 ? 8 : 96, c.shared_transposed = T % 2 == 1;
+          SCOPED_TRACE("shape " + std::to_string(k.shape) + " bytes " + std::to_string(k.bytes) + " threads " +
+                       std::to_string(k.threads));
+          run_case(c, false, false);
+          if (HasFatalFailure()) return;
+          run_case(c, true, true);
+          if (HasFatalFailure()) return;
         }
       }
     }
@@ -529,10 +536,12 @@ TEST(CudaStageSanitizer, RepresentativeSet) {
       if (q.ue8m0()) c.bm = 96, c.shared_transposed = variant == 1;
       run_case(c, variant == 1, variant == 1);
       if (HasFatalFailure()) return;
-      if (variant == 0) {  // the heuristic picks one pass here; the loop and word shapes too
-        ForceShape force(0, 0);
-        run_case(c, true, false);
-        if (HasFatalFailure()) return;
+      if (variant == 0) {  // the heuristic picks one shape here; the others too
+        for (int shape : {0, 1, 2}) {
+          ForceShape force(shape, 0);
+          run_case(c, true, false);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
