@@ -273,8 +273,8 @@ int main(int argc, char** argv) {
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
       StageArgs a = mxfp8_args(T, H);
-      for (int bs : {64, 128, 256, 512}) {
-        megamoe::cuda::set_tuning({0, -1, bs, -1, -1});
+      for (int bs : {64, 128, 256}) {
+        megamoe::cuda::set_tuning({0, -1, bs, -1});
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
         std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
                     (long long)T, (long long)H, bs, us);
@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
       const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
       const int calls = T >= 16384 ? 5 : 20;
       for (int st : {0, 1}) {
-        megamoe::cuda::set_tuning({0, st, 0, -1, -1});
+        megamoe::cuda::set_tuning({0, st, 0, -1});
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
         std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
                     (long long)T, (long long)H, st, us, bytes / us * 1e-6);
@@ -293,8 +293,8 @@ int main(int argc, char** argv) {
     }
   }
   megamoe::cuda::set_tuning({});
-  // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass,
-  // 2 one pass with top-k blocks of their own; UE8M0 words by shuffles or byte stores.
+  // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass with
+  // top-k blocks of their own, 2 interleaved units; 128- and 256-thread blocks.
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int sch = 0; sch < 2; ++sch) {
       const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
@@ -302,16 +302,11 @@ int main(int argc, char** argv) {
                         int64_t{16384}}) {
         StageArgs a = make_args(T, H, q);
         std::string row;
-        for (int shape : {0, 1, 2, 3}) {
-          for (int bytes : {0, 1}) {
-            if (bytes && (sch == 1 || shape == 3)) continue;
-            for (int threads : {0, 512}) {
-              if (threads && shape != 3) continue;
-              megamoe::cuda::set_tuning({0, -1, threads, shape, bytes});
-              const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-              row += ",\"s" + std::to_string(shape) + "b" + std::to_string(bytes) + (threads ? "t512" : "") +
-                     "\":" + std::to_string(us);
-            }
+        for (int shape : {0, 1, 2}) {
+          for (int threads : {128, 256}) {
+            megamoe::cuda::set_tuning({0, -1, threads, shape});
+            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 30);
+            row += ",\"s" + std::to_string(shape) + "t" + std::to_string(threads) + "\":" + std::to_string(us);
           }
         }
         megamoe::cuda::set_tuning({});

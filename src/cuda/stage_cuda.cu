@@ -62,7 +62,7 @@ struct ParamsT {
   uint8_t* xq;
   Idx hs_s0, xq_s0;
   Idx n_chunks;              // fast path: T * cpr
-  uint32_t quant_blocks;     // split top-k shape: blocks below quantize, the rest repack top-k
+  uint32_t topk_blocks;      // one-pass shapes: blocks below repack top-k, the rest quantize
   core::FastDivU32 cpr_div;  // fast path: chunk index -> row (32-bit modes)
   uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16
   // B: scale stores.
@@ -182,34 +182,26 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
 
 // ---------------------------------------------------------------------------------------
 // Fast path.
-constexpr int kChunk = 16;  // elements per thread of the wide layout
+constexpr int kChunk = 16;  // elements per thread
 
-/// Elements per thread: 16 (wide: two 16 B loads of 16-bit input, four of fp32), or one
-/// 16 B load (narrow: 8 elements of 16-bit input, 4 of fp32).
-template <int In, bool kNarrow>
-constexpr int kElemsPerThread = kNarrow ? (In == kInF32 ? 4 : 8) : kChunk;
-
-/// Global store of N = 4, 8 or 16 bytes; kStream: streaming (evict-first) store.
+/// Global store of N = 8 or 16 bytes; kStream: streaming (evict-first) store.
 template <bool kStream, int N>
 __device__ __forceinline__ void store_bytes(void* ptr, const uint32_t (&v)[N / 4]) {
+  static_assert(N == 8 || N == 16, "8 or 16 bytes");
   if constexpr (kStream && N == 16) {
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
                  "r"(v[2]), "r"(v[3])
                  : "memory");
-  } else if constexpr (kStream && N == 8) {
-    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
   } else if constexpr (kStream) {
-    asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(ptr), "r"(v[0]) : "memory");
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
   } else if constexpr (N == 16) {
     *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
-  } else if constexpr (N == 8) {
-    *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
   } else {
-    *static_cast<uint32_t*>(ptr) = v[0];
+    *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
   }
 }
 
-/// A thread's elements as loaded: packed pairs for 16-bit inputs, fp32 bits otherwise.
+/// kElems consecutive elements as loaded: packed pairs for 16-bit inputs, fp32 bits otherwise.
 template <int In, int kElems>
 struct RawChunk {
   static constexpr int kWords = In == kInF32 ? kElems : kElems / 2;
@@ -236,7 +228,7 @@ __device__ __forceinline__ float element(const RawChunk<In, kElems>& c, int i) {
   else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
 }
 
-/// NaN-ignoring max |x| over the thread's elements (core::fmax_nan_ignoring of core::abs_bits).
+/// NaN-ignoring max |x| over the elements (core::fmax_nan_ignoring of core::abs_bits).
 template <int In, int kElems>
 __device__ __forceinline__ float chunk_amax(const RawChunk<In, kElems>& c) {
   if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);
@@ -251,6 +243,31 @@ __device__ __forceinline__ float chunk_amax(const RawChunk<In, kElems>& c) {
       for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
     }
     return m[0];
+  }
+}
+
+/// Quantize the elements of row t from column j * kElems with the group's scale gs and
+/// store them; the group's first thread (kTPG threads per group) stores its scale: an
+/// fp32, or (UE8M0) its exponent byte into the packed word and the shared-expert copy.
+template <int In, int kElems, int kTPG, bool UE8M0, bool kStream, typename Idx>
+__device__ __forceinline__ void quantize_store(const ParamsT<Idx>& p, Idx t, Idx j, const RawChunk<In, kElems>& x,
+                                               const GroupScale& gs) {
+  uint32_t packed[kElems / 4];
+#pragma unroll
+  for (int i = 0; i < kElems / 4; ++i) {
+    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 0), gs.inv),
+                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 1), gs.inv));
+    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 2), gs.inv),
+                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 3), gs.inv));
+    packed[i] = lo | (hi << 16);
+  }
+  store_bytes<kStream, kElems>(p.xq + offset(t, p.xq_s0, j * kElems, Idx{1}), packed);
+  if (j % kTPG != 0) return;
+  const Idx g = j / kTPG;  // group in the row
+  if constexpr (UE8M0) {
+    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gs.ue8m0);
+  } else {
+    static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = gs.scale;
   }
 }
 
@@ -274,15 +291,17 @@ using IdxOf = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>
 
 /// How the fast kernel's grid covers the work, chosen on the host.
 enum class Shape {
-  kLoop,       ///< grid-stride loop over 16-element chunks (grid capped), top-k by the first threads of each row
-  kOnePass,    ///< one chunk per thread, no loop; top-k as in kLoop (32-bit modes only)
-  kSplitTopk,  ///< one chunk per thread; top-k entries by blocks of their own after the
-               ///< quantizing blocks, one entry per thread (32-bit modes only)
-  kNarrow,     ///< as kSplitTopk with one 16 B load per thread (8 or 4 elements), so every
-               ///< load instruction of a warp reads 512 contiguous bytes (UE8M0: byte stores)
+  kLoop,         ///< grid-stride loop over 16-element chunks (grid capped); top-k repacked by
+                 ///< the first threads of each row, k = j, j + H/16, ...
+  kSplitTopk,    ///< one chunk per thread, no loop (32-bit modes); top-k entries by blocks
+                 ///< of their own before the quantizing blocks, one entry per thread
+  kInterleaved,  ///< as kSplitTopk, 16-bit inputs: each thread quantizes two 8-element
+                 ///< units 32 units apart, so each load instruction of a warp reads 512
+                 ///< contiguous bytes (instead of 16 B of every 32 B over 1024 B)
 };
 
-/// The chunk c's row t and chunk-in-row j.
+/// Index c's row t and position in the row j, for `per_row` items per row (fastdiv by
+/// cpr_div in the 32-bit modes, where cpr_div.divisor == per_row).
 template <typename Idx>
 __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx& t, Idx& j) {
   if constexpr (sizeof(Idx) == 4) {
@@ -294,23 +313,18 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
   }
 }
 
-/// Quantize chunk c of kElems elements (a no-op beyond n_chunks, but every lane must call
-/// it: shuffles). kTopk: the row's first threads also repack its top-k entries. kBytes
-/// (UE8M0): each group's first thread stores its exponent byte into the scale word
-/// directly instead of assembling the word with shuffles.
-template <int In, int kElems, int G, bool UE8M0, bool kStream, bool kTopk, bool kBytes, typename Idx>
+/// Quantize 16-element chunk c (a no-op beyond n_chunks, but every lane must call it:
+/// shuffles). kTopk: the row's first threads also repack its top-k entries.
+template <int In, int G, bool UE8M0, bool kStream, bool kTopk, typename Idx>
 __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
-  static_assert(G % kElems == 0 && G / kElems <= 32, "groups span whole chunks of one warp");
-  constexpr int kTPG = G / kElems;  // threads per group
-  constexpr int kTPW = 4 * kTPG;    // threads per UE8M0 word (4 groups)
-  static_assert(!UE8M0 || kBytes || kTPW <= 32, "words assembled by shuffles lie in one warp");
-  const int lane = threadIdx.x & 31;
+  static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
+  constexpr int kTPG = G / kChunk;  // threads per group
   const bool active = c < p.n_chunks;
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  RawChunk<In, kElems> x;
+  RawChunk<In, kChunk> x;
   if (active) {
-    load_chunk<In, kElems>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kElems, Idx{1}), x);
+    load_chunk<In, kChunk>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
     // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
     // and their registers are free again before the quantization needs them.
     if constexpr (kTopk) {
@@ -318,67 +332,85 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < RawChunk<In, kElems>::kWords; ++i) x.w[i] = 0u;
+    for (int i = 0; i < RawChunk<In, kChunk>::kWords; ++i) x.w[i] = 0u;
   }
-  float amax = chunk_amax<In, kElems>(x);
+  float amax = chunk_amax<In, kChunk>(x);
 #pragma unroll
-  for (int off = 1; off < kTPG; off <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  }
-  const GroupScale gs = core::group_scale(amax, UE8M0);
-  uint32_t packed[kElems / 4];
-#pragma unroll
-  for (int i = 0; i < kElems / 4; ++i) {
-    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 0), gs.inv),
-                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 1), gs.inv));
-    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 2), gs.inv),
-                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 3), gs.inv));
-    packed[i] = lo | (hi << 16);
-  }
-  uint32_t word = 0;
-  if constexpr (UE8M0 && !kBytes) {
-    word = gs.ue8m0 << (8 * ((lane % kTPW) / kTPG));
-#pragma unroll
-    for (int off = 1; off < kTPW; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
-  }
+  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!active) return;
-  store_bytes<kStream, kElems>(p.xq + offset(t, p.xq_s0, j * kElems, Idx{1}), packed);
-  if constexpr (UE8M0 && kBytes) {
-    if (j % kTPG == 0) store_word_byte(p, t, j / kTPW, static_cast<uint32_t>((j / kTPG) % 4), gs.ue8m0);
-  } else if constexpr (UE8M0) {
-    if (lane % kTPW == 0) store_word(p, t, j / kTPW, word);
-  } else {
-    if (lane % kTPG == 0) static_cast<float*>(p.sf)[offset(t, p.sf_s0, j / kTPG, p.sf_s1)] = gs.scale;
+  quantize_store<In, kChunk, kTPG, UE8M0, kStream>(p, t, j, x, core::group_scale(amax, UE8M0));
+}
+
+/// Interleaved shape, 16-bit inputs: thread c of warp w quantizes units u0 = 64 w + lane
+/// and u1 = u0 + 32 (8 elements each; n_chunks counts units here). The amax of both units'
+/// groups is reduced in one packed word (unit 0 low half, unit 1 high half): max2 is the
+/// same NaN-ignoring max as the scalar rule (packed_amax.cuh).
+template <int In, int G, bool UE8M0, bool kStream>
+__device__ __forceinline__ void stage_pair(const ParamsT<uint32_t>& p, uint32_t c) {
+  static_assert(In != kInF32, "16-bit inputs");
+  constexpr Half2Kind K = In == kInBF16 ? Half2Kind::kBF16 : Half2Kind::kF16;
+  constexpr int kUnit = 8;
+  constexpr int kTPG = G / kUnit;  // 4 or 16 lanes per group
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t u[2] = {(c & ~31u) * 2u + lane, (c & ~31u) * 2u + 32u + lane};
+  uint32_t t[2], j[2];
+  RawChunk<In, kUnit> x[2];
+  uint32_t m[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_and_chunk(p, u[h], t[h], j[h]);
+    if (u[h] < p.n_chunks) {
+      load_chunk<In, kUnit>(static_cast<const uint16_t*>(p.hs) + offset(t[h], p.hs_s0, j[h] * kUnit, 1u), x[h]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[h].w[i] = 0u;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // |x| max of the unit, in both halves of m[h]
+    const uint32_t a = max2<K>(abs2(x[h].w[0]), abs2(x[h].w[1]));
+    const uint32_t b = max2<K>(abs2(x[h].w[2]), abs2(x[h].w[3]));
+    const uint32_t ab = max2<K>(a, b);
+    m[h] = max2<K>(ab, __byte_perm(ab, 0u, 0x1032));
+  }
+  uint32_t pair = __byte_perm(m[0], m[1], 0x5410);  // unit 0's amax low, unit 1's high
+#pragma unroll
+  for (int off = 1; off < kTPG; off <<= 1) pair = max2<K>(pair, __shfl_xor_sync(0xFFFFFFFFu, pair, off));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (u[h] >= p.n_chunks) return;  // u1 > u0: nothing left either
+    quantize_store<In, kUnit, kTPG, UE8M0, kStream>(p, t[h], j[h], x[h], core::group_scale(widen<K>(pair, h), UE8M0));
   }
 }
 
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
-template <int In, int G, bool UE8M0, Mode kMode, Shape kShape, bool kBytes>
-__global__ void __launch_bounds__(kShape == Shape::kNarrow ? 512 : 256,
-                                  kShape == Shape::kNarrow ? 4 : (In == kInF32 ? 6 : kFastBlocksPerSm16))
+template <int In, int G, bool UE8M0, Mode kMode, Shape kShape>
+__global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
   constexpr bool kStream = kMode != Mode::kIdx32;
-  constexpr int kElems = kElemsPerThread<In, kShape == Shape::kNarrow>;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if constexpr (kShape == Shape::kLoop) {
     // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
     for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
          base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-      stage_chunk<In, kElems, G, UE8M0, kStream, true, kBytes>(p, base + threadIdx.x);
+      stage_chunk<In, G, UE8M0, kStream, true>(p, base + threadIdx.x);
     }
-  } else if constexpr (kShape == Shape::kOnePass) {
-    stage_chunk<In, kElems, G, UE8M0, kStream, true, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
   } else {
-    if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
-      const Idx e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
+    if (blockIdx.x < p.topk_blocks) {  // block-uniform: a top-k block (first, so they start early)
+      const Idx e = blockIdx.x * blockDim.x + threadIdx.x;
       if (e >= p.n_topk) return;
       const Idx t = core::fastdiv(e, p.k_div);
       repack_entry(p, t, e - t * p.K);
       return;
     }
-    stage_chunk<In, kElems, G, UE8M0, kStream, false, kBytes>(p, blockIdx.x * blockDim.x + threadIdx.x);
+    const Idx c = (blockIdx.x - p.topk_blocks) * blockDim.x + threadIdx.x;
+    if constexpr (kShape == Shape::kInterleaved) {
+      stage_pair<In, G, UE8M0, kStream>(p, c);
+    } else {
+      stage_chunk<In, G, UE8M0, kStream, false>(p, c);
+    }
   }
 }
 
@@ -448,17 +480,16 @@ int sm_count(int device) {
 constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 constexpr int64_t kDefaultMaxWaves = 16;  // grid cap, in waves of (8 blocks of 256) per SM
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 32-bit modes rely on it
-std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_shape{-1}, g_byte_scales{-1};
+std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_shape{-1};
 Tuning tuning() {
-  return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_shape.load(), g_byte_scales.load()};
+  return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_shape.load()};
 }
 
-/// Decode sizes: smaller blocks spread the few chunks over more SMs (shorter per-SM issue).
+/// Threads per block of the fast kernel: 128 up to T = 256 at H = 7168 (measured 1-2%
+/// faster than 64 at T = 1..8 and than 256 at T = 256, bench_kernel tune_block at 61f4f5a),
+/// 256 beyond (the blocks-per-SM limit then caps residency).
 int block_threads_for(int64_t chunks, int device) {
-  const int64_t sms = sm_count(device);
-  if (chunks <= 64 * sms) return 64;
-  if (chunks <= 128 * sms) return 128;
-  return 256;  // (bench sweeps 512 for the narrow shape)
+  return chunks <= int64_t{1024} * sm_count(device) ? 128 : 256;
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
@@ -570,45 +601,35 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
   return prm;
 }
 
-template <int In, int G, bool UE8M0, Mode kMode, Shape kShape>
-void launch_fast32(const Params32& p, bool bytes, int64_t blocks, int threads, cudaStream_t stream, bool pdl) {
-  if constexpr (kShape == Shape::kNarrow) {  // UE8M0: byte stores only
-    return launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, UE8M0>, p, blocks, threads, stream, pdl);
-  } else {
-    if constexpr (UE8M0) {
-      if (bytes) return launch(stage_fast_kernel<In, G, true, kMode, kShape, true>, p, blocks, threads, stream, pdl);
-    }
-    launch(stage_fast_kernel<In, G, UE8M0, kMode, kShape, false>, p, blocks, threads, stream, pdl);
-  }
-}
-
-/// Chunk geometry of a shape: elements per thread, and the parameters that depend on it.
-void set_chunk_elems(Params32& p, const detail::Problem& pr, int elems) {
+/// Chunk geometry of a one-pass shape: items (16-element chunks, or 8-element units for
+/// kInterleaved) per row and in all, the blocks of top-k entries and of items.
+template <int In, Shape kShape>
+int64_t set_geometry(Params32& p, const detail::Problem& pr, int threads) {
+  const int64_t elems = kShape == Shape::kInterleaved ? 8 : kChunk;
   p.cpr = static_cast<uint32_t>(pr.H / elems);
   p.n_chunks = static_cast<uint32_t>(pr.T * (pr.H / elems));
   p.cpr_div = core::make_fastdiv(p.cpr);
+  // kInterleaved: 32 threads per 64 units (the last warp possibly partly idle).
+  const int64_t items_threads = kShape == Shape::kInterleaved ? (p.n_chunks + 63) / 64 * 32 : p.n_chunks;
+  p.topk_blocks = static_cast<uint32_t>((static_cast<int64_t>(p.n_topk) + threads - 1) / threads);
+  return p.topk_blocks + (items_threads + threads - 1) / threads;
 }
 
 template <int In, int G, bool UE8M0, Mode kMode>
-void launch_shape(Params32& p, const detail::Problem& pr, Shape shape, bool bytes, int threads, int device,
-                  cudaStream_t stream, bool pdl) {
-  set_chunk_elems(p, pr, shape == Shape::kNarrow ? kElemsPerThread<In, true> : kChunk);
-  const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
-  const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + threads - 1) / threads;
-  p.quant_blocks = static_cast<uint32_t>(quant_blocks);
-  switch (shape) {
-    case Shape::kLoop:
-      return launch_fast32<In, G, UE8M0, kMode, Shape::kLoop>(p, bytes, capped_blocks(p.n_chunks, threads, device),
-                                                             threads, stream, pdl);
-    case Shape::kOnePass:
-      return launch_fast32<In, G, UE8M0, kMode, Shape::kOnePass>(p, bytes, quant_blocks, threads, stream, pdl);
-    case Shape::kSplitTopk:
-      return launch_fast32<In, G, UE8M0, kMode, Shape::kSplitTopk>(p, bytes, quant_blocks + topk_blocks, threads,
-                                                                  stream, pdl);
-    case Shape::kNarrow:
-      return launch_fast32<In, G, UE8M0, kMode, Shape::kNarrow>(p, bytes, quant_blocks + topk_blocks, threads,
-                                                               stream, pdl);
+void launch_shape(Params32& p, const detail::Problem& pr, Shape shape, int threads, int device, cudaStream_t stream,
+                  bool pdl) {
+  if (shape == Shape::kLoop) {
+    return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kLoop>, p, capped_blocks(p.n_chunks, threads, device),
+                  threads, stream, pdl);
   }
+  if constexpr (In != kInF32) {
+    if (shape == Shape::kInterleaved) {
+      const int64_t blocks = set_geometry<In, Shape::kInterleaved>(p, pr, threads);
+      return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kInterleaved>, p, blocks, threads, stream, pdl);
+    }
+  }
+  const int64_t blocks = set_geometry<In, Shape::kSplitTopk>(p, pr, threads);
+  launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kSplitTopk>, p, blocks, threads, stream, pdl);
 }
 
 template <int In, int G, bool UE8M0>
@@ -616,21 +637,17 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
   const int64_t chunks = p.T * (p.H / kChunk);
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
+  const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
   if (!idx32) {
-    const int threads = tn.block_threads > 0 ? std::min(tn.block_threads, 256) : block_threads_for(chunks, device);
-    return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop, false>, make_params<int64_t>(a, p),
+    return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop>, make_params<int64_t>(a, p),
                   capped_blocks(chunks, threads, device), threads, stream, a.enable_pdl);
   }
   // One pass whenever the capped grid would not loop anyway.
-  const bool one_pass = (chunks + 255) / 256 <= capped_blocks(chunks, 256, device);
-  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kNarrow : Shape::kLoop;
-  const bool bytes = tn.byte_scales >= 0 ? tn.byte_scales != 0 : true;
-  const int64_t per_thread = shape == Shape::kNarrow ? kElemsPerThread<In, true> : kChunk;
-  int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(p.T * (p.H / per_thread), device);
-  if (shape != Shape::kNarrow) threads = std::min(threads, 256);
+  const bool one_pass = (chunks + threads - 1) / threads <= capped_blocks(chunks, threads, device);
+  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
   Params32 prm = make_params<uint32_t>(a, p);
-  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, p, shape, bytes, threads, device, stream, a.enable_pdl);
-  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, p, shape, bytes, threads, device, stream, a.enable_pdl);
+  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, p, shape, threads, device, stream, a.enable_pdl);
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, p, shape, threads, device, stream, a.enable_pdl);
 }
 
 template <int In>
@@ -670,7 +687,6 @@ void set_tuning(const Tuning& t) {
   g_streaming.store(t.streaming);
   g_block_threads.store(t.block_threads);
   g_shape.store(t.shape);
-  g_byte_scales.store(t.byte_scales);
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {

@@ -8,11 +8,9 @@ namespace cuda {
 struct Tuning {
   int max_waves = 0;      ///< grid cap in waves of (8 blocks of 256 threads x SM count)
   int streaming = -1;     ///< fp8 stores: -1 heuristic, 0 default, 1 evict-first (.cs)
-  int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256; 512 narrow shape only)
+  int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256)
   int shape = -1;         ///< fast kernel, 32-bit modes: -1 heuristic, 0 grid-stride loop,
-                          ///< 1 one pass, 2 one pass with top-k blocks of their own,
-                          ///< 3 as 2 with one 16-byte load per thread
-  int byte_scales = -1;   ///< UE8M0 fast kernel: -1 heuristic, 0 words by shuffles, 1 byte stores
+                          ///< 1 one pass with top-k blocks, 2 interleaved (16-bit inputs; else 1)
 };
 
 /// Override the heuristics process-wide (benchmarks sweep these; libraries never call it).
