@@ -1,18 +1,16 @@
 // stage_cuda.cu: CUDA backend of megamoe staging.
 //
 // Two kernels, chosen on the host (see docs/DESIGN.md):
-//  * stage_fast_kernel<In, G, UE8M0, Mode, Shape, kBytes>: G in {32, 128}; hidden rows and
-//    x_fp8 rows contiguous and 16-byte aligned. One thread owns a 16-element "chunk" of one
-//    token row (two 16 B loads of bf16/fp16, four of fp32; one 16 B store of fp8).
-//    Consecutive threads own consecutive chunks of the flattened [T, H] problem, so a warp
-//    reads 512 (bf16) contiguous bytes per load instruction. The G/16 threads of a group
-//    reduce amax with xor-shuffles. UE8M0 scales: either each group's first thread stores
-//    its exponent byte into the packed word (kBytes), or the G/4 threads of a word OR their
-//    bytes together with shuffles and the first stores the word; the shared-expert copy
-//    goes the same way. Shape: a grid-stride loop (prefill sizes; top-k repacked by the
-//    first threads of each row, k = j, j + H/16, ...), or one chunk per thread with the
-//    top-k repack either in the same threads or in blocks of its own after the quantizing
-//    blocks (one entry per thread), so no warp does both.
+//  * stage_fast_kernel<In, G, UE8M0, Mode, Shape>: G in {32, 128}; hidden rows and x_fp8
+//    rows contiguous and 16-byte aligned. One thread owns a 16-element "chunk" of one token
+//    row (two 16 B loads of bf16/fp16, four of fp32; one 16 B store of fp8). Consecutive
+//    threads own consecutive chunks of the flattened [T, H] problem. The G/16 threads of a
+//    group reduce amax with xor-shuffles; the group's first thread stores the scale: an
+//    fp32, or (UE8M0) its exponent byte straight into the packed int32 word and into the
+//    shared-expert copy. Shape: one chunk per thread, with the top-k repack done by blocks
+//    of its own after the quantizing blocks (one entry per thread, so no warp does both),
+//    whenever the grid fits the cap; beyond (prefill) a grid-stride loop in which the first
+//    threads of each row also repack its top-k (k = j, j + H/16, ...).
 //  * stage_generic_kernel<In, UE8M0>: every other case (any G, any strides, misaligned
 //    pointers). One thread owns one UE8M0 word (4 groups) or one fp32-scale group and
 //    walks it with strided scalar accesses.
@@ -62,7 +60,7 @@ struct ParamsT {
   uint8_t* xq;
   Idx hs_s0, xq_s0;
   Idx n_chunks;              // fast path: T * cpr
-  uint32_t topk_blocks;      // one-pass shapes: blocks below repack top-k, the rest quantize
+  uint32_t quant_blocks;     // kSplitTopk: blocks below quantize, the rest repack top-k
   core::FastDivU32 cpr_div;  // fast path: chunk index -> row (32-bit modes)
   uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16
   // B: scale stores.
@@ -294,10 +292,7 @@ enum class Shape {
   kLoop,         ///< grid-stride loop over 16-element chunks (grid capped); top-k repacked by
                  ///< the first threads of each row, k = j, j + H/16, ...
   kSplitTopk,    ///< one chunk per thread, no loop (32-bit modes); top-k entries by blocks
-                 ///< of their own before the quantizing blocks, one entry per thread
-  kInterleaved,  ///< as kSplitTopk, 16-bit inputs: each thread quantizes two 8-element
-                 ///< units 32 units apart, so each load instruction of a warp reads 512
-                 ///< contiguous bytes (instead of 16 B of every 32 B over 1024 B)
+                 ///< of their own after the quantizing blocks, one entry per thread
 };
 
 /// Index c's row t and position in the row j, for `per_row` items per row (fastdiv by
@@ -341,48 +336,6 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
   quantize_store<In, kChunk, kTPG, UE8M0, kStream>(p, t, j, x, core::group_scale(amax, UE8M0));
 }
 
-/// Interleaved shape, 16-bit inputs: thread c of warp w quantizes units u0 = 64 w + lane
-/// and u1 = u0 + 32 (8 elements each; n_chunks counts units here). The amax of both units'
-/// groups is reduced in one packed word (unit 0 low half, unit 1 high half): max2 is the
-/// same NaN-ignoring max as the scalar rule (packed_amax.cuh).
-template <int In, int G, bool UE8M0, bool kStream>
-__device__ __forceinline__ void stage_pair(const ParamsT<uint32_t>& p, uint32_t c) {
-  static_assert(In != kInF32, "16-bit inputs");
-  constexpr Half2Kind K = In == kInBF16 ? Half2Kind::kBF16 : Half2Kind::kF16;
-  constexpr int kUnit = 8;
-  constexpr int kTPG = G / kUnit;  // 4 or 16 lanes per group
-  const uint32_t lane = threadIdx.x & 31u;
-  const uint32_t u[2] = {(c & ~31u) * 2u + lane, (c & ~31u) * 2u + 32u + lane};
-  uint32_t t[2], j[2];
-  RawChunk<In, kUnit> x[2];
-  uint32_t m[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_and_chunk(p, u[h], t[h], j[h]);
-    if (u[h] < p.n_chunks) {
-      load_chunk<In, kUnit>(static_cast<const uint16_t*>(p.hs) + offset(t[h], p.hs_s0, j[h] * kUnit, 1u), x[h]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) x[h].w[i] = 0u;
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // |x| max of the unit, in both halves of m[h]
-    const uint32_t a = max2<K>(abs2(x[h].w[0]), abs2(x[h].w[1]));
-    const uint32_t b = max2<K>(abs2(x[h].w[2]), abs2(x[h].w[3]));
-    const uint32_t ab = max2<K>(a, b);
-    m[h] = max2<K>(ab, __byte_perm(ab, 0u, 0x1032));
-  }
-  uint32_t pair = __byte_perm(m[0], m[1], 0x5410);  // unit 0's amax low, unit 1's high
-#pragma unroll
-  for (int off = 1; off < kTPG; off <<= 1) pair = max2<K>(pair, __shfl_xor_sync(0xFFFFFFFFu, pair, off));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (u[h] >= p.n_chunks) return;  // u1 > u0: nothing left either
-    quantize_store<In, kUnit, kTPG, UE8M0, kStream>(p, t[h], j[h], x[h], core::group_scale(widen<K>(pair, h), UE8M0));
-  }
-}
-
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
 template <int In, int G, bool UE8M0, Mode kMode, Shape kShape>
 __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
@@ -398,19 +351,14 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
       stage_chunk<In, G, UE8M0, kStream, true>(p, base + threadIdx.x);
     }
   } else {
-    if (blockIdx.x < p.topk_blocks) {  // block-uniform: a top-k block (first, so they start early)
-      const Idx e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
+      const Idx e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
       if (e >= p.n_topk) return;
       const Idx t = core::fastdiv(e, p.k_div);
       repack_entry(p, t, e - t * p.K);
       return;
     }
-    const Idx c = (blockIdx.x - p.topk_blocks) * blockDim.x + threadIdx.x;
-    if constexpr (kShape == Shape::kInterleaved) {
-      stage_pair<In, G, UE8M0, kStream>(p, c);
-    } else {
-      stage_chunk<In, G, UE8M0, kStream, false>(p, c);
-    }
+    stage_chunk<In, G, UE8M0, kStream, false>(p, blockIdx.x * blockDim.x + threadIdx.x);
   }
 }
 
@@ -601,35 +549,16 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
   return prm;
 }
 
-/// Chunk geometry of a one-pass shape: items (16-element chunks, or 8-element units for
-/// kInterleaved) per row and in all, the blocks of top-k entries and of items.
-template <int In, Shape kShape>
-int64_t set_geometry(Params32& p, const detail::Problem& pr, int threads) {
-  const int64_t elems = kShape == Shape::kInterleaved ? 8 : kChunk;
-  p.cpr = static_cast<uint32_t>(pr.H / elems);
-  p.n_chunks = static_cast<uint32_t>(pr.T * (pr.H / elems));
-  p.cpr_div = core::make_fastdiv(p.cpr);
-  // kInterleaved: 32 threads per 64 units (the last warp possibly partly idle).
-  const int64_t items_threads = kShape == Shape::kInterleaved ? (p.n_chunks + 63) / 64 * 32 : p.n_chunks;
-  p.topk_blocks = static_cast<uint32_t>((static_cast<int64_t>(p.n_topk) + threads - 1) / threads);
-  return p.topk_blocks + (items_threads + threads - 1) / threads;
-}
-
 template <int In, int G, bool UE8M0, Mode kMode>
-void launch_shape(Params32& p, const detail::Problem& pr, Shape shape, int threads, int device, cudaStream_t stream,
-                  bool pdl) {
+void launch_shape(Params32& p, Shape shape, int threads, int device, cudaStream_t stream, bool pdl) {
   if (shape == Shape::kLoop) {
     return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kLoop>, p, capped_blocks(p.n_chunks, threads, device),
                   threads, stream, pdl);
   }
-  if constexpr (In != kInF32) {
-    if (shape == Shape::kInterleaved) {
-      const int64_t blocks = set_geometry<In, Shape::kInterleaved>(p, pr, threads);
-      return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kInterleaved>, p, blocks, threads, stream, pdl);
-    }
-  }
-  const int64_t blocks = set_geometry<In, Shape::kSplitTopk>(p, pr, threads);
-  launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kSplitTopk>, p, blocks, threads, stream, pdl);
+  const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
+  const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + threads - 1) / threads;
+  p.quant_blocks = static_cast<uint32_t>(quant_blocks);
+  launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kSplitTopk>, p, quant_blocks + topk_blocks, threads, stream, pdl);
 }
 
 template <int In, int G, bool UE8M0>
@@ -646,8 +575,8 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
   const bool one_pass = (chunks + threads - 1) / threads <= capped_blocks(chunks, threads, device);
   const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
   Params32 prm = make_params<uint32_t>(a, p);
-  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, p, shape, threads, device, stream, a.enable_pdl);
-  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, p, shape, threads, device, stream, a.enable_pdl);
+  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, device, stream, a.enable_pdl);
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, threads, device, stream, a.enable_pdl);
 }
 
 template <int In>
