@@ -20,8 +20,15 @@ def _perfdoc():
     return mod
 
 
+def _named_results_path() -> pathlib.Path:
+    doc = (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    named = re.search(r"bench/perfdoc\.py (bench/results/\S+\.json)", doc)
+    assert named, "PERFORMANCE.md must name the JSON its tables come from"
+    return ROOT / named.group(1)
+
+
 def _results():
-    return json.loads((ROOT / "bench" / "results" / "h200_7e9a914.json").read_text())
+    return json.loads(_named_results_path().read_text())
 
 
 def test_markdown_has_one_row_per_result():
@@ -48,7 +55,5 @@ def test_splice_replaces_only_between_markers_and_is_idempotent():
 def test_performance_doc_tables_match_the_results_it_names():
     pd = _perfdoc()
     doc = (ROOT / "docs" / "PERFORMANCE.md").read_text()
-    named = re.search(r"bench/perfdoc\.py (bench/results/\S+\.json)", doc)
-    assert named, "PERFORMANCE.md must name the JSON its tables come from"
-    res = json.loads((ROOT / named.group(1)).read_text())
+    res = json.loads(_named_results_path().read_text())
     assert pd.splice(doc, pd.markdown(res)) == doc
