@@ -125,6 +125,28 @@ __global__ void probe_roundtrip(const uint4* __restrict__ in, uint2* __restrict_
   }
 }
 
+// The staging kernel's round trip (32 B of bf16 in, 16 B of fp8 out per thread) with the
+// loads either as the library does them (each thread's 32 contiguous bytes: a warp's load
+// instruction reads 16 B of every 32 B over 1 KB) or warp-contiguous (a thread reads
+// 16-byte units lane and lane + 32 of its warp's 64; stores follow the same units, 8 B
+// each). Separates the load pattern from the store pattern the `roundtrip` rows mix.
+template <bool kContiguous>
+__global__ void probe_pattern(const uint4* __restrict__ in, uint8_t* __restrict__ out, uint32_t n16) {
+  const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t u0 = kContiguous ? (c & ~31u) * 2u + lane : 2u * c;
+  const uint32_t u1 = kContiguous ? u0 + 32u : u0 + 1u;
+  const uint4 a = u0 < n16 ? in[u0] : make_uint4(0, 0, 0, 0);
+  const uint4 b = u1 < n16 ? in[u1] : make_uint4(0, 0, 0, 0);
+  const uint2 x = make_uint2(a.x ^ a.y, a.z ^ a.w), y = make_uint2(b.x ^ b.y, b.z ^ b.w);
+  if constexpr (kContiguous) {
+    if (u0 < n16) reinterpret_cast<uint2*>(out)[u0] = x;
+    if (u1 < n16) reinterpret_cast<uint2*>(out)[u1] = y;
+  } else if (u1 < n16) {
+    reinterpret_cast<uint4*>(out)[c] = make_uint4(x.x, x.y, y.x, y.y);
+  }
+}
+
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
 double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
   cudaGraph_t g;
@@ -337,6 +359,24 @@ int main(int argc, char** argv) {
       one(std::integral_constant<int, 8>{}, threads);
     }
     std::printf("{\"kind\":\"roundtrip\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
+    std::fflush(stdout);
+  }
+  // Load pattern at equal stores and block sizes (see probe_pattern).
+  for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
+    const uint32_t n16 = static_cast<uint32_t>(T * 7168 * 2 / 16);
+    std::string row;
+    for (int threads : {128, 256, 512}) {
+      const unsigned blocks = (n16 / 2 + threads - 1) / threads;
+      const double lib = time_graph(s, [&] {
+        probe_pattern<false><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint8_t*>(xq), n16);
+      }, 20, 30);
+      const double contig = time_graph(s, [&] {
+        probe_pattern<true><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint8_t*>(xq), n16);
+      }, 20, 30);
+      row += ",\"library_t" + std::to_string(threads) + "\":" + std::to_string(lib) + ",\"contiguous_t" +
+             std::to_string(threads) + "\":" + std::to_string(contig);
+    }
+    std::printf("{\"kind\":\"load_pattern\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
     std::fflush(stdout);
   }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
