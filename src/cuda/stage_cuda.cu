@@ -185,34 +185,29 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
 // Fast path.
 constexpr int kChunk = 16;  // elements per thread
 
-/// Global store of N = 8 or 16 bytes; kStream: streaming (evict-first) store.
-template <bool kStream, int N>
-__device__ __forceinline__ void store_bytes(void* ptr, const uint32_t (&v)[N / 4]) {
-  static_assert(N == 8 || N == 16, "8 or 16 bytes");
-  if constexpr (kStream && N == 16) {
+/// 16-byte global store; kStream: streaming (evict-first) store.
+template <bool kStream>
+__device__ __forceinline__ void store16(void* ptr, const uint32_t (&v)[4]) {
+  if constexpr (kStream) {
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
                  "r"(v[2]), "r"(v[3])
                  : "memory");
-  } else if constexpr (kStream) {
-    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
-  } else if constexpr (N == 16) {
-    *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
   } else {
-    *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
+    *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
 
-/// kElems consecutive elements as loaded: packed pairs for 16-bit inputs, fp32 bits otherwise.
-template <int In, int kElems>
+/// One chunk as loaded: 8 packed words for 16-bit inputs, 16 floats' bits for fp32.
+template <int In>
 struct RawChunk {
-  static constexpr int kWords = In == kInF32 ? kElems : kElems / 2;
+  static constexpr int kWords = In == kInF32 ? kChunk : kChunk / 2;
   uint32_t w[kWords];
 };
 
-template <int In, int kElems>
-__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In, kElems>& c) {
+template <int In>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In>& c) {
 #pragma unroll
-  for (int i = 0; i < RawChunk<In, kElems>::kWords / 4; ++i) {
+  for (int i = 0; i < RawChunk<In>::kWords / 4; ++i) {
     const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
     c.w[4 * i + 0] = u.x;
     c.w[4 * i + 1] = u.y;
@@ -221,54 +216,29 @@ __device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, 
   }
 }
 
-/// Element i as fp32 (exact).
-template <int In, int kElems>
-__device__ __forceinline__ float element(const RawChunk<In, kElems>& c, int i) {
+/// Element i of the chunk as fp32 (exact).
+template <int In>
+__device__ __forceinline__ float element(const RawChunk<In>& c, int i) {
   if constexpr (In == kInF32) return __uint_as_float(c.w[i]);
   else if constexpr (In == kInBF16) return widen<Half2Kind::kBF16>(c.w[i / 2], i % 2);
   else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
 }
 
-/// NaN-ignoring max |x| over the elements (core::fmax_nan_ignoring of core::abs_bits).
-template <int In, int kElems>
-__device__ __forceinline__ float chunk_amax(const RawChunk<In, kElems>& c) {
+/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits).
+template <int In>
+__device__ __forceinline__ float chunk_amax(const RawChunk<In>& c) {
   if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);
   else if constexpr (In == kInF16) return abs_max_packed<Half2Kind::kF16>(c.w);
   else {
-    float m[kElems];
+    float m[kChunk];
 #pragma unroll
-    for (int i = 0; i < kElems; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
+    for (int i = 0; i < kChunk; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
 #pragma unroll
-    for (int width = kElems / 2; width >= 1; width /= 2) {
+    for (int width = kChunk / 2; width >= 1; width /= 2) {
 #pragma unroll
       for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
     }
     return m[0];
-  }
-}
-
-/// Quantize the elements of row t from column j * kElems with the group's scale gs and
-/// store them; the group's first thread (kTPG threads per group) stores its scale: an
-/// fp32, or (UE8M0) its exponent byte into the packed word and the shared-expert copy.
-template <int In, int kElems, int kTPG, bool UE8M0, bool kStream, typename Idx>
-__device__ __forceinline__ void quantize_store(const ParamsT<Idx>& p, Idx t, Idx j, const RawChunk<In, kElems>& x,
-                                               const GroupScale& gs) {
-  uint32_t packed[kElems / 4];
-#pragma unroll
-  for (int i = 0; i < kElems / 4; ++i) {
-    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 0), gs.inv),
-                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 1), gs.inv));
-    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In, kElems>(x, 4 * i + 2), gs.inv),
-                                                    core::mul_rn(element<In, kElems>(x, 4 * i + 3), gs.inv));
-    packed[i] = lo | (hi << 16);
-  }
-  store_bytes<kStream, kElems>(p.xq + offset(t, p.xq_s0, j * kElems, Idx{1}), packed);
-  if (j % kTPG != 0) return;
-  const Idx g = j / kTPG;  // group in the row
-  if constexpr (UE8M0) {
-    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gs.ue8m0);
-  } else {
-    static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = gs.scale;
   }
 }
 
@@ -320,9 +290,9 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
   const bool active = c < p.n_chunks;
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  RawChunk<In, kChunk> x;
+  RawChunk<In> x;
   if (active) {
-    load_chunk<In, kChunk>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
+    load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
     // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
     // and their registers are free again before the quantization needs them.
     if constexpr (kTopk) {
@@ -330,13 +300,32 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < RawChunk<In, kChunk>::kWords; ++i) x.w[i] = 0u;
+    for (int i = 0; i < RawChunk<In>::kWords; ++i) x.w[i] = 0u;
   }
-  float amax = chunk_amax<In, kChunk>(x);
+  float amax = chunk_amax<In>(x);
 #pragma unroll
   for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!active) return;
-  quantize_store<In, kChunk, kTPG, UE8M0, kStream>(p, t, j, x, core::group_scale(amax, UE8M0));
+  const GroupScale gs = core::group_scale(amax, UE8M0);
+  uint32_t packed[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gs.inv),
+                                                    core::mul_rn(element<In>(x, 4 * i + 1), gs.inv));
+    const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gs.inv),
+                                                    core::mul_rn(element<In>(x, 4 * i + 3), gs.inv));
+    packed[i] = lo | (hi << 16);
+  }
+  store16<kStream>(p.xq + offset(t, p.xq_s0, j * kChunk, Idx{1}), packed);
+  // The group's first thread stores its scale: an fp32, or (UE8M0) its exponent byte into
+  // the packed word and the shared-expert copy.
+  if (j % kTPG != 0) return;
+  const Idx g = j / kTPG;  // group in the row
+  if constexpr (UE8M0) {
+    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gs.ue8m0);
+  } else {
+    static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = gs.scale;
+  }
 }
 
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
@@ -553,10 +542,9 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
 }
 
 template <int In, int G, bool UE8M0, Mode kMode>
-void launch_shape(Params32& p, Shape shape, int threads, int device, cudaStream_t stream, bool pdl) {
+void launch_shape(Params32& p, Shape shape, int threads, int64_t loop_blocks, cudaStream_t stream, bool pdl) {
   if (shape == Shape::kLoop) {
-    return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kLoop>, p, capped_blocks(p.n_chunks, threads, device),
-                  threads, stream, pdl);
+    return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kLoop>, p, loop_blocks, threads, stream, pdl);
   }
   const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
   const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + threads - 1) / threads;
@@ -570,16 +558,17 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
   const Tuning tn = tuning();
   const bool st = tn.streaming >= 0 ? tn.streaming != 0 : chunks >= kStreamStoresFrom;
   const int threads = tn.block_threads > 0 ? tn.block_threads : block_threads_for(chunks, device);
+  const int64_t loop_blocks = capped_blocks(chunks, threads, device);
   if (!idx32) {
     return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop>, make_params<int64_t>(a, p),
-                  capped_blocks(chunks, threads, device), threads, stream, a.enable_pdl);
+                  loop_blocks, threads, stream, a.enable_pdl);
   }
   // One pass whenever the capped grid would not loop anyway.
-  const bool one_pass = (chunks + threads - 1) / threads <= capped_blocks(chunks, threads, device);
+  const bool one_pass = (chunks + threads - 1) / threads <= loop_blocks;
   const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
   Params32 prm = make_params<uint32_t>(a, p);
-  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, device, stream, a.enable_pdl);
-  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, threads, device, stream, a.enable_pdl);
+  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, loop_blocks, stream, a.enable_pdl);
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, threads, loop_blocks, stream, a.enable_pdl);
 }
 
 template <int In>
@@ -600,9 +589,9 @@ void dispatch_in(const StageArgs& a, const detail::Problem& p, bool fast, bool i
 }
 
 /// The fast kernel's 32-bit modes apply: no tensor reaches below its data pointer
-/// (negative strides) or 2^31 elements above it, chunk indices never wrap (n_chunks, for
-/// the finest shape's 4 elements per thread, plus one grid of threads < 2^32;
-/// capped_blocks() never makes a grid of more than kMaxGridThreads), and the T * K top-k
+/// (negative strides) or 2^31 elements above it, chunk indices never wrap (n_chunks plus
+/// one loop grid of threads < 2^32: capped_blocks() never makes one of more than
+/// kMaxGridThreads; a one-pass grid ends within a block of n_chunks), and the T * K top-k
 /// entries fit 31 bits.
 bool fits_idx32(const StageArgs& a, const detail::Problem& p, int64_t n_chunks) {
   for (const detail::NamedTensor& n : detail::named_tensors(a)) {
@@ -624,7 +613,7 @@ void set_tuning(const Tuning& t) {
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_fp8);
-  const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / 4));
+  const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / kChunk));
   const int device = a.hidden_states.device.index;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_handle);
