@@ -147,6 +147,50 @@ __global__ void probe_pattern(const uint4* __restrict__ in, uint8_t* __restrict_
   }
 }
 
+// The library's per-thread ownership (32 contiguous bytes in, 16 out) reached two other
+// ways: (kBulk = false) each warp loads its 1 KB with warp-contiguous 16-B loads and
+// transposes it through shared memory; (kBulk = true) one thread per block brings the
+// block's whole slice in with one cp.async.bulk (TMA) on an mbarrier. Blocks of kThreads.
+template <int kThreads, bool kBulk>
+__global__ void __launch_bounds__(kThreads) probe_staged(const uint4* __restrict__ in, uint4* __restrict__ out,
+                                                         uint32_t n16) {
+  __shared__ __align__(128) uint4 tile[2 * kThreads];
+  const uint32_t base = blockIdx.x * (2u * kThreads);  // first unit of the block
+  const uint32_t c = blockIdx.x * kThreads + threadIdx.x;
+  const uint32_t lane = threadIdx.x & 31u, w0 = (threadIdx.x & ~31u) * 2u;
+  if constexpr (!kBulk) {
+    const uint32_t u0 = base + w0 + lane, u1 = u0 + 32u;
+    tile[w0 + lane] = u0 < n16 ? in[u0] : make_uint4(0, 0, 0, 0);
+    tile[w0 + lane + 32] = u1 < n16 ? in[u1] : make_uint4(0, 0, 0, 0);
+    __syncwarp();
+  } else {
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(8) uint64_t bar;
+    const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+    const uint32_t units = min(2u * kThreads, n16 - base);
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(units * 16u) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       static_cast<uint32_t>(__cvta_generic_to_shared(tile))),
+                   "l"(in + base), "r"(units * 16u), "r"(b)
+                   : "memory");
+    }
+    __syncthreads();
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done)
+                   : "r"(b)
+                   : "memory");
+    }
+#endif
+  }
+  const uint4 a = tile[2 * threadIdx.x], d = tile[2 * threadIdx.x + 1];
+  if (2 * c + 1 < n16) out[c] = make_uint4(a.x ^ a.y, a.z ^ a.w, d.x ^ d.y, d.z ^ d.w);
+}
+
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
 double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
   cudaGraph_t g;
@@ -365,7 +409,7 @@ int main(int argc, char** argv) {
   for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
     const uint32_t n16 = static_cast<uint32_t>(T * 7168 * 2 / 16);
     std::string row;
-    for (int threads : {128, 256, 512}) {
+    for (int threads : {128, 256, 512, 1024}) {
       const unsigned blocks = (n16 / 2 + threads - 1) / threads;
       const double lib = time_graph(s, [&] {
         probe_pattern<false><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint8_t*>(xq), n16);
@@ -377,6 +421,29 @@ int main(int argc, char** argv) {
              std::to_string(threads) + "\":" + std::to_string(contig);
     }
     std::printf("{\"kind\":\"load_pattern\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
+    std::fflush(stdout);
+  }
+  // Library ownership through a shared-memory transpose or one bulk copy per block.
+  for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
+    const uint32_t n16 = static_cast<uint32_t>(T * 7168 * 2 / 16);
+    std::string row;
+    auto one = [&](auto kt, auto kb) {
+      constexpr int kT = decltype(kt)::value;
+      constexpr bool kB = decltype(kb)::value;
+      const unsigned blocks = (n16 / 2 + kT - 1) / kT;
+      const double us = time_graph(s, [&] {
+        probe_staged<kT, kB><<<blocks, kT, 0, s>>>(static_cast<const uint4*>(hs), static_cast<uint4*>(xq), n16);
+      }, 20, 30);
+      row += std::string(",\"") + (kB ? "bulk" : "smem") + "_t" + std::to_string(kT) + "\":" + std::to_string(us);
+    };
+    using std::integral_constant;
+    one(integral_constant<int, 128>{}, std::false_type{});
+    one(integral_constant<int, 256>{}, std::false_type{});
+    one(integral_constant<int, 512>{}, std::false_type{});
+    one(integral_constant<int, 128>{}, std::true_type{});
+    one(integral_constant<int, 256>{}, std::true_type{});
+    one(integral_constant<int, 512>{}, std::true_type{});
+    std::printf("{\"kind\":\"staged_loads\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
     std::fflush(stdout);
   }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
