@@ -1,7 +1,7 @@
 // bench_kernel.cu: C++ timing of megamoe's CUDA staging from CUDA-graph replays, next to a
 // device memcpy of the same byte count (the roofline) and an empty kernel, plus the PDL
 // producer->staging pair. Prints one JSON object per line.
-//   usage: bench_kernel [--quick]
+//   usage: bench_kernel [--quick | --probes (only the probe rows)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -191,6 +191,41 @@ __global__ void __launch_bounds__(kThreads) probe_staged(const uint4* __restrict
   if (2 * c + 1 < n16) out[c] = make_uint4(a.x ^ a.y, a.z ^ a.w, d.x ^ d.y, d.z ^ d.w);
 }
 
+// The quantizing work of the library (bf16, MXFP8: 16 elements per thread, fp8 store, UE8M0
+// byte and its shared-expert copy) with the row uniform per block: blockIdx.y is the row,
+// blockIdx.x the segment of it, so no per-thread division and the row's addresses are
+// block-uniform. No top-k. The question: is index math what separates the library from
+// the bare round trip at T = 256?
+__global__ void probe_rowblock(ProbeArgs a, uint8_t* __restrict__ shared_sf) {
+  namespace mc = megamoe::core;
+  const uint32_t t = blockIdx.y;
+  const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool active = j < a.cpr;
+  const uint4* __restrict__ row = a.hs + 2ull * t * a.cpr;
+  uint4 u0 = make_uint4(0, 0, 0, 0), u1 = u0;
+  if (active) {
+    u0 = __ldg(row + 2 * j);
+    u1 = __ldg(row + 2 * j + 1);
+  }
+  const uint32_t words[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+  float amax = megamoe::cuda::abs_max_packed<megamoe::cuda::Half2Kind::kBF16>(words);
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  if (!active) return;
+  const mc::GroupScale gs = mc::group_scale(amax, true);
+  uint32_t q[4];
+  for (int i = 0; i < 4; ++i) {
+    auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
+    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
+           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
+                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
+  }
+  a.xq[static_cast<uint64_t>(t) * a.cpr + j] = make_uint4(q[0], q[1], q[2], q[3]);
+  if (j % 2 != 0) return;
+  const uint32_t sfw = a.cpr / 8;  // UE8M0 words per row
+  reinterpret_cast<uint8_t*>(a.sf + static_cast<uint64_t>(t) * sfw)[j / 2] = static_cast<uint8_t>(gs.ue8m0);
+  shared_sf[static_cast<uint64_t>(j / 8) * (gridDim.y * 4) + t * 4 + (j / 2) % 4] = static_cast<uint8_t>(gs.ue8m0);
+}
+
 /// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
 double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
   cudaGraph_t g;
@@ -301,89 +336,92 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(s));
     return 0;
   }
-  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
-    for (int sch = 0; sch < 2; ++sch) {
-      const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
-      for (int64_t T : Ts) {
-        StageArgs a = make_args(T, H, q);
-        const int64_t sfc = H / 128;
-        const double bytes = T * H * 2.0 + T * H + T * sfc * 4.0 + T * K * (4 + 4 + 8 + 4) + T;
-        const int calls = T >= 16384 ? 5 : 20;
-        const int reps = T >= 16384 ? 10 : 30;
-        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, reps);
-        const size_t half = static_cast<size_t>(bytes / 2);
-        const double mc = time_graph(
-            s, [&] { CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + (maxT * maxH * 2), half, cudaMemcpyDeviceToDevice, s)); },
-            calls, reps);
-        // PDL pair: producer (rewrites hidden) then staging, with and without PDL.
-        const int64_t n = T * H;
-        auto pair = [&](bool pdl) {
-          a.enable_pdl = pdl;
-          return time_graph(s, [&] {
-            producer_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(static_cast<uint16_t*>(hs), n);
-            prepare_inputs(a, s);
-          }, calls, reps);
-        };
-        const double pair_off = pair(false), pair_on = pair(true);
-        a.enable_pdl = false;
-        std::printf("{\"kind\":\"stage\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"bytes\":%.0f,\"us\":%.3f,"
-                    "\"TBps\":%.3f,\"memcpy_us\":%.3f,\"memcpy_TBps\":%.3f,\"frac_memcpy\":%.3f,"
-                    "\"pair_us\":%.3f,\"pair_pdl_us\":%.3f}\n",
-                    sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, bytes, us,
-                    bytes / us * 1e-6, mc, bytes / mc * 1e-6, mc / us, pair_off, pair_on);
-        std::fflush(stdout);
-      }
-    }
-  }
-  // Launch-heuristic sweeps: block size at decode sizes; evict-first stores at prefill.
-  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
-    for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
-      StageArgs a = mxfp8_args(T, H);
-      for (int bs : {64, 128, 256}) {
-        megamoe::cuda::set_tuning({0, -1, bs, -1});
-        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-        std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
-                    (long long)T, (long long)H, bs, us);
-      }
-    }
-    for (int64_t T : {int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
-      StageArgs a = mxfp8_args(T, H);
-      const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
-      const int calls = T >= 16384 ? 5 : 20;
-      for (int st : {0, 1}) {
-        megamoe::cuda::set_tuning({0, st, 0, -1});
-        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
-        std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
-                    (long long)T, (long long)H, st, us, bytes / us * 1e-6);
-      }
-    }
-  }
-  megamoe::cuda::set_tuning({});
-  // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass with
-  // top-k blocks of their own; 128- and 256-thread blocks.
-  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
-    for (int sch = 0; sch < 2; ++sch) {
-      const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
-      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096},
-                        int64_t{16384}}) {
-        StageArgs a = make_args(T, H, q);
-        std::string row;
-        for (int shape : {0, 1}) {
-          for (int threads : {128, 256}) {
-            megamoe::cuda::set_tuning({0, -1, threads, shape});
-            const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 30);
-            row += ",\"s" + std::to_string(shape) + "t" + std::to_string(threads) + "\":" + std::to_string(us);
-          }
+  const bool probes_only = argc > 1 && std::strcmp(argv[1], "--probes") == 0;
+  if (!probes_only) {
+    for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+      for (int sch = 0; sch < 2; ++sch) {
+        const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
+        for (int64_t T : Ts) {
+          StageArgs a = make_args(T, H, q);
+          const int64_t sfc = H / 128;
+          const double bytes = T * H * 2.0 + T * H + T * sfc * 4.0 + T * K * (4 + 4 + 8 + 4) + T;
+          const int calls = T >= 16384 ? 5 : 20;
+          const int reps = T >= 16384 ? 10 : 30;
+          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, reps);
+          const size_t half = static_cast<size_t>(bytes / 2);
+          const double mc = time_graph(
+              s, [&] { CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + (maxT * maxH * 2), half, cudaMemcpyDeviceToDevice, s)); },
+              calls, reps);
+          // PDL pair: producer (rewrites hidden) then staging, with and without PDL.
+          const int64_t n = T * H;
+          auto pair = [&](bool pdl) {
+            a.enable_pdl = pdl;
+            return time_graph(s, [&] {
+              producer_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(static_cast<uint16_t*>(hs), n);
+              prepare_inputs(a, s);
+            }, calls, reps);
+          };
+          const double pair_off = pair(false), pair_on = pair(true);
+          a.enable_pdl = false;
+          std::printf("{\"kind\":\"stage\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"bytes\":%.0f,\"us\":%.3f,"
+                      "\"TBps\":%.3f,\"memcpy_us\":%.3f,\"memcpy_TBps\":%.3f,\"frac_memcpy\":%.3f,"
+                      "\"pair_us\":%.3f,\"pair_pdl_us\":%.3f}\n",
+                      sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, bytes, us,
+                      bytes / us * 1e-6, mc, bytes / mc * 1e-6, mc / us, pair_off, pair_on);
+          std::fflush(stdout);
         }
-        megamoe::cuda::set_tuning({});
-        const double dflt = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
-        std::printf("{\"kind\":\"tune_shape\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"default\":%.3f%s}\n",
-                    sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, dflt, row.c_str());
-        std::fflush(stdout);
       }
     }
-  }
-  megamoe::cuda::set_tuning({});
+    // Launch-heuristic sweeps: block size at decode sizes; evict-first stores at prefill.
+    for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
+        StageArgs a = mxfp8_args(T, H);
+        for (int bs : {64, 128, 256}) {
+          megamoe::cuda::set_tuning({0, -1, bs, -1});
+          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+          std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
+                      (long long)T, (long long)H, bs, us);
+        }
+      }
+      for (int64_t T : {int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+        StageArgs a = mxfp8_args(T, H);
+        const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
+        const int calls = T >= 16384 ? 5 : 20;
+        for (int st : {0, 1}) {
+          megamoe::cuda::set_tuning({0, st, 0, -1});
+          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
+          std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
+                      (long long)T, (long long)H, st, us, bytes / us * 1e-6);
+        }
+      }
+    }
+    megamoe::cuda::set_tuning({});
+    // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass with
+    // top-k blocks of their own; 128- and 256-thread blocks.
+    for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+      for (int sch = 0; sch < 2; ++sch) {
+        const QuantScheme q = sch == 0 ? QuantScheme::mxfp8() : QuantScheme::fp8_fp32_g128();
+        for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{2048}, int64_t{4096},
+                          int64_t{16384}}) {
+          StageArgs a = make_args(T, H, q);
+          std::string row;
+          for (int shape : {0, 1}) {
+            for (int threads : {128, 256}) {
+              megamoe::cuda::set_tuning({0, -1, threads, shape});
+              const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 30);
+              row += ",\"s" + std::to_string(shape) + "t" + std::to_string(threads) + "\":" + std::to_string(us);
+            }
+          }
+          megamoe::cuda::set_tuning({});
+          const double dflt = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+          std::printf("{\"kind\":\"tune_shape\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"default\":%.3f%s}\n",
+                      sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, dflt, row.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+    megamoe::cuda::set_tuning({});
+  }  // !probes_only
   // Bare round trips with 1, 2, 4, 8 x 16 B loaded per thread and 64..512-thread blocks.
   for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
     const uint32_t n16 = static_cast<uint32_t>(T * 7168 * 2 / 16);
@@ -444,6 +482,22 @@ int main(int argc, char** argv) {
     one(integral_constant<int, 256>{}, std::true_type{});
     one(integral_constant<int, 512>{}, std::true_type{});
     std::printf("{\"kind\":\"staged_loads\",\"T\":%lld,\"H\":7168%s}\n", (long long)T, row.c_str());
+    std::fflush(stdout);
+  }
+  // Row-uniform blocks (probe_rowblock): 1, 2 or 4 blocks per 448-chunk row.
+  for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {
+    const ProbeArgs pa = probe_args(T);
+    std::string row;
+    for (int per_row : {1, 2, 4}) {
+      const int threads = (448 / per_row + 31) / 32 * 32;
+      const double us = time_graph(s, [&] {
+        probe_rowblock<<<dim3(per_row, static_cast<unsigned>(T)), threads, 0, s>>>(pa, static_cast<uint8_t*>(cpy));
+      }, 20, 30);
+      row += ",\"per_row" + std::to_string(per_row) + "_t" + std::to_string(threads) + "\":" + std::to_string(us);
+    }
+    StageArgs a = mxfp8_args(T, 7168);
+    const double lib = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+    std::printf("{\"kind\":\"rowblock\",\"T\":%lld,\"H\":7168,\"library\":%.3f%s}\n", (long long)T, lib, row.c_str());
     std::fflush(stdout);
   }
   // Kernel anatomy at decode sizes (128-thread blocks, H = 7168).
