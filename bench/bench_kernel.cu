@@ -1,7 +1,7 @@
 // bench_kernel.cu: C++ timing of megamoe's CUDA staging from CUDA-graph replays, next to a
 // device memcpy of the same byte count (the roofline) and an empty kernel, plus the PDL
 // producer->staging pair. Prints one JSON object per line.
-//   usage: bench_kernel [--quick | --probes (only the probe rows)]
+//   usage: bench_kernel [--quick | --probes (shared-copy and probe rows) | --shared (shared-copy rows)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fastdiv.h"
+#include "core/layout.h"
 #include "core/numerics.h"
 #include "cuda/packed_amax.cuh"
 #include "cuda/tuning.h"
@@ -339,6 +340,30 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool probes_only = argc > 1 && std::strcmp(argv[1], "--probes") == 0;
+  // The shared-expert scale copy (MXFP8, bm = 128 and 64): none, into a row-major
+  // [R, H/128] tensor, and into a transposed (MN-major) view of an [H/128, R] buffer.
+  for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
+    for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{16384}}) {
+      StageArgs a = mxfp8_args(T, H);
+      const int calls = T >= 16384 ? 5 : 20;
+      const double none = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
+      std::string row;
+      for (int64_t bm : {int64_t{128}, int64_t{64}}) {
+        const int64_t R = megamoe::core::shared_sf_rows_required(T, bm), W = H / 128;
+        a.shared_block_m = bm;
+        a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, d);
+        const double rm = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
+        a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, {1, R}, d);
+        const double tr = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
+        row += ",\"rowmajor_bm" + std::to_string(bm) + "\":" + std::to_string(rm) + ",\"transposed_bm" +
+               std::to_string(bm) + "\":" + std::to_string(tr);
+      }
+      std::printf("{\"kind\":\"shared_sf\",\"T\":%lld,\"H\":%lld,\"none\":%.3f%s}\n", (long long)T, (long long)H, none,
+                  row.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--shared") == 0) return 0;
   if (!probes_only) {
     for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
       for (int sch = 0; sch < 2; ++sch) {
