@@ -340,26 +340,42 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool probes_only = argc > 1 && std::strcmp(argv[1], "--probes") == 0;
-  // The shared-expert scale copy (MXFP8, bm = 128 and 64): none, into a row-major
-  // [R, H/128] tensor, and into a transposed (MN-major) view of an [H/128, R] buffer.
+  // Scale layouts, each with the heuristic's shape ("..._d") and token tiles forced ("..._tile"):
+  // no shared copy; the MXFP8 shared-expert copy into a transposed (MN-major) view of an
+  // [H/128, R] buffer (bm 128 and 64) and into a row-major [R, H/128] tensor; MN-major x_sf
+  // (DeepGEMM's SM90 layout, g * align(T, 4) + t) for MXFP8 words and fp32-g128 scales.
   for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
     for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{16384}}) {
-      StageArgs a = mxfp8_args(T, H);
       const int calls = T >= 16384 ? 5 : 20;
-      const double none = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
+      const int64_t W = H / 128, Ta = (T + 3) / 4 * 4;
       std::string row;
+      auto both = [&](const std::string& name, const StageArgs& a) {
+        for (int shape : {-1, 2}) {
+          megamoe::cuda::set_tuning({0, -1, 0, shape});
+          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
+          row += ",\"" + name + (shape < 0 ? "_d" : "_tile") + "\":" + std::to_string(us);
+        }
+        megamoe::cuda::set_tuning({});
+      };
+      StageArgs a = mxfp8_args(T, H);
+      both("none", a);
       for (int64_t bm : {int64_t{128}, int64_t{64}}) {
-        const int64_t R = megamoe::core::shared_sf_rows_required(T, bm), W = H / 128;
+        const int64_t R = megamoe::core::shared_sf_rows_required(T, bm);
         a.shared_block_m = bm;
-        a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, d);
-        const double rm = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
         a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, {1, R}, d);
-        const double tr = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
-        row += ",\"rowmajor_bm" + std::to_string(bm) + "\":" + std::to_string(rm) + ",\"transposed_bm" +
-               std::to_string(bm) + "\":" + std::to_string(tr);
+        both("shared_tr_bm" + std::to_string(bm), a);
+        if (bm == 128) {
+          a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, d);
+          both("shared_rm_bm128", a);
+        }
       }
-      std::printf("{\"kind\":\"shared_sf\",\"T\":%lld,\"H\":%lld,\"none\":%.3f%s}\n", (long long)T, (long long)H, none,
-                  row.c_str());
+      StageArgs m = mxfp8_args(T, H);
+      m.x_sf = TensorRef(sf, DType::kInt32, {T, W}, {1, Ta}, d);
+      both("mxfp8_sf_mn", m);
+      StageArgs f = make_args(T, H, QuantScheme::fp8_fp32_g128());
+      f.x_sf = TensorRef(sf, DType::kFloat32, {T, W}, {1, Ta}, d);
+      both("fp32_sf_mn", f);
+      std::printf("{\"kind\":\"scale_layouts\",\"T\":%lld,\"H\":%lld%s}\n", (long long)T, (long long)H, row.c_str());
       std::fflush(stdout);
     }
   }

@@ -81,8 +81,12 @@ struct ParamsT {
   core::FastDivU32 k_div;  // split top-k shape: entry index -> row
   Idx n_topk;              // T * K
   Idx K;
+  // Tile shape (and T also the general kernel).
+  Idx T;
+  Idx n_tiles;              // tile shape: ceil(T / kTileTokens) * seg_div.divisor
+  core::FastDivU32 seg_div;  // tile shape: warp-wide segments (32 chunks) per row
   // General kernel only.
-  Idx T, H, shared_bm;
+  Idx H, shared_bm;
 };
 using Params32 = ParamsT<uint32_t>;
 using Params64 = ParamsT<int64_t>;
@@ -266,7 +270,14 @@ enum class Shape {
                  ///< the first threads of each row, k = j, j + H/16, ...
   kSplitTopk,    ///< one chunk per thread, no loop (32-bit modes); top-k entries by blocks
                  ///< of their own after the quantizing blocks, one entry per thread
+  kTile,         ///< (32-bit modes) a 256-thread block owns a tile of kTileTokens tokens x
+                 ///< 512 columns, one warp per token; scales gathered in shared memory and
+                 ///< stored token-fastest, so MN-major scale layouts (x_sf or shared_x_sf
+                 ///< transposed) get 8 tokens' words per line instead of one; block-stride
+                 ///< loop over tiles beyond the grid cap; top-k blocks as kSplitTopk
 };
+constexpr int kTileTokens = 8;                     // tokens (warps) per tile
+constexpr int kTileThreads = 32 * kTileTokens;     // block size of the tile shape
 
 /// Index c's row t and position in the row j, for `per_row` items per row (fastdiv by
 /// cpr_div in the 32-bit modes, where cpr_div.divisor == per_row).
@@ -281,15 +292,15 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
   }
 }
 
-/// Quantize 16-element chunk c (a no-op beyond n_chunks, but every lane must call it:
-/// shuffles). kTopk: the row's first threads also repack its top-k entries.
-template <int In, int G, bool UE8M0, bool kStream, bool kTopk, typename Idx>
-__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
+/// Quantize chunk j of row t (a no-op unless active, but every lane must call it:
+/// shuffles). kTopk: the row's first threads also repack its top-k entries. kTile: the
+/// group's scale goes to this warp's row of the block's shared-memory tile (an exponent
+/// byte or an fp32's bits, at the group's index within the warp's 32 chunks) instead of
+/// global memory.
+template <int In, int G, bool UE8M0, bool kStream, bool kTopk, bool kTile, typename Idx>
+__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, uint32_t* tile) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;  // threads per group
-  const bool active = c < p.n_chunks;
-  Idx t, j;
-  row_and_chunk(p, c, t, j);
   RawChunk<In> x;
   if (active) {
     load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
@@ -320,12 +331,50 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
   // The group's first thread stores its scale: an fp32, or (UE8M0) its exponent byte into
   // the packed word and the shared-expert copy.
   if (j % kTPG != 0) return;
+  if constexpr (kTile) {  // j = 32 * segment + lane
+    const uint32_t gl = (threadIdx.x % 32u) / kTPG;  // group in the warp's segment
+    if constexpr (UE8M0) reinterpret_cast<uint8_t*>(tile)[gl] = static_cast<uint8_t>(gs.ue8m0);
+    else tile[gl] = __float_as_uint(gs.scale);
+    return;
+  }
   const Idx g = j / kTPG;  // group in the row
   if constexpr (UE8M0) {
     store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gs.ue8m0);
   } else {
     static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = gs.scale;
   }
+}
+
+/// Quantize 16-element chunk c of the flattened problem (see stage_at).
+template <int In, int G, bool UE8M0, bool kStream, bool kTopk, typename Idx>
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c) {
+  Idx t, j;
+  row_and_chunk(p, c, t, j);
+  stage_at<In, G, UE8M0, kStream, kTopk, false>(p, t, j, c < p.n_chunks, nullptr);
+}
+
+/// Tile i of the tile shape: warp w quantizes token kTileTokens * (i / segments) + w,
+/// chunks 32 * (i % segments) + lane; then the block stores the tile's scales with
+/// consecutive threads on consecutive tokens (UE8M0: whole words, to x_sf and the shared
+/// copy). Every thread of the block must call it (barriers).
+template <int In, int G, bool UE8M0, bool kStream>
+__device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i) {
+  constexpr uint32_t kItems = UE8M0 ? 512u / (4u * G) : 512u / G;  // words or groups per segment
+  constexpr uint32_t kChunksPerItem = UE8M0 ? 4u * G / kChunk : G / kChunk;
+  __shared__ uint32_t tile[kTileTokens][kItems];
+  const uint32_t tg = core::fastdiv(i, p.seg_div), seg = i - tg * p.seg_div.divisor;
+  const uint32_t warp = threadIdx.x / 32u, t = tg * kTileTokens + warp, j = seg * 32u + threadIdx.x % 32u;
+  stage_at<In, G, UE8M0, kStream, false, true>(p, t, j, t < p.T && j < p.cpr, tile[warp]);
+  __syncthreads();
+  if (threadIdx.x < kTileTokens * kItems) {
+    const uint32_t k = threadIdx.x % kTileTokens, item = threadIdx.x / kTileTokens;
+    const uint32_t tt = tg * kTileTokens + k, g = seg * kItems + item;  // word (UE8M0) or group
+    if (tt < p.T && g * kChunksPerItem < p.cpr) {
+      if constexpr (UE8M0) store_word(p, tt, g, tile[k][item]);
+      else static_cast<float*>(p.sf)[offset(tt, p.sf_s0, g, p.sf_s1)] = __uint_as_float(tile[k][item]);
+    }
+  }
+  __syncthreads();  // the tile is free for the block's next one
 }
 
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
@@ -350,7 +399,11 @@ __global__ void __launch_bounds__(256, In == kInF32 ? 6 : kFastBlocksPerSm16)
       repack_entry(p, t, e - t * p.K);
       return;
     }
-    stage_chunk<In, G, UE8M0, kStream, false>(p, blockIdx.x * blockDim.x + threadIdx.x);
+    if constexpr (kShape == Shape::kTile) {
+      for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, G, UE8M0, kStream>(p, i);
+    } else {
+      stage_chunk<In, G, UE8M0, kStream, false>(p, blockIdx.x * blockDim.x + threadIdx.x);
+    }
   }
 }
 
@@ -542,9 +595,21 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
 }
 
 template <int In, int G, bool UE8M0, Mode kMode>
-void launch_shape(Params32& p, Shape shape, int threads, int64_t loop_blocks, cudaStream_t stream, bool pdl) {
+void launch_shape(Params32& p, Shape shape, int threads, int64_t loop_blocks, int device, cudaStream_t stream,
+                  bool pdl) {
   if (shape == Shape::kLoop) {
     return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kLoop>, p, loop_blocks, threads, stream, pdl);
+  }
+  if (shape == Shape::kTile) {
+    const int64_t segs = (static_cast<int64_t>(p.cpr) + 31) / 32;
+    const int64_t tiles = (static_cast<int64_t>(p.T) + kTileTokens - 1) / kTileTokens * segs;
+    const int64_t quant_blocks = capped_blocks(tiles * kTileThreads, kTileThreads, device);
+    const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + kTileThreads - 1) / kTileThreads;
+    p.n_tiles = static_cast<uint32_t>(tiles);
+    p.seg_div = core::make_fastdiv(static_cast<uint32_t>(segs));
+    p.quant_blocks = static_cast<uint32_t>(quant_blocks);
+    return launch(stage_fast_kernel<In, G, UE8M0, kMode, Shape::kTile>, p, quant_blocks + topk_blocks, kTileThreads,
+                  stream, pdl);
   }
   const int64_t quant_blocks = (static_cast<int64_t>(p.n_chunks) + threads - 1) / threads;
   const int64_t topk_blocks = (static_cast<int64_t>(p.n_topk) + threads - 1) / threads;
@@ -567,8 +632,11 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
   const bool one_pass = (chunks + threads - 1) / threads <= loop_blocks;
   const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
   Params32 prm = make_params<uint32_t>(a, p);
-  if (st) return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, loop_blocks, stream, a.enable_pdl);
-  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, threads, loop_blocks, stream, a.enable_pdl);
+  if (st) {
+    return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, loop_blocks, device, stream,
+                                                           a.enable_pdl);
+  }
+  return launch_shape<In, G, UE8M0, Mode::kIdx32>(prm, shape, threads, loop_blocks, device, stream, a.enable_pdl);
 }
 
 template <int In>

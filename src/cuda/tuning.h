@@ -10,7 +10,7 @@ struct Tuning {
   int streaming = -1;     ///< fp8 stores: -1 heuristic, 0 default, 1 evict-first (.cs)
   int block_threads = 0;  ///< threads per block of the fast kernel (64, 128, 256)
   int shape = -1;         ///< fast kernel, 32-bit modes: -1 heuristic, 0 grid-stride loop,
-                          ///< 1 one pass with top-k blocks
+                          ///< 1 one pass with top-k blocks, 2 token tiles (256 threads)
 };
 
 /// Override the heuristics process-wide (benchmarks sweep these; libraries never call it).

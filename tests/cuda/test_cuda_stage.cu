@@ -358,15 +358,16 @@ TEST(CudaStage, ShapesAndSchemes) {
 }
 
 // Every shape of the fast kernel, whatever the heuristic would pick for the size: grid-stride
-// loop and one pass with separate top-k blocks, with 64..256-thread blocks. Includes K > H/16 (a row's top-k spans
-// more than one entry per thread), H = 128 and 256 (rows shorter than a warp's span) and
-// shared scales through a transposed view.
+// loop, one pass with separate top-k blocks (64..256-thread blocks), and token tiles
+// (partial tiles in both directions: T % 8 != 0, rows shorter than a warp's 512 columns).
+// Includes K > H/16 (a row's top-k spans more than one entry per thread), H = 128 and 256,
+// shared scales through a transposed view and MN-major x_sf.
 TEST(CudaStage, EveryKernelShape) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct Config {
     int shape, threads;
   };
-  for (const Config& k : {Config{0, 0}, Config{1, 0}, Config{0, 64}, Config{1, 64}, Config{1, 256}}) {
+  for (const Config& k : {Config{0, 0}, Config{1, 0}, Config{0, 64}, Config{1, 64}, Config{1, 256}, Config{2, 0}}) {
     ForceShape force(k.shape, k.threads);
     for (int64_t T : {1, 7, 65, 135, 434}) {
       for (int64_t H : {128, 256, 7168}) {
@@ -382,6 +383,7 @@ TEST(CudaStage, EveryKernelShape) {
           c.in = T == 7 ? DType::kFloat16 : (T == 65 ? DType::kFloat32 : DType::kBFloat16);
           c.strided_topk = T == 65;
           if (q.ue8m0()) c.bm = T == 1 ? 8 : 96, c.shared_transposed = T % 2 == 1;
+          c.sf_mn_major = T == 135 || T == 7;
           SCOPED_TRACE("shape " + std::to_string(k.shape) + " threads " + std::to_string(k.threads));
           run_case(c, false, false);
           if (HasFatalFailure()) return;
@@ -538,9 +540,18 @@ TEST(CudaStageSanitizer, RepresentativeSet) {
       run_case(c, variant == 1, variant == 1);
       if (HasFatalFailure()) return;
       if (variant == 0) {  // the heuristic picks one shape here; the others too
-        for (int shape : {0, 1}) {
+        for (int shape : {0, 1, 2}) {
           ForceShape force(shape);
           run_case(c, true, false);
+          if (HasFatalFailure()) return;
+        }
+        // Token tiles with MN-major scales (the layouts they are for), forced and chosen.
+        Case m = c;
+        m.sf_mn_major = true;
+        m.shared_transposed = q.ue8m0();
+        for (int shape : {-1, 2}) {
+          ForceShape force(shape);
+          run_case(m, true, false);
           if (HasFatalFailure()) return;
         }
       }
