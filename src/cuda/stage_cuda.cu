@@ -10,7 +10,10 @@
 //    shared-expert copy. Shape: one chunk per thread, with the top-k repack done by blocks
 //    of its own after the quantizing blocks (one entry per thread, so no warp does both),
 //    whenever the grid fits the cap; beyond (prefill) a grid-stride loop in which the first
-//    threads of each row also repack its top-k (k = j, j + H/16, ...).
+//    threads of each row also repack its top-k (k = j, j + H/16, ...). For MN-major scale
+//    layouts from 2^18 chunks, token tiles: a 256-thread block owns 8 tokens x 512 columns
+//    (one warp per token), gathers the scales in shared memory and stores them with
+//    consecutive threads on consecutive tokens, so 8 tokens share each scale line.
 //  * stage_generic_kernel<In, UE8M0>: every other case (any G, any strides, misaligned
 //    pointers). One thread owns one UE8M0 word (4 groups) or one fp32-scale group and
 //    walks it with strided scalar accesses.
@@ -374,7 +377,7 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i) {
       else static_cast<float*>(p.sf)[offset(tt, p.sf_s0, g, p.sf_s1)] = __uint_as_float(tile[k][item]);
     }
   }
-  __syncthreads();  // the tile is free for the block's next one
+  if (i + p.quant_blocks < p.n_tiles) __syncthreads();  // (block-uniform) the tile is free for the next one
 }
 
 /// The fast kernel: G in {32, 128}, rows contiguous and 16-byte aligned in and out.
@@ -476,6 +479,18 @@ constexpr int64_t kMaxGridThreads = int64_t{1} << 26;  // whatever the tuning: 3
 std::atomic<int> g_max_waves{0}, g_streaming{-1}, g_block_threads{0}, g_shape{-1};
 Tuning tuning() {
   return Tuning{g_max_waves.load(), g_streaming.load(), g_block_threads.load(), g_shape.load()};
+}
+
+/// Token tiles (Shape::kTile) pay for their barrier and shared-memory pass only where scale
+/// stores are scattered: an MN-major x_sf or shared_x_sf (consecutive tokens adjacent),
+/// from 2^18 chunks (T >= 1024 at H = 4096, >= 586 at 7168). Measured (bench_kernel
+/// scale_layouts at e429493, H200): at T = 1024-16384 tiles are 2-12% faster for MN-major
+/// x_sf and transposed shared_x_sf (one exception: 4096 x 7168 with bm = 64, +1.2%); up to
+/// 23% slower at T <= 256 and 0.4-23% slower with row-major scales.
+constexpr int64_t kTileFrom = int64_t{1} << 18;
+bool mn_major_scales(const StageArgs& a) {
+  auto mn = [](const TensorRef& t) { return t.shape[0] > 1 && t.shape[1] > 1 && t.strides[0] < t.strides[1]; };
+  return mn(a.x_sf) || (a.shared_x_sf && mn(*a.shared_x_sf));
 }
 
 /// Threads per block of the fast kernel: 128 up to T = 256 at H = 7168 (measured 1-2%
@@ -628,9 +643,14 @@ void launch_fast(const StageArgs& a, const detail::Problem& p, bool idx32, int d
     return launch(stage_fast_kernel<In, G, UE8M0, Mode::kIdx64Stream, Shape::kLoop>, make_params<int64_t>(a, p),
                   loop_blocks, threads, stream, a.enable_pdl);
   }
-  // One pass whenever the capped grid would not loop anyway.
+  // Token tiles for MN-major scales from kTileFrom chunks; otherwise one pass whenever the
+  // capped grid would not loop anyway.
   const bool one_pass = (chunks + threads - 1) / threads <= loop_blocks;
-  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape) : one_pass ? Shape::kSplitTopk : Shape::kLoop;
+  const bool tiles = chunks >= kTileFrom && mn_major_scales(a);
+  const Shape shape = tn.shape >= 0 ? static_cast<Shape>(tn.shape)
+                      : tiles       ? Shape::kTile
+                      : one_pass    ? Shape::kSplitTopk
+                                    : Shape::kLoop;
   Params32 prm = make_params<uint32_t>(a, p);
   if (st) {
     return launch_shape<In, G, UE8M0, Mode::kIdx32Stream>(prm, shape, threads, loop_blocks, device, stream,

@@ -457,6 +457,27 @@ TEST(CudaStage, StridesAlignmentAndLayouts) {
   }
 }
 
+// Sizes where the heuristic picks token tiles (MN-major x_sf, transposed shared_x_sf, at
+// least 2^18 chunks), with a last partial tile of tokens and H not a multiple of 512.
+TEST(CudaStage, TokenTilesForMnMajorScales) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const QuantScheme& q : kSchemes) {
+    for (int64_t T : {1030, 4099}) {
+      for (int64_t H : {4096, 5120}) {
+        Case c;
+        c.T = T;
+        c.H = H;
+        c.q = q;
+        c.K = 8;
+        c.sf_mn_major = true;
+        if (q.ue8m0()) c.bm = T == 1030 ? 64 : 96, c.shared_transposed = true;
+        run_all_modes(c);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(CudaStage, OtherGroupSizes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (int64_t G : {1, 2, 4, 8, 16, 64}) {
