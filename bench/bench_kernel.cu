@@ -65,6 +65,19 @@ struct ProbeArgs {
   megamoe::core::FastDivU32 div;
 };
 
+// The probes' quantization of 16 bf16 elements (8 packed words) with group scale gs.
+__device__ __forceinline__ uint4 probe_quantize(const uint32_t (&words)[8], const megamoe::core::GroupScale& gs) {
+  namespace mc = megamoe::core;
+  uint32_t q[4];
+  for (int i = 0; i < 4; ++i) {
+    auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
+    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
+           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
+                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
+  }
+  return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
 // kStage: 0 bare round trip, 1 + index division, 2 + quantization (packed amax, shuffle,
 // scale, fp8), 3 + UE8M0 word (3 shuffles, store), 4 + top-k repack, 5 = 4 with core::fastdiv.
 template <int kStage>
@@ -95,20 +108,14 @@ __global__ void probe_anatomy(ProbeArgs a) {
   float amax = megamoe::cuda::abs_max_packed<megamoe::cuda::Half2Kind::kBF16>(words);
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   const mc::GroupScale gs = mc::group_scale(amax, true);
-  uint32_t q[4];
-  for (int i = 0; i < 4; ++i) {
-    auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
-    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
-           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
-                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
-  }
+  const uint4 q = probe_quantize(words, gs);
   uint32_t word = 0;
   if (kStage >= 3) {
     word = gs.ue8m0 << (8 * ((threadIdx.x % 8) / 2));
     for (int off = 1; off < 8; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
   }
   if (!active) return;
-  a.xq[c] = make_uint4(q[0], q[1], q[2], q[3]);
+  a.xq[c] = q;
   if (kStage >= 3 && threadIdx.x % 8 == 0) a.sf[static_cast<uint64_t>(t) * (a.cpr / 8) + j / 8] = word;
 }
 
@@ -213,14 +220,8 @@ __global__ void probe_rowblock(ProbeArgs a, uint8_t* __restrict__ shared_sf) {
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   if (!active) return;
   const mc::GroupScale gs = mc::group_scale(amax, true);
-  uint32_t q[4];
-  for (int i = 0; i < 4; ++i) {
-    auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
-    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
-           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
-                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
-  }
-  a.xq[static_cast<uint64_t>(t) * a.cpr + j] = make_uint4(q[0], q[1], q[2], q[3]);
+  const uint4 q = probe_quantize(words, gs);
+  a.xq[static_cast<uint64_t>(t) * a.cpr + j] = q;
   if (j % 2 != 0) return;
   const uint32_t sfw = a.cpr / 8;  // UE8M0 words per row
   reinterpret_cast<uint8_t*>(a.sf + static_cast<uint64_t>(t) * sfw)[j / 2] = static_cast<uint8_t>(gs.ue8m0);

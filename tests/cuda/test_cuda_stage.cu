@@ -458,7 +458,8 @@ TEST(CudaStage, StridesAlignmentAndLayouts) {
 }
 
 // Sizes where the heuristic picks token tiles (MN-major x_sf, transposed shared_x_sf, at
-// least 2^18 chunks), with a last partial tile of tokens and H not a multiple of 512.
+// least 2^18 chunks), with a last partial tile of tokens (partial column segments, H = 128
+// and 256, are in EveryKernelShape, which forces tiles).
 TEST(CudaStage, TokenTilesForMnMajorScales) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const QuantScheme& q : kSchemes) {
