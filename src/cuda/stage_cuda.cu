@@ -179,6 +179,12 @@ __device__ __forceinline__ void store_word(const ParamsT<Idx>& p, Idx t, Idx w, 
   if (p.shared_sf != nullptr) p.shared_sf[offset(shared_row(p, t), p.sh_s0, w, p.sh_s1)] = word;
 }
 
+/// fp32 scale of group g of row t.
+template <typename Idx>
+__device__ __forceinline__ void store_fp32_scale(const ParamsT<Idx>& p, Idx t, Idx g, float scale) {
+  static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = scale;
+}
+
 /// Byte b (bits 8b..8b+7, little-endian) of UE8M0 word w of row t, and its shared copy.
 template <typename Idx>
 __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Idx w, uint32_t b, uint32_t e) {
@@ -344,7 +350,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   if constexpr (UE8M0) {
     store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gs.ue8m0);
   } else {
-    static_cast<float*>(p.sf)[offset(t, p.sf_s0, g, p.sf_s1)] = gs.scale;
+    store_fp32_scale(p, t, g, gs.scale);
   }
 }
 
@@ -374,7 +380,7 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i) {
     const uint32_t tt = tg * kTileTokens + k, g = seg * kItems + item;  // word (UE8M0) or group
     if (tt < p.T && g * kChunksPerItem < p.cpr) {
       if constexpr (UE8M0) store_word(p, tt, g, tile[k][item]);
-      else static_cast<float*>(p.sf)[offset(tt, p.sf_s0, g, p.sf_s1)] = __uint_as_float(tile[k][item]);
+      else store_fp32_scale(p, tt, g, __uint_as_float(tile[k][item]));
     }
   }
   if (i + p.quant_blocks < p.n_tiles) __syncthreads();  // (block-uniform) the tile is free for the next one
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(256) stage_generic_kernel(const Params64 p) {
       if (UE8M0) {
         word |= gs.ue8m0 << (8 * gi);
       } else {
-        static_cast<float*>(p.sf)[t * p.sf_s0 + j * p.sf_s1] = gs.scale;
+        store_fp32_scale<int64_t>(p, t, j, gs.scale);
       }
     }
     if (UE8M0) store_word<int64_t>(p, t, j, word);
