@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
     a.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
     a.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
     a.is_padding = TensorRef(pad, DType::kBool, {T}, d);
-    a.x_fp8 = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
+    a.x_q = TensorRef(xq, DType::kFloat8E4M3, {T, H}, d);
     a.x_sf = TensorRef(sf, q.ue8m0() ? DType::kInt32 : DType::kFloat32, {T, H / 128}, d);
     a.topk_idx_out = TensorRef(io, DType::kInt64, {T, K}, d);
     a.topk_weights_out = TensorRef(wo, DType::kFloat32, {T, K}, d);

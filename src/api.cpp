@@ -1,4 +1,11 @@
-// api.cpp: prepare_inputs validates once, then dispatches on the tensors' device.
+// api.cpp: the public entry points. Each validates once, then dispatches on the tensors'
+// device; nothing but megamoe::Error leaves them (a server must be able to rely on one
+// exception type: std::bad_alloc from a scratch buffer or std::system_error from a thread
+// start become Error too).
+#include <new>
+#include <string>
+#include <system_error>
+
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
@@ -15,8 +22,27 @@ bool has_cuda_backend() noexcept { return true; }
 bool has_cuda_backend() noexcept { return false; }
 #endif
 
-void prepare_inputs(const StageArgs& args, Stream stream) {
-  const detail::Problem p = detail::validate_args(args);
+namespace {
+
+/// Run @p f, turning any foreign exception into megamoe::Error.
+template <typename F>
+void guarded(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": out of host memory");
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error: " + e.what());
+  } catch (...) {
+    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error");
+  }
+}
+
+void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
   if (p.T == 0) return;
   if (args.hidden_states.device.type == Device::Type::kCPU) {
     cpu::prepare_inputs(args, p);
@@ -30,6 +56,16 @@ void prepare_inputs(const StageArgs& args, Stream stream) {
               "megamoe: hidden_states: expected a CPU tensor (this build has no CUDA backend), "
               "got device " + to_string(args.hidden_states.device));
 #endif
+}
+
+}  // namespace
+
+void prepare_inputs(const StageArgs& args, Stream stream) {
+  guarded("prepare_inputs", [&] { dispatch(args, detail::validate_args(args), stream); });
+}
+
+void validate(const StageArgs& args) {
+  guarded("validate", [&] { (void)detail::validate_args(args); });
 }
 
 }  // namespace megamoe

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <string>
 
 #include "megamoe/quant.h"
@@ -37,7 +38,11 @@ const char* dtype_name(DType t) noexcept {
 }
 
 std::string to_string(const Device& d) {
-  return d.type == Device::Type::kCPU ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+  switch (d.type) {
+    case Device::Type::kCPU: return d.index == 0 ? std::string("cpu") : "cpu:" + std::to_string(d.index);
+    case Device::Type::kCUDA: return "cuda:" + std::to_string(d.index);
+  }
+  return "unknown device type " + std::to_string(static_cast<int>(d.type)) + ":" + std::to_string(d.index);
 }
 
 TensorRef::TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp,
@@ -75,8 +80,15 @@ TensorRef::TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp, De
 }
 
 int64_t TensorRef::numel() const noexcept {
+  // Saturating: a shape whose product overflows must never look small (or empty) to a
+  // null-pointer or size check; the validator rejects such shapes by name.
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim && d < kMaxRank; ++d) {
+    if (shape[d] == 0) return 0;
+  }
+  for (int d = 0; d < ndim && d < kMaxRank; ++d) {
+    if (shape[d] < 0 || __builtin_mul_overflow(n, shape[d], &n)) return INT64_MAX;
+  }
   return n;
 }
 
@@ -91,7 +103,7 @@ bool TensorRef::is_contiguous() const noexcept {
   int64_t st = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != st) return false;
-    st *= shape[d];
+    if (__builtin_mul_overflow(st, shape[d], &st)) return false;
   }
   return true;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checked.h"
 #include "core/layout.h"
 #include "megamoe/error.h"
 
@@ -58,32 +59,75 @@ void check_data(const TensorRef& t, const char* name) {
   MEGAMOE_CHECK(t.numel() == 0 || t.data != nullptr, name, "a non-null data pointer", "nullptr");
 }
 
+/// The element count, the element offsets and the byte span of @p t all fit: nothing that
+/// follows (overlap checks, backends, kernels) can overflow on this tensor.
+void check_fits(const TensorRef& t, const char* name) {
+  core::Checked n = 1;
+  for (int d = 0; d < t.ndim; ++d) n = n * t.shape[d];
+  MEGAMOE_CHECK(n.ok(), name, "a shape whose element count fits in int64", t.shape_str());
+  Extent e;
+  const std::string strides = "strides " + dims(t.strides[0], t.ndim > 1 ? t.strides[1] : 0);
+  MEGAMOE_CHECK(try_element_extent(t, &e), name,
+                "strides whose element offsets fit in int64", strides + " for shape " + t.shape_str());
+  Span s;
+  MEGAMOE_CHECK(try_byte_span(t, &s), name, "a byte span inside the address space [0, 2^57)",
+                strides + " for shape " + t.shape_str());
+}
+
 /// Outputs: distinct elements must have distinct addresses (no zero or aliasing strides).
+/// Empty tensors have no elements, hence no overlap, whatever their strides.
 void check_no_self_overlap(const TensorRef& t, const char* name) {
-  std::vector<std::pair<int64_t, int64_t>> d;  // (|stride|, size) of dims with size > 1
+  if (t.numel() == 0) return;
+  std::vector<std::pair<uint64_t, uint64_t>> d;  // (|stride|, size) of dims with size > 1
   for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] > 1) d.emplace_back(std::llabs(t.strides[i]), t.shape[i]);
+    if (t.shape[i] > 1) {
+      const uint64_t st = t.strides[i] < 0 ? uint64_t{0} - static_cast<uint64_t>(t.strides[i])
+                                           : static_cast<uint64_t>(t.strides[i]);
+      d.emplace_back(st, static_cast<uint64_t>(t.shape[i]));
+    }
   }
   std::sort(d.begin(), d.end());
-  int64_t need = 1;
+  unsigned __int128 need = 1;  // |stride| * size of a fitting tensor fits in 65 bits
   for (const auto& [st, n] : d) {
     MEGAMOE_CHECK(st >= need, name, "strides that give every element its own address",
                   "overlapping strides " + dims(t.strides[0], t.ndim > 1 ? t.strides[1] : 0));
-    need = st * n;
+    need = static_cast<unsigned __int128>(st) * n;
   }
+}
+
+void check_device(const TensorRef& t, const char* name) {
+  const Device& d = t.device;
+  const bool ok = (d.type == Device::Type::kCPU && d.index == 0) ||
+                  (d.type == Device::Type::kCUDA && d.index >= 0);
+  MEGAMOE_CHECK(ok, name, "a CPU device (index 0) or a CUDA device (index >= 0)",
+                "device " + to_string(d));
 }
 
 bool overlaps(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; }
 
 }  // namespace
 
+bool try_element_extent(const TensorRef& t, Extent* out) {
+  *out = Extent{};
+  if (t.ndim < 0 || t.ndim > TensorRef::kMaxRank) return false;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return true;  // no elements: empty extent
+  }
+  core::Checked lo = 0, hi = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    const core::Checked ext = core::Checked(t.shape[d] - 1) * t.strides[d];
+    if (!ext.ok()) return false;
+    if (ext.value() < 0) lo = lo + ext;
+    else hi = hi + ext;
+  }
+  if (!lo.ok() || !hi.ok()) return false;
+  *out = Extent{lo.value(), hi.value()};
+  return true;
+}
+
 Extent element_extent(const TensorRef& t) {
   Extent e;
-  if (t.numel() == 0) return e;
-  for (int d = 0; d < t.ndim; ++d) {
-    const int64_t ext = (t.shape[d] - 1) * t.strides[d];
-    (ext < 0 ? e.lo : e.hi) += ext;
-  }
+  (void)try_element_extent(t, &e);
   return e;
 }
 
@@ -91,7 +135,7 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
   std::vector<NamedTensor> all = {{&a.hidden_states, "hidden_states", false},
                                   {&a.topk_weights, "topk_weights", false},
                                   {&a.topk_ids, "topk_ids", false},
-                                  {&a.x_fp8, "x_fp8", true},
+                                  {&a.x_q, "x_q", true},
                                   {&a.x_sf, "x_sf", true},
                                   {&a.topk_idx_out, "topk_idx_out", true},
                                   {&a.topk_weights_out, "topk_weights_out", true}};
@@ -100,14 +144,30 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
   return all;
 }
 
+bool try_byte_span(const TensorRef& t, Span* out) {
+  *out = Span{};
+  Extent e;
+  if (!try_element_extent(t, &e)) return false;
+  if (t.numel() == 0) return true;
+  const int64_t es = dtype_size(t.dtype);
+  const core::Checked lo = core::Checked(e.lo) * es;
+  const core::Checked hi = (core::Checked(e.hi) + 1) * es;
+  if (!lo.ok() || !hi.ok()) return false;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  const uint64_t below = uint64_t{0} - static_cast<uint64_t>(lo.value());  // lo <= 0
+  const uint64_t above = static_cast<uint64_t>(hi.value());
+  // Inside [0, 2^57): the largest user address space of 64-bit Linux (5-level paging) and
+  // of CUDA's unified addressing. A span reaching beyond cannot be memory the caller owns
+  // (e.g. NumPy's as_strided with a stride of 2^62 bytes), so it is rejected, not written.
+  constexpr uint64_t kAddressLimit = uint64_t{1} << 57;
+  if (base > kAddressLimit || below > base || above > kAddressLimit - base) return false;
+  *out = Span{base - below, base + above};
+  return true;
+}
+
 Span byte_span(const TensorRef& t) {
   Span s;
-  if (t.numel() == 0) return s;
-  const int64_t es = dtype_size(t.dtype);
-  const Extent e = element_extent(t);
-  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-  s.lo = base + static_cast<uintptr_t>(e.lo * es);  // lo <= 0: wraps to base - |lo|*es
-  s.hi = base + static_cast<uintptr_t>(e.hi * es + es);
+  (void)try_byte_span(t, &s);
   return s;
 }
 
@@ -115,10 +175,10 @@ Problem validate_args(const StageArgs& a) {
   Problem p;
   const TensorRef& hs = a.hidden_states;
   check_rank(hs, "hidden_states", 2);
-  check_dtype(hs, "hidden_states", {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
   p.T = hs.shape[0];
   p.H = hs.shape[1];
   if (p.T == 0) return p;  // the reference returns before any other check
+  check_dtype(hs, "hidden_states", {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
 
   if (p.H % 128 != 0) fail(kSeedHidden128, "hidden_states", "hidden_size % 128 == 0", p.H);
 
@@ -157,7 +217,15 @@ Problem validate_args(const StageArgs& a) {
                                                    std::to_string(p.sf_cols) + "), got " + got +
                                                    ".");
     }
-    const int64_t required = core::shared_sf_rows_required(p.T, bm);
+    // ceil(T / bm) * align(bm, 128), checked: a huge bm must not wrap to a small count.
+    const core::Checked req = core::ceil_div(p.T, bm) * core::round_up(bm, 128);
+    if (!req.ok()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(p.T) +
+                      " / " + std::to_string(bm) + ") * align(" + std::to_string(bm) +
+                      ", 128) rows, more than int64 can count; got " + std::to_string(s.shape[0]) + ".");
+    }
+    const int64_t required = req.value();
     if (s.shape[0] < required) {
       throw Error(ErrorCode::kInvalidArgument, "MegaMoE shared_x_sf has insufficient rows: requires " +
                                                    std::to_string(required) + ", got " +
@@ -181,8 +249,8 @@ Problem validate_args(const StageArgs& a) {
   }
 
   // Outputs.
-  check_shape2(a.x_fp8, "x_fp8", p.T, p.H);
-  check_dtype(a.x_fp8, "x_fp8", {DType::kFloat8E4M3, DType::kUInt8});
+  check_shape2(a.x_q, "x_q", p.T, p.H);
+  check_dtype(a.x_q, "x_q", {DType::kFloat8E4M3, DType::kUInt8});
   check_shape2(a.x_sf, "x_sf", p.T, p.sf_cols);
   if (p.ue8m0) {
     check_dtype(a.x_sf, "x_sf", {DType::kInt32});
@@ -197,6 +265,8 @@ Problem validate_args(const StageArgs& a) {
   // Devices, pointers, overlap.
   const std::vector<NamedTensor> all = named_tensors(a);
   for (const NamedTensor& n : all) {
+    check_device(*n.t, n.name);
+    check_fits(*n.t, n.name);
     MEGAMOE_CHECK(n.t->device == hs.device, n.name, "device " + to_string(hs.device),
                   "device " + to_string(n.t->device));
     check_data(*n.t, n.name);
@@ -230,6 +300,5 @@ void check_scheme(const QuantScheme& q) {
   }
 }
 
-void validate(const StageArgs& args) { (void)detail::validate_args(args); }
 
 }  // namespace megamoe

@@ -32,6 +32,9 @@ struct Extent {
   int64_t lo = 0;
   int64_t hi = 0;
 };
+/// False when an offset does not fit in int64 (the validator rejects such tensors).
+bool try_element_extent(const TensorRef& t, Extent* out);
+/// For validated tensors (the validator has proven that the extent fits).
 Extent element_extent(const TensorRef& t);
 
 /// Every tensor of a call (optional ones when present), with its argument name.
@@ -47,6 +50,9 @@ struct Span {
   uintptr_t lo = 0;
   uintptr_t hi = 0;
 };
+/// False when the span wraps around the address space or its byte offsets overflow.
+bool try_byte_span(const TensorRef& t, Span* out);
+/// For validated tensors.
 Span byte_span(const TensorRef& t);
 
 }  // namespace detail

@@ -148,7 +148,7 @@ int run(const Options& o) {
   args.topk_ids = in.topk_ids.ref();
   args.topk_weights = in.topk_weights.ref();
   if (in.is_padding) args.is_padding = in.is_padding->ref();
-  args.x_fp8 = out.x_fp8.ref();
+  args.x_q = out.x_fp8.ref();
   args.x_sf = out.x_sf.ref();
   args.topk_idx_out = out.topk_idx_out.ref();
   args.topk_weights_out = out.topk_weights_out.ref();

@@ -128,7 +128,7 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
   auto word = [](uint32_t v) { return hex(v, 8); };
   auto i64 = [](int64_t v) { return std::to_string(v); };
   auto f32 = [](float v) { return float_text(v); };
-  compare(r, "x_fp8", as<uint8_t>(out.x_fp8), ref.x_fp8.data(), T * H, H, byte);
+  compare(r, "x_fp8", as<uint8_t>(out.x_fp8), ref.x_q.data(), T * H, H, byte);
   const int64_t cols = out.x_sf.shape[1];
   if (ue8m0) {
     compare(r, "x_sf", as<uint32_t>(out.x_sf), ref.sf_words.data(), T * cols, cols, word);

@@ -18,7 +18,9 @@ namespace megamoe {
 enum class ErrorCode {
   kInvalidArgument,  ///< Bad shape, dtype, stride, device, scheme or option: nothing was written.
   kUnsupported,      ///< Valid request this build cannot serve (e.g. CUDA tensors, CPU-only build).
-  kCuda,             ///< A CUDA runtime call failed.
+  kCuda,             ///< A CUDA runtime call failed (the message names the call and the error).
+  kOutOfMemory,      ///< Host memory for a scratch buffer or worker thread could not be had.
+  kInternal,         ///< Anything else that went wrong inside the library (a bug: please report).
 };
 
 /// @brief The only exception megamoe throws.
@@ -64,8 +66,8 @@ template <typename E, typename A>
 /// @brief Throw megamoe::Error(kInvalidArgument) unless @p cond holds.
 /// @param cond      condition that must hold.
 /// @param tensor    name of the tensor or argument checked (C string).
-/// @param expected  what was expected (anything streamable).
-/// @param actual    what was got (anything streamable).
+/// @param expected  what was expected (a string, a C string or a number).
+/// @param actual    what was got (a string, a C string or a number).
 #define MEGAMOE_CHECK(cond, tensor, expected, actual)                                          \
   do {                                                                                         \
     if (!(cond)) {                                                                             \

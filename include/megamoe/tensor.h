@@ -19,7 +19,7 @@ enum class DType : uint8_t {
   kFloat16,      ///< IEEE binary16 (hidden states, top-k weights)
   kFloat32,      ///< IEEE binary32 (hidden states, weights, fp32 scales)
   kFloat8E4M3,   ///< float8 e4m3fn, one byte (quantized activations)
-  kUInt8,        ///< raw bytes: accepted for x_fp8 (NumPy has no fp8) and is_padding
+  kUInt8,        ///< raw bytes: accepted for x_q (NumPy has no fp8) and is_padding
   kBool,         ///< one byte, nonzero = true (is_padding)
   kInt32,        ///< int32 (top-k ids, packed UE8M0 scale words)
   kInt64,        ///< int64 (top-k ids)
@@ -67,7 +67,8 @@ struct TensorRef {
   /// @brief A contiguous row-major tensor.
   TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp, Device dev = Device::cpu());
 
-  /// @brief Number of elements (product of the shape; 1 for rank 0).
+  /// @brief Number of elements (product of the shape; 1 for rank 0; INT64_MAX when the
+  /// product overflows or a size is negative, so it never looks small).
   int64_t numel() const noexcept;
   /// @brief Shape as text, e.g. "(4096, 7168)".
   std::string shape_str() const;

@@ -173,7 +173,7 @@ void prepare_inputs(nb::handle hidden_states, nb::handle topk_weights, nb::handl
   args.topk_weights = arrays.input(topk_weights, "topk_weights");
   args.topk_ids = arrays.input(topk_ids, "topk_ids");
   if (!is_padding.is_none()) args.is_padding = arrays.input(is_padding, "is_padding");
-  args.x_fp8 = arrays.output(x_fp8, "x_fp8");
+  args.x_q = arrays.output(x_fp8, "x_fp8");
   args.x_sf = arrays.output(x_sf, "x_sf");
   args.topk_idx_out = arrays.output(topk_idx_out, "topk_idx_out");
   args.topk_weights_out = arrays.output(topk_weights_out, "topk_weights_out");

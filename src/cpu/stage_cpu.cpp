@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -63,7 +64,7 @@ void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_
   std::vector<uint8_t> q(static_cast<size_t>(p.H));
   std::vector<uint32_t> words(static_cast<size_t>(p.sf_cols));
   const int64_t groups = p.H / p.G;
-  uint8_t* const xq = static_cast<uint8_t*>(a.x_fp8.data);
+  uint8_t* const xq = static_cast<uint8_t*>(a.x_q.data);
   for (int64_t t = t0; t < t1; ++t) {
     load_row(a.hidden_states, t, p.H, row.data());
     std::fill(words.begin(), words.end(), 0u);
@@ -80,10 +81,10 @@ void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_
         store<float>(a.x_sf, t, g, gs.scale);
       }
     }
-    if (a.x_fp8.strides[1] == 1) {
-      std::memcpy(xq + t * a.x_fp8.strides[0], q.data(), static_cast<size_t>(p.H));
+    if (a.x_q.strides[1] == 1) {
+      std::memcpy(xq + t * a.x_q.strides[0], q.data(), static_cast<size_t>(p.H));
     } else {
-      for (int64_t h = 0; h < p.H; ++h) xq[t * a.x_fp8.strides[0] + h * a.x_fp8.strides[1]] = q[h];
+      for (int64_t h = 0; h < p.H; ++h) xq[t * a.x_q.strides[0] + h * a.x_q.strides[1]] = q[h];
     }
     if (p.ue8m0) {
       for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(a.x_sf, t, w, words[w]);
@@ -114,23 +115,40 @@ void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_
 }  // namespace
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
-  const int64_t work = p.T * (p.H + p.K);
+  // T * (H + K) as a float: the element counts fit in int64 but their sum need not.
+  const double work = static_cast<double>(p.T) * (static_cast<double>(p.H) + static_cast<double>(p.K));
   static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   unsigned n = cores;
-  if (work < (int64_t{1} << 18)) n = 1;
+  if (work < static_cast<double>(int64_t{1} << 18)) n = 1;
   n = static_cast<unsigned>(std::min<int64_t>(n, p.T));
   if (n <= 1) {
     stage_rows(a, p, 0, p.T);
     return;
   }
-  std::vector<std::thread> pool;
+  // A worker's exception (std::bad_alloc of its row buffers) must reach the caller, not
+  // std::terminate: each worker keeps its own and the first one is rethrown after the join.
   const int64_t per = (p.T + n - 1) / n;
-  for (unsigned i = 1; i < n; ++i) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> pool;
+  auto run = [&](unsigned i) {
     const int64_t t0 = std::min<int64_t>(p.T, i * per), t1 = std::min<int64_t>(p.T, t0 + per);
-    if (t0 < t1) pool.emplace_back(stage_rows, std::cref(a), std::cref(p), t0, t1);
+    try {
+      if (t0 < t1) stage_rows(a, p, t0, t1);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  try {
+    for (unsigned i = 1; i < n; ++i) pool.emplace_back(run, i);
+  } catch (...) {
+    for (auto& th : pool) th.join();
+    throw;
   }
-  stage_rows(a, p, 0, std::min<int64_t>(p.T, per));
+  run(0);
   for (auto& th : pool) th.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace cpu

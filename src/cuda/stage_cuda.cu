@@ -1,7 +1,7 @@
 // stage_cuda.cu: CUDA backend of megamoe staging.
 //
 // Two kernels, chosen on the host (see docs/DESIGN.md):
-//  * stage_fast_kernel<In, G, UE8M0, Mode, Shape>: G in {32, 128}; hidden rows and x_fp8
+//  * stage_fast_kernel<In, G, UE8M0, Mode, Shape>: G in {32, 128}; hidden rows and x_q
 //    rows contiguous and 16-byte aligned. One thread owns a 16-element "chunk" of one token
 //    row (two 16 B loads of bf16/fp16, four of fp32; one 16 B store of fp8). Consecutive
 //    threads own consecutive chunks of the flattened [T, H] problem. The G/16 threads of a
@@ -579,9 +579,9 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p) {
     prm.pad = static_cast<const uint8_t*>(a.is_padding->data);
     prm.pad_s0 = I(a.is_padding->strides[0]);
   }
-  prm.xq = static_cast<uint8_t*>(a.x_fp8.data);
-  prm.xq_s0 = I(a.x_fp8.strides[0]);
-  prm.xq_s1 = I(a.x_fp8.strides[1]);
+  prm.xq = static_cast<uint8_t*>(a.x_q.data);
+  prm.xq_s0 = I(a.x_q.strides[0]);
+  prm.xq_s1 = I(a.x_q.strides[1]);
   prm.sf = a.x_sf.data;
   prm.sf_s0 = I(a.x_sf.strides[0]);
   prm.sf_s1 = I(a.x_sf.strides[1]);
@@ -706,7 +706,7 @@ void set_tuning(const Tuning& t) {
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
-                    rows_vectorizable(a.x_fp8);
+                    rows_vectorizable(a.x_q);
   const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / kChunk));
   const int device = a.hidden_states.device.index;
   DeviceGuard guard(device);

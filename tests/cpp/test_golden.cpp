@@ -26,7 +26,7 @@ mt::Layouts odd_layouts() {
   l.ids = Layout::kTransposed;
   l.w = Layout::kStride2;
   l.pad = Layout::kStride2;
-  l.x_fp8 = Layout::kNegRows;
+  l.x_q = Layout::kNegRows;
   l.x_sf = Layout::kMnMajor4;
   l.idx = Layout::kTransposed;
   l.wout = Layout::kNegCols;
@@ -45,10 +45,10 @@ megamoe_ref::Result staged(const mt::Problem& p) {
   return r;
 }
 
-/// Bytes of x_fp8 row t, columns [h0, h0 + n).
+/// Bytes of x_q row t, columns [h0, h0 + n).
 std::vector<int> bytes(const megamoe_ref::Result& r, int64_t H, int64_t t, int64_t h0, int64_t n) {
   std::vector<int> v;
-  for (int64_t i = 0; i < n; ++i) v.push_back(r.x_fp8[static_cast<size_t>(t * H + h0 + i)]);
+  for (int64_t i = 0; i < n; ++i) v.push_back(r.x_q[static_cast<size_t>(t * H + h0 + i)]);
   return v;
 }
 
@@ -67,10 +67,10 @@ TEST(Golden, AmaxFloorZeroAndTinyGroupsUe8m0) {
   for (int64_t h = 96; h < 128; ++h) mt::set_hidden(p, 0, h, h == 96 ? 448.0f : 0.0f);
   const auto r = staged(p);
   EXPECT_EQ(r.sf_words[0], 0x7F696969u);  // groups 0..2: 105; group 3: amax 448 -> s = 1 -> 127
-  EXPECT_EQ(r.x_fp8[0], 0x00);
-  EXPECT_EQ(r.x_fp8[32], 0x80);  // -0 * 2^22 = -0
-  EXPECT_EQ(r.x_fp8[64], 0x48);  // 1e-6 * 2^22 = 4.194 -> 4.0
-  EXPECT_EQ(r.x_fp8[96], 0x7E);  // 448
+  EXPECT_EQ(r.x_q[0], 0x00);
+  EXPECT_EQ(r.x_q[32], 0x80);  // -0 * 2^22 = -0
+  EXPECT_EQ(r.x_q[64], 0x48);  // 1e-6 * 2^22 = 4.194 -> 4.0
+  EXPECT_EQ(r.x_q[96], 0x7E);  // 448
 }
 
 // fp32 scales at the floor: s = 0x346FACAD, r = 1/s = 4480000 exactly; 1e-6 * r = 4.48 -> 4.5.
@@ -80,8 +80,8 @@ TEST(Golden, AmaxFloorFp32Scale) {
   const auto r = staged(p);
   EXPECT_EQ(mt::f2u(r.sf_f32[0]), 0x346FACADu);
   EXPECT_EQ(mt::f2u(r.sf_f32[1]), 0x346FACADu);  // zero group
-  EXPECT_EQ(r.x_fp8[0], 0x49);
-  EXPECT_EQ(r.x_fp8[32], 0x00);
+  EXPECT_EQ(r.x_q[0], 0x49);
+  EXPECT_EQ(r.x_q[32], 0x00);
 }
 
 // amax = 448 gives scale 1 (448 * C = 1 + 3*2^-26 rounds to 1.0f), so values go through
@@ -288,7 +288,7 @@ TEST(Golden, TopkRepackAndPadding) {
   EXPECT_EQ(rh.w[8], 1023 * std::ldexp(1.0f, -24));
 
   // Padded tokens' activations are still quantized: row 1 holds 2.0 at h = 0.
-  EXPECT_EQ(r.x_fp8[1 * 128], 0x78);  // amax 2 -> e = 120, r = 128: 2 -> 256
+  EXPECT_EQ(r.x_q[1 * 128], 0x78);  // amax 2 -> e = 120, r = 128: 2 -> 256
 }
 
 // shared_x_sf row map: m = t % bm goes to (t/bm)*abm + (m/128)*128 + (m%32)*4 + (m%128)/32.

@@ -185,7 +185,7 @@ void run_random_case(const RandomCase& rc) {
   l.ids = draw(false);
   l.w = draw(false);
   l.pad = draw(false);
-  l.x_fp8 = draw(true);
+  l.x_q = draw(true);
   l.x_sf = pct(rng) < 25 ? Layout::kMnMajor4 : draw(true);
   l.idx = draw(false);
   l.wout = draw(false);
@@ -199,7 +199,7 @@ void run_random_case(const RandomCase& rc) {
      << " K=" << p.K << " hidden=" << megamoe::dtype_name(p.hidden_dt)
      << " ids=" << megamoe::dtype_name(p.ids_dt) << " w=" << megamoe::dtype_name(p.w_dt)
      << " is_padding=" << (p.pad_dt ? megamoe::dtype_name(*p.pad_dt) : "none")
-     << " shared_block_m=" << p.bm << " x_fp8=" << megamoe::dtype_name(p.x_fp8_dt) << " "
+     << " shared_block_m=" << p.bm << " x_q=" << megamoe::dtype_name(p.x_fp8_dt) << " "
      << l.describe();
   SCOPED_TRACE(os.str());
   EXPECT_TRUE(mt::stage_and_compare(p, l));

@@ -260,7 +260,7 @@ struct Problem {
   std::optional<DType> pad_dt;  ///< kBool or kUInt8 when is_padding is passed
   std::vector<uint8_t> pad;     ///< T bytes
   int64_t bm = 0;               ///< shared_block_m; 0 = no shared_x_sf
-  DType x_fp8_dt = DType::kFloat8E4M3;  ///< x_fp8 may also be raw uint8 bytes
+  DType x_fp8_dt = DType::kFloat8E4M3;  ///< x_q may also be raw uint8 bytes
 
   int64_t groups() const { return H / q.group_k; }
   int64_t sf_cols() const { return q.ue8m0() ? H / (4 * q.group_k) : H / q.group_k; }
@@ -294,7 +294,7 @@ inline void set_hidden_bits(Problem& p, int64_t t, int64_t h, uint32_t bits) {
 /// Layout of every tensor of one call.
 struct Layouts {
   Layout hidden = Layout::kContig, ids = Layout::kContig, w = Layout::kContig,
-         pad = Layout::kContig, x_fp8 = Layout::kContig, x_sf = Layout::kContig,
+         pad = Layout::kContig, x_q = Layout::kContig, x_sf = Layout::kContig,
          idx = Layout::kContig, wout = Layout::kContig, shared = Layout::kContig;
   bool misalign_in = false;   ///< shift every input's first element by one element
   bool misalign_out = false;  ///< same for every output
@@ -304,7 +304,7 @@ struct Layouts {
     std::ostringstream os;
     os << "hidden=" << layout_name(hidden) << " ids=" << layout_name(ids)
        << " w=" << layout_name(w) << " pad=" << layout_name(pad)
-       << " x_fp8=" << layout_name(x_fp8) << " x_sf=" << layout_name(x_sf)
+       << " x_q=" << layout_name(x_q) << " x_sf=" << layout_name(x_sf)
        << " idx=" << layout_name(idx) << " wout=" << layout_name(wout)
        << " shared=" << layout_name(shared) << " misalign_in=" << misalign_in
        << " misalign_out=" << misalign_out << " shared_extra_rows=" << shared_extra_rows;
@@ -318,7 +318,7 @@ constexpr uint8_t kPoisonIdx = 0xA5;  ///< topk_idx_out poison (0xFF.. would be 
 
 /// Strided copies of a problem's inputs and poisoned outputs.
 struct Call {
-  Buf hidden, ids, w, x_fp8, x_sf, idx, wout;
+  Buf hidden, ids, w, x_q, x_sf, idx, wout;
   std::optional<Buf> pad, shared;
   megamoe::StageArgs args;
 
@@ -329,7 +329,7 @@ struct Call {
     return v;
   }
   std::vector<std::pair<const char*, const Buf*>> outputs() const {
-    std::vector<std::pair<const char*, const Buf*>> v = {{"x_fp8", &x_fp8},
+    std::vector<std::pair<const char*, const Buf*>> v = {{"x_q", &x_q},
                                                          {"x_sf", &x_sf},
                                                          {"topk_idx_out", &idx},
                                                          {"topk_weights_out", &wout}};
@@ -361,7 +361,7 @@ inline Call make_call(const Problem& p, const Layouts& l) {
     c.pad = make_buf(*p.pad_dt, p.T, -1, l.pad, mi, kGapFill);
     scatter(*c.pad, p.pad);
   }
-  c.x_fp8 = make_buf(p.x_fp8_dt, p.T, p.H, l.x_fp8, mo, kPoison);
+  c.x_q = make_buf(p.x_fp8_dt, p.T, p.H, l.x_q, mo, kPoison);
   c.x_sf = make_buf(p.q.ue8m0() ? DType::kInt32 : DType::kFloat32, p.T, p.sf_cols(), l.x_sf, mo,
                     kPoison);
   c.idx = make_buf(DType::kInt64, p.T, p.K, l.idx, mo, kPoisonIdx);
@@ -376,7 +376,7 @@ inline Call make_call(const Problem& p, const Layouts& l) {
   a.topk_ids = c.ids.ref();
   a.topk_weights = c.w.ref();
   if (c.pad) a.is_padding = c.pad->ref();
-  a.x_fp8 = c.x_fp8.ref();
+  a.x_q = c.x_q.ref();
   a.x_sf = c.x_sf.ref();
   a.topk_idx_out = c.idx.ref();
   a.topk_weights_out = c.wout.ref();
@@ -413,7 +413,7 @@ inline megamoe_ref::Result reference(const Problem& p) {
 /// Expected images of every output buffer of @p c: poison outside the elements (and on
 /// unmapped shared rows), the reference inside.
 struct Expected {
-  std::vector<uint8_t> x_fp8, x_sf, idx, wout, shared;
+  std::vector<uint8_t> x_q, x_sf, idx, wout, shared;
 };
 
 inline Expected expected_images(const Problem& p, const Call& c, const megamoe_ref::Result& r) {
@@ -421,13 +421,13 @@ inline Expected expected_images(const Problem& p, const Call& c, const megamoe_r
   auto put = [](std::vector<uint8_t>& img, const Buf& b, int64_t i, int64_t j, const void* v) {
     std::memcpy(img.data() + b.offset(i, j), v, static_cast<size_t>(b.es));
   };
-  e.x_fp8 = c.x_fp8.mem;
+  e.x_q = c.x_q.mem;
   e.x_sf = c.x_sf.mem;
   e.idx = c.idx.mem;
   e.wout = c.wout.mem;
   const int64_t sc = p.sf_cols();
   for (int64_t t = 0; t < p.T; ++t) {
-    for (int64_t h = 0; h < p.H; ++h) put(e.x_fp8, c.x_fp8, t, h, &r.x_fp8[t * p.H + h]);
+    for (int64_t h = 0; h < p.H; ++h) put(e.x_q, c.x_q, t, h, &r.x_q[t * p.H + h]);
     for (int64_t s = 0; s < sc; ++s) {
       const void* v = p.q.ue8m0() ? static_cast<const void*>(&r.sf_words[t * sc + s])
                                   : static_cast<const void*>(&r.sf_f32[t * sc + s]);
@@ -468,7 +468,7 @@ inline ::testing::AssertionResult stage_and_compare(const Problem& p, const Layo
     auto res = assert_bitwise_equal(ins[i].first, *ins[i].second, inputs_before[i]);
     if (!res) return res << " (an input was modified)";
   }
-  for (auto res : {assert_bitwise_equal("x_fp8", c.x_fp8, e.x_fp8),
+  for (auto res : {assert_bitwise_equal("x_q", c.x_q, e.x_q),
                    assert_bitwise_equal("x_sf", c.x_sf, e.x_sf),
                    assert_bitwise_equal("topk_idx_out", c.idx, e.idx),
                    assert_bitwise_equal("topk_weights_out", c.wout, e.wout)}) {

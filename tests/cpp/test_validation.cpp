@@ -122,10 +122,10 @@ TEST_F(Validation, HiddenSizeNotMultipleOf128) {
     mt::Buf xf = mt::make_buf(DType::kFloat8E4M3, T, h, Layout::kContig, false, mt::kPoison);
     auto a = args();
     a.hidden_states = hs.ref();
-    a.x_fp8 = xf.ref();
+    a.x_q = xf.ref();
     const std::vector<uint8_t> xf_before = xf.mem;
     expect_reject(a, {kSeedHidden128, "got " + std::to_string(h)}, true);
-    EXPECT_TRUE(mt::assert_bitwise_equal("x_fp8", xf, xf_before));
+    EXPECT_TRUE(mt::assert_bitwise_equal("x_q", xf, xf_before));
   }
 }
 
@@ -188,7 +188,7 @@ TEST_F(Validation, SharedWrongRankOrWidth) {
   a = args();
   a.hidden_quant = QuantScheme::fp8_ue8m0_g128();
   a.hidden_states = hs.ref();
-  a.x_fp8 = xf.ref();
+  a.x_q = xf.ref();
   a.x_sf = sf.ref();
   a.shared_x_sf = call_.shared->ref();  // (128, 2)
   expect_reject(a, {"MegaMoE shared_x_sf must have shape (*, 1), got (128, 2)."}, true);
@@ -266,7 +266,7 @@ TEST_F(Validation, Ue8m0NeedsFourGroupsPerWord) {
   auto a = args();
   a.hidden_quant = mt::scheme(true, 64);
   a.hidden_states = hs.ref();
-  a.x_fp8 = xf.ref();
+  a.x_q = xf.ref();
   expect_reject(a, {"got 128 / 64"});
   // fp32 scales have no packing constraint.
   build(QuantScheme::fp8_fp32_g128());
@@ -275,7 +275,7 @@ TEST_F(Validation, Ue8m0NeedsFourGroupsPerWord) {
 
 /// Names of every tensor argument, in the validator's order.
 const char* const kSlots[] = {"hidden_states", "topk_weights", "topk_ids",
-                              "is_padding",    "x_fp8",        "x_sf",
+                              "is_padding",    "x_q",        "x_sf",
                               "topk_idx_out",  "topk_weights_out", "shared_x_sf"};
 
 /// The tensor argument called @p n (optional ones are created when absent).
@@ -283,7 +283,7 @@ megamoe::TensorRef& slot(megamoe::StageArgs& a, const std::string& n) {
   if (n == "hidden_states") return a.hidden_states;
   if (n == "topk_weights") return a.topk_weights;
   if (n == "topk_ids") return a.topk_ids;
-  if (n == "x_fp8") return a.x_fp8;
+  if (n == "x_q") return a.x_q;
   if (n == "x_sf") return a.x_sf;
   if (n == "topk_idx_out") return a.topk_idx_out;
   if (n == "topk_weights_out") return a.topk_weights_out;
@@ -309,8 +309,8 @@ TEST_F(Validation, WrongDtypes) {
       {"topk_ids", DType::kFloat32, T, K, "topk_ids: expected dtype int32 or int64, got dtype float32"},
       {"topk_ids", DType::kUInt8, T, K, "topk_ids: expected dtype int32 or int64, got dtype uint8"},
       {"is_padding", DType::kInt32, T, -1, "is_padding: expected dtype bool or uint8, got dtype int32"},
-      {"x_fp8", DType::kBFloat16, T, H, "x_fp8: expected dtype float8_e4m3fn or uint8, got dtype bfloat16"},
-      {"x_fp8", DType::kBool, T, H, "x_fp8: expected dtype float8_e4m3fn or uint8, got dtype bool"},
+      {"x_q", DType::kBFloat16, T, H, "x_q: expected dtype float8_e4m3fn or uint8, got dtype bfloat16"},
+      {"x_q", DType::kBool, T, H, "x_q: expected dtype float8_e4m3fn or uint8, got dtype bool"},
       {"x_sf", DType::kFloat32, T, 2, "x_sf: expected dtype int32, got dtype float32"},
       {"x_sf", DType::kInt64, T, 2, "x_sf: expected dtype int32, got dtype int64"},
       {"topk_idx_out", DType::kInt32, T, K, "topk_idx_out: expected dtype int64, got dtype int32"},
@@ -353,15 +353,15 @@ TEST_F(Validation, WrongRanks) {
   }
   // Rank 0 and a rank the TensorRef constructor rejects (3-D -> ndim -1).
   megamoe::TensorRef scalar;
-  scalar.data = call_.x_fp8.ref().data;
+  scalar.data = call_.x_q.ref().data;
   scalar.dtype = DType::kFloat8E4M3;
   auto a = args();
-  a.x_fp8 = scalar;
-  expect_reject(a, {"x_fp8: expected 2-D tensor, got 0-D tensor"});
-  megamoe::TensorRef three(call_.x_fp8.ref().data, DType::kFloat8E4M3, {1, T, H});
+  a.x_q = scalar;
+  expect_reject(a, {"x_q: expected 2-D tensor, got 0-D tensor"});
+  megamoe::TensorRef three(call_.x_q.ref().data, DType::kFloat8E4M3, {1, T, H});
   a = args();
-  a.x_fp8 = three;
-  expect_reject(a, {"x_fp8: expected 2-D tensor"});
+  a.x_q = three;
+  expect_reject(a, {"x_q: expected 2-D tensor"});
 }
 
 TEST_F(Validation, WrongShapes) {
@@ -369,9 +369,9 @@ TEST_F(Validation, WrongShapes) {
       {"topk_ids", DType::kInt64, T - 1, K, nullptr},  // with matching weights below
       {"is_padding", DType::kBool, T - 1, -1, "is_padding: expected shape (5,), got shape (4,)"},
       {"is_padding", DType::kBool, T + 1, -1, "is_padding: expected shape (5,), got shape (6,)"},
-      {"x_fp8", DType::kFloat8E4M3, T, H / 2, "x_fp8: expected shape (5, 256), got shape (5, 128)"},
-      {"x_fp8", DType::kFloat8E4M3, T + 1, H, "x_fp8: expected shape (5, 256), got shape (6, 256)"},
-      {"x_fp8", DType::kFloat8E4M3, H, T, "x_fp8: expected shape (5, 256), got shape (256, 5)"},
+      {"x_q", DType::kFloat8E4M3, T, H / 2, "x_q: expected shape (5, 256), got shape (5, 128)"},
+      {"x_q", DType::kFloat8E4M3, T + 1, H, "x_q: expected shape (5, 256), got shape (6, 256)"},
+      {"x_q", DType::kFloat8E4M3, H, T, "x_q: expected shape (5, 256), got shape (256, 5)"},
       {"x_sf", DType::kInt32, T, 8, "x_sf: expected shape (5, 2), got shape (5, 8)"},
       {"x_sf", DType::kInt32, T - 1, 2, "x_sf: expected shape (5, 2), got shape (4, 2)"},
       {"topk_idx_out", DType::kInt64, T, K + 1, "topk_idx_out: expected shape (5, 3), got shape (5, 4)"},
@@ -440,12 +440,12 @@ TEST_F(Validation, CudaTensorsInCpuOnlyBuildAreUnsupported) {
 }
 
 TEST_F(Validation, OutputOverlapsInput) {
-  // x_fp8 inside hidden_states' buffer: T*H bytes fit in T*H bf16 elements.
+  // x_q inside hidden_states' buffer: T*H bytes fit in T*H bf16 elements.
   auto a = args();
-  megamoe::TensorRef x = a.x_fp8;
+  megamoe::TensorRef x = a.x_q;
   x.data = a.hidden_states.data;
-  a.x_fp8 = x;
-  expect_reject(a, {"megamoe: x_fp8: expected memory disjoint from hidden_states, got overlapping memory"}, true);
+  a.x_q = x;
+  expect_reject(a, {"megamoe: x_q: expected memory disjoint from hidden_states, got overlapping memory"}, true);
 
   // topk_weights_out over topk_weights (same dtype, same shape: in-place repack).
   a = args();
@@ -485,13 +485,13 @@ TEST_F(Validation, OutputsOverlapEachOther) {
   a.x_sf = sf;
   expect_reject(a, {"x_sf: expected memory disjoint from shared_x_sf"});
 
-  // A transposed x_fp8 view and x_sf carved from one scratch buffer, 3 bytes apart.
+  // A transposed x_q view and x_sf carved from one scratch buffer, 3 bytes apart.
   std::vector<uint8_t> scratch(static_cast<size_t>(T * H + 64), mt::kPoison);
   const std::vector<uint8_t> scratch_before = scratch;
   a = args();
   a.x_sf.data = scratch.data();
-  a.x_fp8 = megamoe::TensorRef(scratch.data() + 3, DType::kFloat8E4M3, {T, H}, {1, T});
-  expect_reject(a, {"megamoe: x_fp8: expected memory disjoint from x_sf, got overlapping memory"}, true);
+  a.x_q = megamoe::TensorRef(scratch.data() + 3, DType::kFloat8E4M3, {T, H}, {1, T});
+  expect_reject(a, {"megamoe: x_q: expected memory disjoint from x_sf, got overlapping memory"}, true);
   EXPECT_EQ(scratch, scratch_before);
 }
 
@@ -500,7 +500,7 @@ TEST_F(Validation, OutputWithAliasingStrides) {
     const char* slot;
     int64_t s0, s1;
   };
-  const Case cases[] = {{"x_fp8", 0, 1},        {"x_fp8", H, 0},      {"x_fp8", H / 2, 1},
+  const Case cases[] = {{"x_q", 0, 1},        {"x_q", H, 0},      {"x_q", H / 2, 1},
                         {"x_sf", 2, 0},         {"x_sf", 0, 0},       {"topk_idx_out", 0, 1},
                         {"topk_weights_out", 1, 1}, {"shared_x_sf", 0, 1}, {"shared_x_sf", 1, 64}};
   for (const Case& c : cases) {
@@ -539,7 +539,7 @@ TEST_F(Validation, ZeroTokensIsANoOp) {
   a.topk_ids = megamoe::TensorRef();
   a.x_sf.dtype = DType::kFloat16;
   a.shared_block_m.reset();
-  a.x_fp8.device = Device::cuda(3);
+  a.x_q.device = Device::cuda(3);
   EXPECT_NO_THROW(megamoe::prepare_inputs(a));
   EXPECT_NO_THROW(megamoe::validate(a));
   EXPECT_TRUE(untouched());

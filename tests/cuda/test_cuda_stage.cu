@@ -262,7 +262,7 @@ void run_case(const Case& c, bool graph, bool pdl) {
     a.topk_weights = v.w.ref(base(w), d);
     a.topk_ids = v.ids.ref(base(ids), d);
     if (c.pad) a.is_padding = v.pad.ref(base(pad), d);
-    a.x_fp8 = v.xq.ref(base(xq), d);
+    a.x_q = v.xq.ref(base(xq), d);
     a.x_sf = v.sf.ref(base(sf), d);
     a.topk_idx_out = v.io.ref(base(io), d);
     a.topk_weights_out = v.wo.ref(base(wo), d);
@@ -301,7 +301,7 @@ void run_case(const Case& c, bool graph, bool pdl) {
   }
   CUDA_OK(cudaGetLastError());
   cudaStreamDestroy(stream);
-  const char* names[] = {"x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf"};
+  const char* names[] = {"x_q", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf"};
   int i = 0;
   for (Buf* b : {&xq, &sf, &io, &wo, &sh}) {
     const std::vector<uint8_t> got = b->download();

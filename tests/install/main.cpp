@@ -34,7 +34,7 @@ int main() {
   std::vector<float> weights = {0.75f, 0.25f, 0.5f, 0.5f, 1.0f, 0.0f};
   std::vector<uint8_t> is_padding = {0, 1, 0};
 
-  std::vector<uint8_t> x_fp8(T * H, 0xFF);
+  std::vector<uint8_t> x_q(T * H, 0xFF);
   std::vector<int32_t> x_sf(T * 1, -1);  // MXFP8: H / (4 * 32) = 1 word per token
   std::vector<int64_t> idx(T * K, 99);
   std::vector<float> w(T * K, 99.0f);
@@ -46,7 +46,7 @@ int main() {
   a.topk_ids = TensorRef(ids.data(), DType::kInt32, {T, K});
   a.topk_weights = TensorRef(weights.data(), DType::kFloat32, {T, K});
   a.is_padding = TensorRef(is_padding.data(), DType::kUInt8, {T});
-  a.x_fp8 = TensorRef(x_fp8.data(), DType::kFloat8E4M3, {T, H});
+  a.x_q = TensorRef(x_q.data(), DType::kFloat8E4M3, {T, H});
   a.x_sf = TensorRef(x_sf.data(), DType::kInt32, {T, 1});
   a.topk_idx_out = TensorRef(idx.data(), DType::kInt64, {T, K});
   a.topk_weights_out = TensorRef(w.data(), DType::kFloat32, {T, K});
@@ -54,9 +54,9 @@ int main() {
 
   // 1.0: s = 1/448 -> e = 119 -> scale 2^-8 -> 1.0 * 256 = 256 = fp8 0x78.
   // 0.0: amax floor 1e-4 -> e = 105, bytes 0x00.  -448: s = 1 -> e = 127, byte 0xFE.
-  check(x_fp8[0] == 0x78 && x_fp8[H - 1] == 0x78, "token 0 values");
-  check(x_fp8[H] == 0x00, "token 1 values");
-  check(x_fp8[2 * H] == 0xFE, "token 2 values");
+  check(x_q[0] == 0x78 && x_q[H - 1] == 0x78, "token 0 values");
+  check(x_q[H] == 0x00, "token 1 values");
+  check(x_q[2 * H] == 0xFE, "token 2 values");
   check(static_cast<uint32_t>(x_sf[0]) == 0x77777777u, "token 0 scales");
   check(static_cast<uint32_t>(x_sf[1]) == 0x69696969u, "token 1 scales");
   check(static_cast<uint32_t>(x_sf[2]) == 0x7F7F7F7Fu, "token 2 scales");

@@ -125,7 +125,7 @@ inline float half_to_float(uint16_t h) {
 
 /// Dense staging results.
 struct Result {
-  std::vector<uint8_t> x_fp8;       ///< [T, H] fp8 bytes
+  std::vector<uint8_t> x_q;       ///< [T, H] fp8 bytes
   std::vector<uint32_t> sf_words;   ///< [T, H/(4G)] packed UE8M0 words (UE8M0 only)
   std::vector<float> sf_f32;        ///< [T, H/G] fp32 scales (fp32 only)
   std::vector<int64_t> idx;         ///< [T, K]
@@ -144,7 +144,7 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
                     bool ue8m0) {
   Result r;
   const int64_t groups = H / G;
-  r.x_fp8.resize(static_cast<size_t>(T * H));
+  r.x_q.resize(static_cast<size_t>(T * H));
   if (ue8m0) {
     r.sf_words.assign(static_cast<size_t>(T * (groups / 4)), 0u);
   } else {
@@ -173,7 +173,7 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
       }
       const float inv = detail::div_f32(1.0f, scale);
       for (int64_t i = 0; i < G; ++i) {
-        r.x_fp8[static_cast<size_t>(t * H + g * G + i)] = fp8_e4m3(detail::mul_f32(x[i], inv));
+        r.x_q[static_cast<size_t>(t * H + g * G + i)] = fp8_e4m3(detail::mul_f32(x[i], inv));
       }
     }
     const bool pad = is_padding != nullptr && is_padding[t] != 0;
