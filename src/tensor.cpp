@@ -18,6 +18,7 @@ int64_t dtype_size(DType t) noexcept {
     case DType::kInt64: return 8;
     case DType::kFloat8E4M3:
     case DType::kUInt8:
+    case DType::kInt8:
     case DType::kBool: return 1;
   }
   return 1;
@@ -33,6 +34,7 @@ const char* dtype_name(DType t) noexcept {
     case DType::kBool: return "bool";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kInt8: return "int8";
   }
   return "unknown";
 }
@@ -106,38 +108,6 @@ bool TensorRef::is_contiguous() const noexcept {
     if (__builtin_mul_overflow(st, shape[d], &st)) return false;
   }
   return true;
-}
-
-namespace {
-const char* elem_name(QuantElem e) {
-  switch (e) {
-    case QuantElem::kFloat8E4M3: return "fp8_e4m3fn";
-    case QuantElem::kFloat8E5M2: return "fp8_e5m2";
-    case QuantElem::kInt8: return "int8";
-    case QuantElem::kFloat4E2M1: return "fp4_e2m1";
-  }
-  return "?";
-}
-const char* scale_name(ScaleType s) {
-  switch (s) {
-    case ScaleType::kUE8M0: return "ue8m0";
-    case ScaleType::kFloat32: return "float32";
-    case ScaleType::kFloat16: return "float16";
-  }
-  return "?";
-}
-}  // namespace
-
-bool QuantScheme::operator==(const QuantScheme& o) const noexcept {
-  return elem == o.elem && scale == o.scale && group_m == o.group_m && group_k == o.group_k &&
-         is_static == o.is_static && symmetric == o.symmetric && has_scale2 == o.has_scale2;
-}
-
-std::string to_string(const QuantScheme& q) {
-  return std::string("QuantScheme(") + elem_name(q.elem) + ", scale=" + scale_name(q.scale) +
-         ", group=" + std::to_string(q.group_m) + "x" + std::to_string(q.group_k) + ", " +
-         (q.is_static ? "static" : "dynamic") + ", " + (q.symmetric ? "symmetric" : "asymmetric") +
-         (q.has_scale2 ? ", scale2" : "") + ")";
 }
 
 }  // namespace megamoe

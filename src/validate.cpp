@@ -9,6 +9,7 @@
 #include "core/checked.h"
 #include "core/layout.h"
 #include "megamoe/error.h"
+#include "scheme.h"
 
 namespace megamoe {
 namespace detail {
@@ -53,6 +54,13 @@ void check_shape2(const TensorRef& t, const char* name, int64_t r, int64_t c) {
   check_rank(t, name, 2);
   MEGAMOE_CHECK(t.shape[0] == r && t.shape[1] == c, name, "shape " + dims(r, c),
                 "shape " + t.shape_str());
+}
+
+/// A one-element tensor: 0-D, [1] or [1, 1].
+void check_scalar(const TensorRef& t, const char* name) {
+  const bool ok = t.ndim >= 0 && t.ndim <= 2 && (t.ndim < 1 || t.shape[0] == 1) && (t.ndim < 2 || t.shape[1] == 1);
+  MEGAMOE_CHECK(ok, name, "a one-element tensor (0-D, [1] or [1, 1])",
+                t.ndim >= 0 && t.ndim <= 2 ? "shape " + t.shape_str() : std::to_string(t.ndim) + "-D tensor");
 }
 
 void check_data(const TensorRef& t, const char* name) {
@@ -141,6 +149,9 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
                                   {&a.topk_weights_out, "topk_weights_out", true}};
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
   if (a.shared_x_sf) all.push_back({&*a.shared_x_sf, "shared_x_sf", true});
+  if (a.global_scale) all.push_back({&*a.global_scale, "global_scale", false});
+  if (a.x_scales) all.push_back({&*a.x_scales, "x_scales", true});
+  if (a.nonfinite_count) all.push_back({&*a.nonfinite_count, "nonfinite_count", true});
   return all;
 }
 
@@ -182,16 +193,26 @@ Problem validate_args(const StageArgs& a) {
 
   if (p.H % 128 != 0) fail(kSeedHidden128, "hidden_states", "hidden_size % 128 == 0", p.H);
 
-  const QuantScheme& q = a.hidden_quant;
-  check_scheme(q);
+  // vLLM's MXFP4 path passes the default scheme with a packed int8/uint8 x_q of width H/2.
+  QuantScheme q = a.hidden_quant;
+  if (q == QuantScheme::mxfp8().with_amax_floor(q.amax_floor) && a.x_q.ndim == 2 && a.x_q.shape[1] == p.H / 2 &&
+      (a.x_q.dtype == DType::kUInt8 || a.x_q.dtype == DType::kInt8)) {
+    q = QuantScheme::mxfp4().with_amax_floor(q.amax_floor);
+  }
+  p.fmt = format_of(q);
+  p.scheme = q;
   p.G = q.group_k;
-  p.ue8m0 = q.ue8m0();
-  if (p.ue8m0) {
+  p.floor = q.amax_floor;
+  p.ue8m0 = core::sf_of(p.fmt) == core::Sf::kUE8M0x4;
+  const bool packed = core::scale_codec(core::sf_of(p.fmt)).packed4;
+  if (packed) {
     MEGAMOE_CHECK((p.H / p.G) % 4 == 0, "hidden_states",
-                  "hidden_size / group_size to be a multiple of 4 (4 UE8M0 bytes per int32 word)",
+                  "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
                   std::to_string(p.H) + " / " + std::to_string(p.G));
   }
-  p.sf_cols = core::sf_width(p.H, p.G, p.ue8m0);
+  const OutputShapes shapes = output_shapes(p.T, p.H, 0, q);
+  p.sf_cols = shapes.x_sf.shape[1];
+  p.xq_cols = shapes.x_q.shape[1];
 
   check_rank(a.topk_ids, "topk_ids", 2);
   check_rank(a.topk_weights, "topk_weights", 2);
@@ -218,7 +239,7 @@ Problem validate_args(const StageArgs& a) {
                                                    ".");
     }
     // ceil(T / bm) * align(bm, 128), checked: a huge bm must not wrap to a small count.
-    const core::Checked req = core::ceil_div(p.T, bm) * core::round_up(bm, 128);
+    const core::Checked req = core::ceil_div(p.T, bm) * core::round_up(bm, 128);  // == output_shapes' rule
     if (!req.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(p.T) +
@@ -249,13 +270,46 @@ Problem validate_args(const StageArgs& a) {
   }
 
   // Outputs.
-  check_shape2(a.x_q, "x_q", p.T, p.H);
-  check_dtype(a.x_q, "x_q", {DType::kFloat8E4M3, DType::kUInt8});
+  check_shape2(a.x_q, "x_q", p.T, p.xq_cols);
+  if (core::values_per_byte(p.fmt) == 1) {
+    check_dtype(a.x_q, "x_q", {DType::kFloat8E4M3, DType::kUInt8});
+  } else {
+    check_dtype(a.x_q, "x_q", {DType::kUInt8, DType::kInt8});
+  }
   check_shape2(a.x_sf, "x_sf", p.T, p.sf_cols);
-  if (p.ue8m0) {
+  if (packed) {
     check_dtype(a.x_sf, "x_sf", {DType::kInt32});
   } else {
     check_dtype(a.x_sf, "x_sf", {DType::kFloat32});
+  }
+  // Second-level scales: present exactly when the format has them.
+  const std::string fmt_name = scheme_name(q);
+  p.has_global = a.global_scale.has_value();
+  if (shapes.global_scale.has_value() != p.has_global) {
+    fail(nullptr, "global_scale", p.has_global ? "none (" + fmt_name + " has no static global scale)"
+                                               : "a [1] float32 tensor (" + fmt_name + " needs one)",
+         p.has_global ? "a tensor" : "none");
+  }
+  if (p.has_global) {
+    check_scalar(*a.global_scale, "global_scale");
+    check_dtype(*a.global_scale, "global_scale", {DType::kFloat32});
+  }
+  p.has_x_scales = a.x_scales.has_value();
+  if (shapes.x_scales.has_value() != p.has_x_scales) {
+    fail(nullptr, "x_scales", p.has_x_scales ? "none (" + fmt_name + " has no per-token scales)"
+                                             : "a [T] float32 output (" + fmt_name + " writes one)",
+         p.has_x_scales ? "a tensor" : "none");
+  }
+  if (p.has_x_scales) {
+    check_rank(*a.x_scales, "x_scales", 1);
+    MEGAMOE_CHECK(a.x_scales->shape[0] == p.T, "x_scales", "shape (" + std::to_string(p.T) + ",)",
+                  "shape " + a.x_scales->shape_str());
+    check_dtype(*a.x_scales, "x_scales", {DType::kFloat32});
+  }
+  p.has_nonfinite = a.nonfinite_count.has_value();
+  if (p.has_nonfinite) {
+    check_scalar(*a.nonfinite_count, "nonfinite_count");
+    check_dtype(*a.nonfinite_count, "nonfinite_count", {DType::kInt64});
   }
   check_shape2(a.topk_idx_out, "topk_idx_out", p.T, p.K);
   check_dtype(a.topk_idx_out, "topk_idx_out", {DType::kInt64});
@@ -287,18 +341,6 @@ Problem validate_args(const StageArgs& a) {
 }
 
 }  // namespace detail
-
-void check_scheme(const QuantScheme& q) {
-  const bool ok = q.elem == QuantElem::kFloat8E4M3 && q.symmetric && !q.has_scale2 &&
-                  !q.is_static && q.group_m == 1 && q.group_k > 0 && 128 % q.group_k == 0 &&
-                  (q.scale == ScaleType::kUE8M0 || q.scale == ScaleType::kFloat32);
-  if (!ok) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "DeepSeek V4 MegaMoE input staging requires symmetric dynamic fp8 per-group "
-                "quantization with a group size dividing 128 and E8M0 or fp32 scales, got " +
-                    to_string(q) + ".");
-  }
-}
 
 
 }  // namespace megamoe

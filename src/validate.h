@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/formats.h"
 #include "megamoe/stage.h"
 
 namespace megamoe {
@@ -16,7 +17,14 @@ struct Problem {
   int64_t K = 0;        ///< top-k
   int64_t G = 0;        ///< group size
   int64_t sf_cols = 0;  ///< scale-row width of x_sf (words or floats)
-  bool ue8m0 = true;    ///< UE8M0 scales (else fp32)
+  int64_t xq_cols = 0;  ///< row width of x_q in bytes (H, or H/2 for fp4)
+  core::Format fmt = core::Format::kFp8Ue8m0;  ///< launch-table row
+  QuantScheme scheme;   ///< the scheme staged (after the MXFP4 drop-in rule)
+  float floor = 1e-4f;  ///< amax floor
+  bool ue8m0 = true;    ///< UE8M0 scales
+  bool has_global = false;     ///< global_scale given (NVFP4 static)
+  bool has_x_scales = false;   ///< x_scales given (NVFP4 per-token)
+  bool has_nonfinite = false;  ///< nonfinite_count given
   bool has_padding = false;
   bool has_shared = false;
   int64_t shared_bm = 1;

@@ -5,6 +5,7 @@
 
 #include "megamoe/error.h"
 #include "megamoe/quant.h"
+#include "megamoe/shapes.h"
 #include "megamoe/stage.h"
 #include "megamoe/tensor.h"
 #include "megamoe/version.h"

@@ -1,19 +1,22 @@
 /// @file quant.h
-/// @brief Quantization schemes for the hidden states.
+/// @brief Quantization schemes of the hidden states: an element codec, a scale codec, a
+/// group size, an amax floor, a tie rule and an optional second-level scale.
 ///
-/// A scheme names the element type, the scale type, the group shape (1 x G along the
-/// hidden dimension), whether scales are static or dynamic, symmetric or not, and whether
-/// a second-level scale exists. Staging accepts exactly:
-///   element fp8 e4m3fn, symmetric, dynamic, no second-level scale, groups of 1 x G with
-///   G dividing 128, scale type UE8M0 (E8M0) or fp32.
-///
-/// Scaling formats (per token t, per group g of G consecutive hidden elements):
-///  - **UE8M0** (MXFP8 style): scale = 2^(e-127) with e = ceil(log2(max(amax,1e-4)/448)),
-///    computed bit-exactly (see src/core/numerics.h). The exponent bytes are packed four to
-///    an int32, little-endian in group order: byte j of x_sf[t, w] is the exponent of group
-///    4w + j, so x_sf is [T, H/(4G)] int32.
-///  - **fp32**: scale = max(amax,1e-4) * (1/448) as fp32; x_sf is [T, H/G] float32
-///    (the Hopper / DeepGEMM-SM90 flavour; an MN-major transposed view is fine).
+/// Staging accepts exactly these families (docs/CONTRACT.md "Activation formats"):
+///  - **fp8** (e4m3fn elements): UE8M0 scales (packed four per int32) or fp32 scales,
+///    groups of 1 x G along H with G dividing 128 (UE8M0: H/G a multiple of 4), ties to
+///    nearest even. Presets mxfp8() (the default), fp8_ue8m0_g128(), fp8_fp32_g128()
+///    (Hopper / DeepGEMM SM90), fp8_fp32_g32().
+///  - **MXFP4** (e2m1 elements, two per byte): UE8M0 scales, G = 32, ties toward zero
+///    (DeepGEMM's per_token_cast_to_fp4, the default) or to nearest even (PTX
+///    cvt.rn.satfinite.e2m1x2). Preset mxfp4().
+///  - **NVFP4** (e2m1 elements, ties toward zero): e4m3 scales packed four per int32,
+///    G = 16, with a second-level scale that is either static (a device fp32 scalar the
+///    caller passes: StageArgs::global_scale) or computed per token (an extra output
+///    StageArgs::x_scales). Presets nvfp4_static(), nvfp4_per_token().
+/// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
+/// pre-dispatch and SGLang's kernels): with_amax_floor(). The numeric recipe of each is in
+/// src/core/formats.h and docs/CONTRACT.md.
 #pragma once
 
 #include <cstdint>
@@ -21,54 +24,98 @@
 
 namespace megamoe {
 
-/// @brief Type of the per-group scale factor.
+/// @brief Type (codec) of the per-group scale factor.
 enum class ScaleType : uint8_t {
-  kUE8M0,    ///< unsigned 8-bit power-of-two exponent (E8M0), packed 4 per int32
-  kFloat32,  ///< plain fp32 scale
-  kFloat16,  ///< fp16 scale (not accepted by staging; exists so it can be rejected by name)
+  kUE8M0,       ///< unsigned 8-bit power-of-two exponent (E8M0), packed 4 per int32
+  kFloat32,     ///< plain fp32 scale
+  kFloat16,     ///< fp16 scale (not accepted; exists so it can be rejected by name)
+  kFloat8E4M3,  ///< fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)
 };
 
-/// @brief Element type of the quantized values.
+/// @brief Element type (codec) of the quantized values.
 enum class QuantElem : uint8_t {
-  kFloat8E4M3,  ///< fp8 e4m3fn (accepted)
+  kFloat8E4M3,  ///< fp8 e4m3fn, one byte per value
   kFloat8E5M2,  ///< fp8 e5m2 (rejected)
   kInt8,        ///< int8 (rejected)
-  kFloat4E2M1,  ///< fp4 (rejected)
+  kFloat4E2M1,  ///< fp4 e2m1, two values per byte (low nibble = even column)
 };
 
-/// @brief A quantization scheme, shaped like vLLM's QuantKey.
+/// @brief How a value exactly between two representable ones is rounded.
+enum class Rounding : uint8_t {
+  kDefault,         ///< the element codec's reference rule: e4m3 nearest even, e2m1 toward zero
+  kNearestEven,     ///< to the neighbour with the even code (IEEE, PTX cvt.rn)
+  kTiesTowardZero,  ///< to the neighbour of smaller magnitude (DeepGEMM's fp4 reference)
+};
+
+/// @brief The second-level scale of a scheme.
+enum class Scale2 : uint8_t {
+  kNone,      ///< none (fp8, MXFP4)
+  kStatic,    ///< a caller-given device fp32 scalar (NVFP4 static: StageArgs::global_scale)
+  kPerToken,  ///< one fp32 per token, computed and written to StageArgs::x_scales
+};
+
+/// @brief A quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.
 struct QuantScheme {
   QuantElem elem = QuantElem::kFloat8E4M3;  ///< quantized element type
   ScaleType scale = ScaleType::kUE8M0;      ///< scale type
   int64_t group_m = 1;                      ///< group rows (1 = per token)
   int64_t group_k = 32;  ///< group columns G along H; <= 0 means per-tensor/per-token
-  bool is_static = false;                   ///< static (precomputed) scales
+  bool is_static = false;                   ///< static (precomputed) group scales
   bool symmetric = true;                    ///< symmetric (no zero point)
-  bool has_scale2 = false;                  ///< a second-level scale exists
+  Scale2 scale2 = Scale2::kNone;            ///< second-level scale
+  Rounding rounding = Rounding::kDefault;   ///< tie rule of the element encoding
+  float amax_floor = 1e-4f;                 ///< lower bound of a group's amax
 
   /// @brief fp8 e4m3 + UE8M0 scales, G = 32 (MXFP8; the default).
   static constexpr QuantScheme mxfp8() noexcept { return QuantScheme{}; }
   /// @brief fp8 e4m3 + UE8M0 scales, G = 128.
-  static constexpr QuantScheme fp8_ue8m0_g128() noexcept {
-    return QuantScheme{QuantElem::kFloat8E4M3, ScaleType::kUE8M0, 1, 128, false, true, false};
-  }
+  static constexpr QuantScheme fp8_ue8m0_g128() noexcept { return fp8(ScaleType::kUE8M0, 128); }
   /// @brief fp8 e4m3 + fp32 scales, G = 128 (Hopper / DeepGEMM SM90).
-  static constexpr QuantScheme fp8_fp32_g128() noexcept {
-    return QuantScheme{QuantElem::kFloat8E4M3, ScaleType::kFloat32, 1, 128, false, true, false};
-  }
+  static constexpr QuantScheme fp8_fp32_g128() noexcept { return fp8(ScaleType::kFloat32, 128); }
   /// @brief fp8 e4m3 + fp32 scales, G = 32.
-  static constexpr QuantScheme fp8_fp32_g32() noexcept {
-    return QuantScheme{QuantElem::kFloat8E4M3, ScaleType::kFloat32, 1, 32, false, true, false};
+  static constexpr QuantScheme fp8_fp32_g32() noexcept { return fp8(ScaleType::kFloat32, 32); }
+  /// @brief fp4 e2m1 + UE8M0 scales, G = 32 (MXFP4); ties toward zero unless @p r says otherwise.
+  static constexpr QuantScheme mxfp4(Rounding r = Rounding::kTiesTowardZero) noexcept {
+    QuantScheme q{QuantElem::kFloat4E2M1, ScaleType::kUE8M0, 1, 32};
+    q.rounding = r;
+    return q;
   }
+  /// @brief NVFP4 with a static global scale (DeepGEMM's fp4xfp4 MegaMoE buffers).
+  static constexpr QuantScheme nvfp4_static() noexcept { return nvfp4(Scale2::kStatic); }
+  /// @brief NVFP4 with a per-token second-level scale (SGLang's nvfp4xnvfp4 pre-dispatch).
+  static constexpr QuantScheme nvfp4_per_token() noexcept { return nvfp4(Scale2::kPerToken); }
 
+  /// @brief This scheme with another amax floor (e.g. 1e-10f for the SM90 pre-dispatch).
+  constexpr QuantScheme with_amax_floor(float floor) const noexcept {
+    QuantScheme q = *this;
+    q.amax_floor = floor;
+    return q;
+  }
   /// @brief True for UE8M0 scales.
   constexpr bool ue8m0() const noexcept { return scale == ScaleType::kUE8M0; }
   bool operator==(const QuantScheme& o) const noexcept;
+  bool operator!=(const QuantScheme& o) const noexcept { return !(*this == o); }
+
+ private:
+  static constexpr QuantScheme fp8(ScaleType s, int64_t g) noexcept {
+    return QuantScheme{QuantElem::kFloat8E4M3, s, 1, g};
+  }
+  static constexpr QuantScheme nvfp4(Scale2 s2) noexcept {
+    QuantScheme q{QuantElem::kFloat4E2M1, ScaleType::kFloat8E4M3, 1, 16};
+    q.scale2 = s2;
+    q.rounding = Rounding::kTiesTowardZero;
+    return q;
+  }
 };
 
-/// @brief Human-readable description, e.g. "QuantScheme(fp8_e4m3, scale=ue8m0, group=1x32,
-/// dynamic, symmetric)"; used in error messages.
+/// @brief Human-readable description naming every field, e.g. "QuantScheme(fp8_e4m3,
+/// scale=ue8m0, group=1x32, dynamic, symmetric)"; used in error messages.
 std::string to_string(const QuantScheme& q);
+
+/// @brief Short name of an accepted scheme ("mxfp8", "fp8_fp32_g128", "mxfp4",
+/// "mxfp4_rne", "nvfp4_static", "nvfp4_per_token", ...; "+floor=1e-10" when the floor is
+/// not the default), or "unsupported".
+std::string scheme_name(const QuantScheme& q);
 
 /// @brief Throw megamoe::Error naming @p q unless staging accepts it (see file comment).
 void check_scheme(const QuantScheme& q);

@@ -22,7 +22,8 @@ enum class DType : uint8_t {
   kUInt8,        ///< raw bytes: accepted for x_q (NumPy has no fp8) and is_padding
   kBool,         ///< one byte, nonzero = true (is_padding)
   kInt32,        ///< int32 (top-k ids, packed UE8M0 scale words)
-  kInt64,        ///< int64 (top-k ids)
+  kInt64,        ///< int64 (top-k ids, non-finite counter)
+  kInt8,         ///< int8: accepted for packed fp4 x_q (vLLM's MXFP4 buffers)
 };
 
 /// @brief Size of one element of @p t in bytes.

@@ -78,6 +78,17 @@ MEGAMOE_HD float fmax_nan_ignoring(float a, float b) {
 #endif
 }
 
+/// NaN-ignoring minimum (fminf semantics).
+MEGAMOE_HD float fminf_nan_ignoring(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  if (a != a) return b;
+  if (b != b) return a;
+  return a < b ? a : b;
+#endif
+}
+
 /// |x| by clearing the sign bit.
 MEGAMOE_HD float abs_bits(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
 
@@ -101,9 +112,9 @@ MEGAMOE_HD float half_to_float(uint16_t h) {
   return bits_float(sign | (e << 23) | ((man & 0x3FFu) << 13));
 }
 
-/// s = max(amax, 1e-4f) * (1/448) rounded to nearest even.
-MEGAMOE_HD float scale_from_amax(float amax) {
-  return mul_rn(fmax_nan_ignoring(amax, kAmaxFloor), bits_float(kInv448Bits));
+/// s = max(amax, floor) * (1/448) rounded to nearest even.
+MEGAMOE_HD float scale_from_amax(float amax, float floor = kAmaxFloor) {
+  return mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInv448Bits));
 }
 
 /// UE8M0 exponent byte of scale s: ceil to a power of two, clamped to [1, 254].

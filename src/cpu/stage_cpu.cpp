@@ -1,5 +1,5 @@
-// stage_cpu.cpp: CPU backend. Generic over dtypes and strides; the numerics come from
-// core/numerics.h, the same header the CUDA kernels use.
+// stage_cpu.cpp: CPU backend. Generic over dtypes, strides and formats; the group math
+// comes from core/formats.h, the same header the CUDA kernels use.
 #include "cpu/stage_cpu.h"
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/layout.h"
-#include "core/numerics.h"
+#include "core/formats.h"
 
 namespace megamoe {
 namespace cpu {
@@ -25,8 +25,8 @@ T load(const TensorRef& t, int64_t i, int64_t j) {
 }
 
 template <typename T>
-void store(const TensorRef& t, int64_t i, int64_t j, T v) {
-  const int64_t off = i * t.strides[0] + j * t.strides[1];
+void store(const TensorRef& t, int64_t i, int64_t j, T v, bool rank1 = false) {
+  const int64_t off = rank1 ? i * t.strides[0] : i * t.strides[0] + j * t.strides[1];
   std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
 }
 
@@ -39,10 +39,10 @@ float load_float(const TensorRef& t, int64_t i, int64_t j) {
   }
 }
 
-/// Row t of a bf16/fp16/fp32 tensor widened exactly to fp32 (contiguous rows read directly).
+/// Elements [h0, h0 + n) of row t of a bf16/fp16/fp32 tensor, widened exactly to fp32.
 template <typename Bits, float (*Widen)(Bits)>
-void widen_row(const TensorRef& a, int64_t t, int64_t n, float* out) {
-  const Bits* base = static_cast<const Bits*>(a.data) + t * a.strides[0];
+void widen_span(const TensorRef& a, int64_t t, int64_t h0, int64_t n, float* out) {
+  const Bits* base = static_cast<const Bits*>(a.data) + t * a.strides[0] + h0 * a.strides[1];
   if (a.strides[1] == 1) {
     for (int64_t h = 0; h < n; ++h) out[h] = Widen(base[h]);
   } else {
@@ -51,46 +51,61 @@ void widen_row(const TensorRef& a, int64_t t, int64_t n, float* out) {
 }
 float identity(float f) { return f; }
 
-void load_row(const TensorRef& a, int64_t t, int64_t n, float* out) {
+void load_span(const TensorRef& a, int64_t t, int64_t h0, int64_t n, float* out) {
   switch (a.dtype) {
-    case DType::kBFloat16: return widen_row<uint16_t, core::bf16_to_float>(a, t, n, out);
-    case DType::kFloat16: return widen_row<uint16_t, core::half_to_float>(a, t, n, out);
-    default: return widen_row<float, identity>(a, t, n, out);
+    case DType::kBFloat16: return widen_span<uint16_t, core::bf16_to_float>(a, t, h0, n, out);
+    case DType::kFloat16: return widen_span<uint16_t, core::half_to_float>(a, t, h0, n, out);
+    default: return widen_span<float, identity>(a, t, h0, n, out);
   }
 }
 
-void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
-  std::vector<float> row(static_cast<size_t>(p.H));
-  std::vector<uint8_t> q(static_cast<size_t>(p.H));
-  std::vector<uint32_t> words(static_cast<size_t>(p.sf_cols));
-  const int64_t groups = p.H / p.G;
+template <core::Format F>
+int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
+  constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
+  constexpr bool kFp4 = core::values_per_byte(F) == 2;
+  const int64_t G = p.G, groups = p.H / G;
   uint8_t* const xq = static_cast<uint8_t*>(a.x_q.data);
+  const int64_t xs0 = a.x_q.strides[0], xs1 = a.x_q.strides[1];
+  float s2 = 0.0f;  // second-level scale: static gs, or the row's per-token scale
+  if constexpr (F == core::Format::kNvfp4Static) std::memcpy(&s2, a.global_scale->data, sizeof s2);
+  int64_t nonfinite = 0;
+  float x[128];
   for (int64_t t = t0; t < t1; ++t) {
-    load_row(a.hidden_states, t, p.H, row.data());
-    std::fill(words.begin(), words.end(), 0u);
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* x = row.data() + g * p.G;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < p.G; ++i) amax = core::fmax_nan_ignoring(amax, core::abs_bits(x[i]));
-      const core::GroupScale gs = core::group_scale(amax, p.ue8m0);
-      uint8_t* qg = q.data() + g * p.G;
-      for (int64_t i = 0; i < p.G; ++i) qg[i] = core::quantize(x[i], gs.inv);
-      if (p.ue8m0) {
-        words[core::ue8m0_word(g)] |= gs.ue8m0 << core::ue8m0_shift(g);
-      } else {
-        store<float>(a.x_sf, t, g, gs.scale);
+    if constexpr (F == core::Format::kNvfp4PerToken) {
+      float row_amax = 0.0f;
+      for (int64_t h0 = 0; h0 < p.H; h0 += G) {
+        load_span(a.hidden_states, t, h0, G, x);
+        for (int64_t i = 0; i < G; ++i) row_amax = core::fmax_nan_ignoring(row_amax, core::abs_bits(x[i]));
       }
+      s2 = core::per_token_scale(row_amax, p.floor);
+      store<float>(*a.x_scales, t, 0, s2, /*rank1=*/true);
     }
-    if (a.x_q.strides[1] == 1) {
-      std::memcpy(xq + t * a.x_q.strides[0], q.data(), static_cast<size_t>(p.H));
-    } else {
-      for (int64_t h = 0; h < p.H; ++h) xq[t * a.x_q.strides[0] + h * a.x_q.strides[1]] = q[h];
-    }
-    if (p.ue8m0) {
-      for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(a.x_sf, t, w, words[w]);
-      if (p.has_shared) {
-        const int64_t r = core::shared_sf_row(t, p.shared_bm);
-        for (int64_t w = 0; w < p.sf_cols; ++w) store<uint32_t>(*a.shared_x_sf, r, w, words[w]);
+    uint32_t word = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      load_span(a.hidden_states, t, g * G, G, x);
+      float amax = 0.0f;
+      for (int64_t i = 0; i < G; ++i) amax = core::fmax_nan_ignoring(amax, core::abs_bits(x[i]));
+      if (p.has_nonfinite) {
+        for (int64_t i = 0; i < G; ++i) nonfinite += core::non_finite(x[i]) ? 1 : 0;
+      }
+      const core::GroupParams gp = core::group_params<F>(amax, p.floor, s2);
+      if constexpr (kFp4) {
+        for (int64_t i = 0; i < G; i += 2) {
+          const uint32_t b = core::encode<F>(x[i], gp) | (core::encode<F>(x[i + 1], gp) << 4);
+          xq[t * xs0 + ((g * G + i) / 2) * xs1] = static_cast<uint8_t>(b);
+        }
+      } else {
+        for (int64_t i = 0; i < G; ++i) xq[t * xs0 + (g * G + i) * xs1] = static_cast<uint8_t>(core::encode<F>(x[i], gp));
+      }
+      if constexpr (kPacked) {
+        word |= gp.sf << core::ue8m0_shift(g);
+        if (g % 4 == 3) {
+          store<uint32_t>(a.x_sf, t, g / 4, word);
+          if (p.has_shared) store<uint32_t>(*a.shared_x_sf, core::shared_sf_row(t, p.shared_bm), g / 4, word);
+          word = 0;
+        }
+      } else {
+        store<uint32_t>(a.x_sf, t, g, gp.sf);
       }
     }
     bool pad = false;
@@ -110,6 +125,19 @@ void stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_
       store<float>(a.topk_weights_out, t, k, w);
     }
   }
+  return nonfinite;
+}
+
+int64_t stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
+  switch (p.fmt) {
+    case core::Format::kFp8Ue8m0: return stage_rows_in<core::Format::kFp8Ue8m0>(a, p, t0, t1);
+    case core::Format::kFp8Fp32: return stage_rows_in<core::Format::kFp8Fp32>(a, p, t0, t1);
+    case core::Format::kMxfp4: return stage_rows_in<core::Format::kMxfp4>(a, p, t0, t1);
+    case core::Format::kMxfp4Rne: return stage_rows_in<core::Format::kMxfp4Rne>(a, p, t0, t1);
+    case core::Format::kNvfp4Static: return stage_rows_in<core::Format::kNvfp4Static>(a, p, t0, t1);
+    case core::Format::kNvfp4PerToken: return stage_rows_in<core::Format::kNvfp4PerToken>(a, p, t0, t1);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -121,19 +149,27 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   unsigned n = cores;
   if (work < static_cast<double>(int64_t{1} << 18)) n = 1;
   n = static_cast<unsigned>(std::min<int64_t>(n, p.T));
+  auto add_count = [&](int64_t c) {
+    if (!p.has_nonfinite) return;
+    int64_t v;
+    std::memcpy(&v, a.nonfinite_count->data, sizeof v);
+    v += c;
+    std::memcpy(a.nonfinite_count->data, &v, sizeof v);
+  };
   if (n <= 1) {
-    stage_rows(a, p, 0, p.T);
+    add_count(stage_rows(a, p, 0, p.T));
     return;
   }
   // A worker's exception (std::bad_alloc of its row buffers) must reach the caller, not
   // std::terminate: each worker keeps its own and the first one is rethrown after the join.
   const int64_t per = (p.T + n - 1) / n;
   std::vector<std::exception_ptr> errors(n);
+  std::vector<int64_t> counts(n, 0);
   std::vector<std::thread> pool;
   auto run = [&](unsigned i) {
     const int64_t t0 = std::min<int64_t>(p.T, i * per), t1 = std::min<int64_t>(p.T, t0 + per);
     try {
-      if (t0 < t1) stage_rows(a, p, t0, t1);
+      if (t0 < t1) counts[i] = stage_rows(a, p, t0, t1);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -149,6 +185,9 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  add_count(total);
 }
 
 }  // namespace cpu

@@ -705,6 +705,11 @@ void set_tuning(const Tuning& t) {
 }
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
+  const bool fp8 = p.fmt == core::Format::kFp8Ue8m0 || p.fmt == core::Format::kFp8Fp32;
+  if (!fp8 || p.floor != core::kAmaxFloor || p.has_nonfinite) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: hidden_quant: the CUDA backend of this build stages fp8 with the "
+                                         "default amax floor and no non-finite counter, got " + to_string(p.scheme));
+  }
   const bool fast = (p.G == 32 || p.G == 128) && rows_vectorizable(a.hidden_states) &&
                     rows_vectorizable(a.x_q);
   const bool idx32 = fast && fits_idx32(a, p, p.T * (p.H / kChunk));

@@ -3,6 +3,7 @@
 // unchanged. T == 0 is a no-op. CUDA tensors in a CPU-only build are kUnsupported.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -228,10 +229,15 @@ TEST_F(Validation, UnsupportedSchemes) {
   QuantScheme q;
   q = QuantScheme::mxfp8(); q.is_static = true; bad.emplace_back("static", q);
   q = QuantScheme::mxfp8(); q.symmetric = false; bad.emplace_back("asymmetric", q);
-  q = QuantScheme::mxfp8(); q.has_scale2 = true; bad.emplace_back("scale2", q);
+  q = QuantScheme::mxfp8(); q.scale2 = megamoe::Scale2::kStatic; bad.emplace_back("scale2", q);
   q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kFloat8E5M2; bad.emplace_back("e5m2", q);
   q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kInt8; bad.emplace_back("int8", q);
-  q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kFloat4E2M1; bad.emplace_back("fp4", q);
+  q = QuantScheme::mxfp8(); q.amax_floor = 0.0f; bad.emplace_back("floor 0", q);
+  q = QuantScheme::mxfp8(); q.amax_floor = -1e-4f; bad.emplace_back("floor < 0", q);
+  q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::infinity(); bad.emplace_back("floor inf", q);
+  q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::quiet_NaN(); bad.emplace_back("floor nan", q);
+  q = QuantScheme::mxfp8(); q.rounding = megamoe::Rounding::kTiesTowardZero; bad.emplace_back("fp8 ttz", q);
+  q = QuantScheme::fp8_fp32_g128(); q.scale = ScaleType::kFloat8E4M3; bad.emplace_back("fp8 e4m3 scales", q);
   q = QuantScheme::mxfp8(); q.group_k = 48; bad.emplace_back("G=48", q);
   q = QuantScheme::mxfp8(); q.group_k = 256; bad.emplace_back("G=256", q);
   q = QuantScheme::fp8_fp32_g128(); q.group_k = 3; bad.emplace_back("G=3", q);
@@ -248,6 +254,28 @@ TEST_F(Validation, UnsupportedSchemes) {
     expect_reject(a, {kSeedScheme, megamoe::to_string(scheme) + "."}, true);
     EXPECT_THROW(megamoe::check_scheme(scheme), megamoe::Error);
   }
+  // Rejected fp4 schemes name the FP4 families instead of the fp8 sentence.
+  std::vector<std::pair<const char*, QuantScheme>> bad4;
+  q = QuantScheme::mxfp4(); q.group_k = 16; bad4.emplace_back("mxfp4 G=16", q);
+  q = QuantScheme::mxfp4(); q.scale = ScaleType::kFloat32; bad4.emplace_back("fp4 fp32 scales", q);
+  q = QuantScheme::mxfp4(); q.scale2 = megamoe::Scale2::kPerToken; bad4.emplace_back("mxfp4 + scale2", q);
+  q = QuantScheme::nvfp4_static(); q.rounding = megamoe::Rounding::kNearestEven; bad4.emplace_back("nvfp4 rne", q);
+  q = QuantScheme::nvfp4_static(); q.scale2 = megamoe::Scale2::kNone; bad4.emplace_back("nvfp4 no scale2", q);
+  q = QuantScheme::nvfp4_per_token(); q.group_k = 32; bad4.emplace_back("nvfp4 G=32", q);
+  q = QuantScheme::nvfp4_per_token(); q.is_static = true; bad4.emplace_back("nvfp4 static sf", q);
+  q = QuantScheme::mxfp4(); q.amax_floor = 0.0f; bad4.emplace_back("mxfp4 floor 0", q);
+  for (const auto& [name, scheme] : bad4) {
+    SCOPED_TRACE(name);
+    auto a = args();
+    a.hidden_quant = scheme;
+    expect_reject(a, {"megamoe: hidden_quant: fp4 e2m1 staging supports MXFP4", megamoe::to_string(scheme) + "."}, true);
+    EXPECT_THROW(megamoe::check_scheme(scheme), megamoe::Error);
+  }
+  for (const QuantScheme& ok : {QuantScheme::mxfp4(), QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
+                                QuantScheme::nvfp4_static(), QuantScheme::nvfp4_per_token(),
+                                QuantScheme::fp8_fp32_g128().with_amax_floor(1e-10f)}) {
+    EXPECT_NO_THROW(megamoe::check_scheme(ok)) << megamoe::to_string(ok);
+  }
   for (const QuantScheme& ok : {QuantScheme::mxfp8(), QuantScheme::fp8_ue8m0_g128(),
                                 QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_fp32_g32(),
                                 mt::scheme(true, 1), mt::scheme(false, 64)}) {
@@ -259,7 +287,7 @@ TEST_F(Validation, Ue8m0NeedsFourGroupsPerWord) {
   // UE8M0 G = 128 needs H % 512 == 0; G = 64 needs H % 256 == 0.
   build(QuantScheme::fp8_ue8m0_g128());
   expect_reject(args(), {"megamoe: hidden_states: expected hidden_size / group_size to be a "
-                         "multiple of 4 (4 UE8M0 bytes per int32 word), got 256 / 128"},
+                         "multiple of 4 (4 scale bytes per int32 word), got 256 / 128"},
                 true);
   mt::Buf hs = mt::make_buf(DType::kBFloat16, T, 128, Layout::kContig, false, 0);
   mt::Buf xf = mt::make_buf(DType::kFloat8E4M3, T, 128, Layout::kContig, false, mt::kPoison);

@@ -1,0 +1,192 @@
+// formats.h: the activation formats, declared once, and their per-group math, shared
+// bit-for-bit by the CPU backend and the CUDA kernels (docs/CONTRACT.md "Activation
+// formats"; docs/DESIGN.md "Adding a format").
+//
+// A format is an element codec (e4m3 or e2m1, with its tie rule) times a scale codec
+// (UE8M0 or e4m3 bytes packed four per int32 word, or fp32) times a second-level scale.
+// The launch table is the Format enum: every backend dispatches on it with one switch, and
+// a format's whole recipe is the specialisations below. Per group of G elements of a token,
+// with amax = NaN-ignoring max |x| (fmaxf semantics) and `floor` the scheme's amax floor:
+//   kFp8Ue8m0     e = ue8m0(fl(max(amax,floor) * fl(1/448)));  v = x * 2^(127-e);  e4m3(v)
+//   kFp8Fp32      s = fl(max(amax,floor) * fl(1/448));         v = x * fl(1/s);    e4m3(v)
+//   kMxfp4[Rne]   e = ue8m0(fl(max(amax,floor) / 6));          v = x * 2^(127-e);  e2m1(v)
+//   kNvfp4Static  sf = e4m3(clamp(fl(amax / fl(6*gs)), 2^-9, 448)); v = fl(x / fl(sf*gs)); e2m1 ttz
+//   kNvfp4PerToken pts = fl(max(row_amax,floor) / 2688) per token;
+//                 sf = e4m3_satfinite(fl(amax / fl(6*pts))); inv = sf > 0 ? fl(1/fl(sf*pts)) : 0;
+//                 v = fl(x * inv); e2m1 ttz
+// e4m3 is RNE, finite values saturating to 448, NaN -> 0x7F, +-Inf -> +-448 (PTX
+// cvt.rn.satfinite.e4m3x2.f32). e2m1 (grid 0, .5, 1, 1.5, 2, 3, 4, 6) ties toward zero:
+// code = number of midpoints {.25,.75,1.25,1.75,2.5,3.5,5} that |v| strictly exceeds, sign
+// only when the code is nonzero, NaN -> 0; or nearest even: saturating, sign always kept,
+// NaN -> 0x7 (PTX cvt.rn.satfinite.e2m1x2.f32).
+#pragma once
+
+#include <cstdint>
+
+#include "core/numerics.h"
+
+namespace megamoe {
+namespace core {
+
+/// The launch table: one row per accepted (element codec, scale codec, scale2) triple.
+enum class Format : uint8_t {
+  kFp8Ue8m0,       ///< e4m3 values, UE8M0 scales packed 4 per int32 (MXFP8 and G = 128)
+  kFp8Fp32,        ///< e4m3 values, fp32 scales
+  kMxfp4,          ///< e2m1 values (ties toward zero), UE8M0 scales, G = 32
+  kMxfp4Rne,       ///< e2m1 values (nearest even), UE8M0 scales, G = 32
+  kNvfp4Static,    ///< e2m1 values, e4m3 scales packed 4 per int32, G = 16, static gs
+  kNvfp4PerToken,  ///< as kNvfp4Static with a per-token second-level scale
+};
+constexpr int kFormatCount = 6;
+
+/// Element codecs.
+enum class Elem : uint8_t { kE4M3, kE2M1 };
+/// Scale codecs.
+enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32 };
+
+struct ElemCodec {
+  int bits;         ///< bits per value (8: one per byte; 4: two per byte, low nibble first)
+  float max_value;  ///< largest finite magnitude
+  const char* name;
+};
+struct ScaleCodec {
+  bool packed4;  ///< one byte per group, four groups per int32 word (little-endian)
+  const char* name;
+};
+
+MEGAMOE_HD constexpr Elem elem_of(Format f) {
+  return f == Format::kFp8Ue8m0 || f == Format::kFp8Fp32 ? Elem::kE4M3 : Elem::kE2M1;
+}
+MEGAMOE_HD constexpr Sf sf_of(Format f) {
+  return f == Format::kFp8Fp32                                      ? Sf::kFp32
+         : f == Format::kNvfp4Static || f == Format::kNvfp4PerToken ? Sf::kE4M3x4
+                                                                    : Sf::kUE8M0x4;
+}
+/// e2m1 ties toward zero (every e2m1 format but kMxfp4Rne).
+MEGAMOE_HD constexpr bool ttz_of(Format f) { return elem_of(f) == Elem::kE2M1 && f != Format::kMxfp4Rne; }
+/// The group size a format fixes (0: any G dividing 128, the fp8 formats).
+MEGAMOE_HD constexpr int fixed_group_of(Format f) {
+  return elem_of(f) == Elem::kE4M3 ? 0 : sf_of(f) == Sf::kE4M3x4 ? 16 : 32;
+}
+MEGAMOE_HD constexpr ElemCodec elem_codec(Elem e) {
+  return e == Elem::kE4M3 ? ElemCodec{8, 448.0f, "e4m3"} : ElemCodec{4, 6.0f, "e2m1"};
+}
+MEGAMOE_HD constexpr ScaleCodec scale_codec(Sf s) {
+  return s == Sf::kFp32 ? ScaleCodec{false, "fp32"}
+         : s == Sf::kE4M3x4 ? ScaleCodec{true, "e4m3x4"} : ScaleCodec{true, "ue8m0x4"};
+}
+/// Values per byte of x_q.
+MEGAMOE_HD constexpr int values_per_byte(Format f) { return elem_of(f) == Elem::kE4M3 ? 1 : 2; }
+constexpr const char* format_name(Format f) {
+  return f == Format::kFp8Ue8m0       ? "fp8_ue8m0"
+         : f == Format::kFp8Fp32      ? "fp8_fp32"
+         : f == Format::kMxfp4        ? "mxfp4"
+         : f == Format::kMxfp4Rne     ? "mxfp4_rne"
+         : f == Format::kNvfp4Static  ? "nvfp4_static"
+                                      : "nvfp4_per_token";
+}
+
+constexpr float kNvfp4TokenDiv = 2688.0f;  ///< 6 * 448: per-token scale = max(row_amax, floor) / 2688
+constexpr float kE4M3MinSubnormal = 0.001953125f;  ///< 2^-9, NVFP4 static's lower clamp
+
+// ---------------------------------------------------------------------------------------
+// Element codecs.
+
+/// e4m3fn byte -> fp32 (exact; 0x7F / 0xFF -> NaN).
+MEGAMOE_HD float e4m3_to_float(uint32_t c) {
+  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
+  if ((c & 0x7Fu) == 0x7Fu) return bits_float(0x7FC00000u | sign);
+  // normal: (1 + m/8) 2^(e-7) -> fp32 exponent e + 120; subnormal: m 2^-9, exact by mul
+  if (e != 0) return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  return bits_float(float_bits(mul_rn(static_cast<float>(m), kE4M3MinSubnormal)) | sign);
+}
+
+/// e2m1 nibble of v, ties toward zero (see file comment).
+MEGAMOE_HD uint32_t e2m1_ttz(float v) {
+  const float a = abs_bits(v);  // NaN compares false everywhere: code 0
+  const uint32_t code = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f);
+  return code != 0u ? code | ((float_bits(v) >> 28) & 8u) : 0u;
+}
+
+/// e2m1 nibble of v, nearest even, saturating (see file comment).
+MEGAMOE_HD uint32_t e2m1_rne(float v) {
+  const uint32_t sign = (float_bits(v) >> 28) & 8u;
+  if (v != v) return 0x7u;
+  const float a = abs_bits(v);
+  // At the midpoints .75, 1.75 and 3.5 the upper neighbour has the even code.
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return code | sign;
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-group parameters.
+
+/// What a group stores as its scale and how its values are mapped before encoding.
+struct GroupParams {
+  uint32_t sf;  ///< stored scale: UE8M0 byte, e4m3 byte, or fp32 bits
+  float m;      ///< multiplier, or divisor for kNvfp4Static
+};
+
+/// Parameters of a group with NaN-ignoring max |x| = amax. s2: the static global scale
+/// (kNvfp4Static) or the token's per-token scale (kNvfp4PerToken); ignored otherwise.
+template <Format F>
+MEGAMOE_HD GroupParams group_params(float amax, float floor, float s2) {
+  GroupParams g;
+  if constexpr (F == Format::kFp8Ue8m0 || F == Format::kFp8Fp32) {
+    const float s = mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInv448Bits));
+    if constexpr (F == Format::kFp8Ue8m0) {
+      g.sf = ue8m0_exponent(s);
+      g.m = ue8m0_inv_scale(g.sf);
+    } else {
+      g.sf = float_bits(s);
+      g.m = div_rn(1.0f, s);
+    }
+  } else if constexpr (F == Format::kMxfp4 || F == Format::kMxfp4Rne) {
+    g.sf = ue8m0_exponent(div_rn(fmax_nan_ignoring(amax, floor), 6.0f));
+    g.m = ue8m0_inv_scale(g.sf);
+  } else if constexpr (F == Format::kNvfp4Static) {
+    (void)floor;
+    const float q = div_rn(amax, mul_rn(6.0f, s2));
+    // clamp, NaN (0 / 0 when gs = 0) to the lower end
+    const float c = fminf_nan_ignoring(fmax_nan_ignoring(q, kE4M3MinSubnormal), 448.0f);
+    g.sf = fp8_e4m3_from_float(c);
+    g.m = mul_rn(e4m3_to_float(g.sf), s2);
+  } else {
+    (void)floor;
+    g.sf = fp8_e4m3_from_float(div_rn(amax, mul_rn(6.0f, s2)));
+    const float sf = e4m3_to_float(g.sf);
+    g.m = sf > 0.0f ? div_rn(1.0f, mul_rn(sf, s2)) : 0.0f;
+  }
+  return g;
+}
+
+/// The per-token second-level scale of kNvfp4PerToken from the row's NaN-ignoring max |x|.
+MEGAMOE_HD float per_token_scale(float row_amax, float floor) {
+  return div_rn(fmax_nan_ignoring(row_amax, floor), kNvfp4TokenDiv);
+}
+
+/// Code of value x in a group with parameters g: an e4m3 byte or an e2m1 nibble.
+template <Format F>
+MEGAMOE_HD uint32_t encode(float x, const GroupParams& g) {
+  if constexpr (elem_of(F) == Elem::kE4M3) {
+    return fp8_e4m3_from_float(mul_rn(x, g.m));
+  } else {
+    const float v = F == Format::kNvfp4Static ? div_rn(x, g.m) : mul_rn(x, g.m);
+    return ttz_of(F) ? e2m1_ttz(v) : e2m1_rne(v);
+  }
+}
+
+/// The scale a stored scale code stands for (dequantization): 2^(e-127), the e4m3 value,
+/// or the fp32 itself.
+template <Format F>
+MEGAMOE_HD float scale_value(uint32_t sf) {
+  if constexpr (sf_of(F) == Sf::kUE8M0x4) return ue8m0_scale(sf);
+  else if constexpr (sf_of(F) == Sf::kE4M3x4) return e4m3_to_float(sf);
+  else return bits_float(sf);
+}
+
+/// True for NaN and +-Inf (the non-finite counter).
+MEGAMOE_HD bool non_finite(float x) { return (float_bits(x) & 0x7F800000u) == 0x7F800000u; }
+
+}  // namespace core
+}  // namespace megamoe

@@ -1,0 +1,206 @@
+// scheme.cpp: schemes resolved to the launch table (core::Format), their names, and the
+// one output shape rule (include/megamoe/shapes.h).
+#include <cmath>
+#include <string>
+
+#include "core/checked.h"
+#include "core/formats.h"
+#include "megamoe/error.h"
+#include "megamoe/quant.h"
+#include "megamoe/shapes.h"
+#include "scheme.h"
+
+namespace megamoe {
+namespace {
+
+const char* elem_name(QuantElem e) {
+  switch (e) {
+    case QuantElem::kFloat8E4M3: return "fp8_e4m3fn";
+    case QuantElem::kFloat8E5M2: return "fp8_e5m2";
+    case QuantElem::kInt8: return "int8";
+    case QuantElem::kFloat4E2M1: return "fp4_e2m1";
+  }
+  return "unknown element type";
+}
+const char* scale_name(ScaleType s) {
+  switch (s) {
+    case ScaleType::kUE8M0: return "ue8m0";
+    case ScaleType::kFloat32: return "float32";
+    case ScaleType::kFloat16: return "float16";
+    case ScaleType::kFloat8E4M3: return "fp8_e4m3";
+  }
+  return "unknown scale type";
+}
+const char* rounding_name(Rounding r) {
+  switch (r) {
+    case Rounding::kDefault: return "default";
+    case Rounding::kNearestEven: return "nearest_even";
+    case Rounding::kTiesTowardZero: return "ties_toward_zero";
+  }
+  return "unknown rounding";
+}
+const char* scale2_name(Scale2 s) {
+  switch (s) {
+    case Scale2::kNone: return "none";
+    case Scale2::kStatic: return "static";
+    case Scale2::kPerToken: return "per_token";
+  }
+  return "unknown";
+}
+
+std::string float_text(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+  return buf;
+}
+
+constexpr const char* kSeedScheme =
+    "DeepSeek V4 MegaMoE input staging requires symmetric dynamic fp8 per-group quantization "
+    "with a group size dividing 128 and E8M0 or fp32 scales, got ";
+
+}  // namespace
+
+bool QuantScheme::operator==(const QuantScheme& o) const noexcept {
+  return elem == o.elem && scale == o.scale && group_m == o.group_m && group_k == o.group_k &&
+         is_static == o.is_static && symmetric == o.symmetric && scale2 == o.scale2 &&
+         rounding == o.rounding && (amax_floor == o.amax_floor || (amax_floor != amax_floor && o.amax_floor != o.amax_floor));
+}
+
+std::string to_string(const QuantScheme& q) {
+  std::string s = std::string("QuantScheme(") + elem_name(q.elem) + ", scale=" + scale_name(q.scale) +
+                  ", group=" + std::to_string(q.group_m) + "x" + std::to_string(q.group_k) + ", " +
+                  (q.is_static ? "static" : "dynamic") + ", " + (q.symmetric ? "symmetric" : "asymmetric");
+  if (q.scale2 != Scale2::kNone) s += std::string(", scale2=") + scale2_name(q.scale2);
+  if (q.rounding != Rounding::kDefault) s += std::string(", rounding=") + rounding_name(q.rounding);
+  if (!(q.amax_floor == 1e-4f)) s += ", amax_floor=" + float_text(q.amax_floor);
+  return s + ")";
+}
+
+namespace detail {
+
+bool resolve_format(const QuantScheme& q, core::Format* out) {
+  const bool common = q.group_m == 1 && q.symmetric && !q.is_static && q.group_k > 0 &&
+                      std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
+  if (!common) return false;
+  const Rounding r = q.rounding;
+  if (q.elem == QuantElem::kFloat8E4M3) {
+    if (q.scale2 != Scale2::kNone || 128 % q.group_k != 0) return false;
+    if (r != Rounding::kDefault && r != Rounding::kNearestEven) return false;
+    if (q.scale == ScaleType::kUE8M0) return *out = core::Format::kFp8Ue8m0, true;
+    if (q.scale == ScaleType::kFloat32) return *out = core::Format::kFp8Fp32, true;
+    return false;
+  }
+  if (q.elem != QuantElem::kFloat4E2M1) return false;
+  const bool ttz = r == Rounding::kDefault || r == Rounding::kTiesTowardZero;
+  if (q.scale == ScaleType::kUE8M0 && q.group_k == 32 && q.scale2 == Scale2::kNone) {
+    return *out = ttz ? core::Format::kMxfp4 : core::Format::kMxfp4Rne, true;
+  }
+  if (q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && ttz) {
+    if (q.scale2 == Scale2::kStatic) return *out = core::Format::kNvfp4Static, true;
+    if (q.scale2 == Scale2::kPerToken) return *out = core::Format::kNvfp4PerToken, true;
+  }
+  return false;
+}
+
+core::Format format_of(const QuantScheme& q) {
+  core::Format f;
+  if (resolve_format(q, &f)) return f;
+  if (q.elem == QuantElem::kFloat4E2M1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "megamoe: hidden_quant: fp4 e2m1 staging supports MXFP4 (UE8M0 scales, groups of 1x32) "
+                "and NVFP4 (fp8_e4m3 scales, groups of 1x16, ties toward zero, a static or per-token "
+                "second-level scale), dynamic, symmetric, with a finite positive amax_floor; got " +
+                    to_string(q) + ".");
+  }
+  throw Error(ErrorCode::kInvalidArgument, kSeedScheme + to_string(q) + ".");
+}
+
+}  // namespace detail
+
+std::string scheme_name(const QuantScheme& q) {
+  core::Format f;
+  if (!detail::resolve_format(q, &f)) return "unsupported";
+  std::string n;
+  switch (f) {
+    case core::Format::kFp8Ue8m0: n = q.group_k == 32 ? "mxfp8" : "fp8_ue8m0_g" + std::to_string(q.group_k); break;
+    case core::Format::kFp8Fp32: n = "fp8_fp32_g" + std::to_string(q.group_k); break;
+    default: n = core::format_name(f); break;
+  }
+  if (!(q.amax_floor == 1e-4f) && f != core::Format::kNvfp4Static) n += "+floor=" + float_text(q.amax_floor);
+  return n;
+}
+
+void check_scheme(const QuantScheme& q) { (void)detail::format_of(q); }
+
+std::string TensorSpec::shape_str() const {
+  if (ndim == 1) return "(" + std::to_string(shape[0]) + ",)";
+  return "(" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ")";
+}
+
+namespace {
+TensorSpec spec2(DType dt, int64_t r, int64_t c) {
+  TensorSpec s;
+  s.dtype = dt;
+  s.ndim = 2;
+  s.shape[0] = r;
+  s.shape[1] = c;
+  return s;
+}
+TensorSpec spec1(DType dt, int64_t n) {
+  TensorSpec s;
+  s.dtype = dt;
+  s.ndim = 1;
+  s.shape[0] = n;
+  return s;
+}
+}  // namespace
+
+OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& scheme,
+                           std::optional<int64_t> shared_block_m) {
+  MEGAMOE_CHECK(T >= 0 && H >= 0 && K >= 0, "output_shapes", "non-negative T, H and K",
+                "T=" + std::to_string(T) + " H=" + std::to_string(H) + " K=" + std::to_string(K));
+  if (H % 128 != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "DeepSeek V4 MegaMoE input staging requires hidden_size to be a multiple of 128. "
+                "(hidden_states: expected hidden_size % 128 == 0, got " + std::to_string(H) + ")");
+  }
+  const core::Format f = detail::format_of(scheme);
+  const int64_t G = scheme.group_k;
+  const core::ScaleCodec sc = core::scale_codec(core::sf_of(f));
+  if (sc.packed4) {
+    MEGAMOE_CHECK((H / G) % 4 == 0, "hidden_states",
+                  "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
+                  std::to_string(H) + " / " + std::to_string(G));
+  }
+  OutputShapes o;
+  const bool fp4 = core::values_per_byte(f) == 2;
+  o.x_q = spec2(fp4 ? DType::kUInt8 : DType::kFloat8E4M3, T, H / core::values_per_byte(f));
+  o.x_sf = sc.packed4 ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
+  o.topk_idx_out = spec2(DType::kInt64, T, K);
+  o.topk_weights_out = spec2(DType::kFloat32, T, K);
+  if (f == core::Format::kNvfp4PerToken) o.x_scales = spec1(DType::kFloat32, T);
+  if (f == core::Format::kNvfp4Static) o.global_scale = spec1(DType::kFloat32, 1);
+  if (shared_block_m) {
+    const int64_t bm = *shared_block_m;
+    if (core::sf_of(f) != core::Sf::kUE8M0x4) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DeepSeek V4 MegaMoE shared input staging currently requires UE8M0-packed hidden "
+                  "scales. (hidden_quant: expected UE8M0 scales, got " + to_string(scheme) + ")");
+    }
+    if (bm <= 0) {
+      throw Error(ErrorCode::kInvalidArgument, "MegaMoE shared_block_m must be positive. (shared_block_m: expected > 0, got " +
+                                                   std::to_string(bm) + ")");
+    }
+    const core::Checked rows = core::ceil_div(T, bm) * core::round_up(bm, 128);
+    if (!rows.ok()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(T) + " / " +
+                      std::to_string(bm) + ") * align(" + std::to_string(bm) +
+                      ", 128) rows, more than int64 can count.");
+    }
+    o.shared_x_sf = spec2(DType::kInt32, rows.value(), o.x_sf.shape[1]);
+  }
+  return o;
+}
+
+}  // namespace megamoe
