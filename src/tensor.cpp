@@ -7,7 +7,7 @@
 
 namespace megamoe {
 
-const char* version() noexcept { return "0.1.0"; }
+const char* version() noexcept { return MEGAMOE_VERSION_STRING; }
 
 int64_t dtype_size(DType t) noexcept {
   switch (t) {
