@@ -20,9 +20,13 @@ struct DeviceCopy {
   void* ptr = nullptr;
   DeviceCopy(megamoe::TensorRef* h, int device) : host(h), dev(*h) {
     if (!h->is_contiguous()) throw CliError("internal: run_cuda needs contiguous host tensors");
-    bytes = static_cast<size_t>(h->numel() * megamoe::dtype_size(h->dtype));
+    megamoe::core::Checked n = megamoe::dtype_size(h->dtype);
+    for (int i = 0; i < h->ndim; ++i) n = n * h->shape[i];
+    bytes = static_cast<size_t>(checked_value(n, "the byte count of a device buffer"));
     check(cudaMalloc(&ptr, bytes > 0 ? bytes : 1), "cudaMalloc");
-    check(cudaMemcpy(ptr, h->data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+    if (bytes > 0) {  // an empty host tensor's data may be null
+      check(cudaMemcpy(ptr, h->data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+    }
     dev.data = ptr;
     dev.device = megamoe::Device::cuda(device);
   }
@@ -62,7 +66,7 @@ std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters)
   move(h.hidden_states, d.hidden_states);
   move(h.topk_weights, d.topk_weights);
   move(h.topk_ids, d.topk_ids);
-  move(h.x_fp8, d.x_fp8);
+  move(h.x_q, d.x_q);
   move(h.x_sf, d.x_sf);
   move(h.topk_idx_out, d.topk_idx_out);
   move(h.topk_weights_out, d.topk_weights_out);
@@ -73,7 +77,9 @@ std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters)
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> stream_guard(
       stream, [](cudaStream_t s) { cudaStreamDestroy(s); });
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters), nullptr);
+  if (iters <= 0) throw CliError("internal: run_cuda needs iters > 0, got " + std::to_string(iters));
+  const auto n = static_cast<size_t>(iters);
+  std::vector<cudaEvent_t> ev(2 * n, nullptr);
   struct Events {
     std::vector<cudaEvent_t>& v;
     ~Events() {
@@ -85,19 +91,20 @@ std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters)
   for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
 
   megamoe::prepare_inputs(d, stream);  // warmup
-  for (int i = 0; i < iters; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
     megamoe::prepare_inputs(d, stream);
     check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
   }
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (after prepare_inputs)");
-  std::vector<double> times(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
+  std::vector<double> times(n);
+  for (size_t i = 0; i < n; ++i) {
     float ms = 0.0f;
     check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
     times[i] = ms * 1e-3;
   }
   for (auto& b : bufs) {
+    if (b->bytes == 0) continue;
     check(cudaMemcpy(b->host->data, b->ptr, b->bytes, cudaMemcpyDeviceToHost),
           "cudaMemcpy (device to host)");
   }

@@ -4,9 +4,11 @@
 //
 // Exit status: 0 = outputs match the reference, 1 = mismatch, 2 = usage, input or runtime error.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -81,6 +83,31 @@ Report:
 Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
 error (the message names the file, tensor, what was expected and what was got).)";
 
+/// Validator of an integer flag: a decimal integer in [lo, hi]. It rewrites the text to
+/// canonical form because CLI11's own conversion (strtoll, base 0) saturates out-of-range
+/// values to INT64_MAX and reads "010" as octal 8.
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  auto check = [lo, hi, range](std::string& s) -> std::string {
+    int64_t v = 0;
+    const char* end = s.data() + s.size();
+    const auto [p, ec] = std::from_chars(s.data(), end, v);
+    if (ec == std::errc::result_out_of_range) return "value " + s + " is out of range " + range;
+    if (ec != std::errc() || p != end) return "expected a decimal integer, got '" + s + "'";
+    if (v < lo || v > hi) return "value " + s + " is out of range " + range;
+    s = std::to_string(v);
+    return {};
+  };
+  // The help text's type column: "INT:>= 0", "INT:in [1, 2147483647]", or plain "INT".
+  std::string desc;
+  if (lo != INT64_MIN) desc = hi == INT64_MAX ? ">= " + std::to_string(lo) : "in " + range;
+  return CLI::Validator(check, desc);
+}
+
+/// @p j as indented text; bytes that are not UTF-8 (a file name, say) become U+FFFD
+/// instead of throwing.
+std::string dump(const ojson& j) { return j.dump(2, ' ', false, ojson::error_handler_t::replace); }
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -105,20 +132,40 @@ std::string fmt(const char* f, double v) {
 /// Allocate the outputs for @p in under scheme @p q (shapes from the contract; invalid
 /// requests still get buffers so that megamoe::validate can name the problem).
 StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, const Options& o) {
+  namespace core = megamoe::core;
   const int64_t T = in.T(), H = in.H(), K = in.K(), G = q.group_k > 0 ? q.group_k : 1;
   const int64_t cols = q.ue8m0() ? H / (4 * G) : H / G;
   StageOutputs out;
-  out.x_fp8 = Tensor("F8_E4M3", {T, H});
-  out.x_sf = Tensor(q.ue8m0() ? "I32" : "F32", {T, cols});
-  out.topk_idx_out = Tensor("I64", {T, K});
-  out.topk_weights_out = Tensor("F32", {T, K});
+  out.x_fp8 = Tensor("F8_E4M3", {T, H}, "output 'x_fp8'");
+  out.x_sf = Tensor(q.ue8m0() ? "I32" : "F32", {T, cols}, "output 'x_sf'");
+  out.topk_idx_out = Tensor("I64", {T, K}, "output 'topk_idx_out'");
+  out.topk_weights_out = Tensor("F32", {T, K}, "output 'topk_weights_out'");
   if (o.has_shared) {
     const int64_t bm = o.shared_block_m;
-    const int64_t rows = bm > 0 ? (T + bm - 1) / bm * ((bm + 127) / 128 * 128) : 0;
-    out.shared_x_sf = Tensor("I32", {rows, cols});
+    int64_t rows = 0;  // bm <= 0: megamoe::validate rejects it with the contract's message
+    if (bm > 0) {
+      // Checked: T + bm - 1 and bm + 127 wrap for a bm near INT64_MAX.
+      rows = checked_value(core::ceil_div(T, bm) * core::round_up(bm, 128),
+                           "--shared-block-m " + std::to_string(bm) + ": the shared_x_sf row count ceil(" +
+                               std::to_string(T) + " / bm) * round_up(bm, 128)");
+    }
+    out.shared_x_sf = Tensor("I32", {rows, cols}, "output 'shared_x_sf'");
     out.shared_block_m = bm;
   }
   return out;
+}
+
+/// Bytes one call moves (see the footer): every input and output buffer once, plus the
+/// x_sf copy written to shared_x_sf (one I32 row per token, so x_sf's own byte count).
+int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
+  megamoe::core::Checked b = 0;
+  for (const Tensor* t : {&in.hidden_states, &in.topk_ids, &in.topk_weights, &out.x_fp8, &out.x_sf,
+                          &out.topk_idx_out, &out.topk_weights_out}) {
+    b = b + static_cast<int64_t>(t->data.size());
+  }
+  if (in.is_padding) b = b + static_cast<int64_t>(in.is_padding->data.size());
+  if (out.shared_x_sf) b = b + static_cast<int64_t>(out.x_sf.data.size());
+  return checked_value(b, "the byte count per call");
 }
 
 int run(const Options& o) {
@@ -192,15 +239,11 @@ int run(const Options& o) {
     write_safetensors(o.output, ts);
   }
 
-  // Report.
-  const int64_t in_elem = st_dtype_size(in.hidden_states.dtype);
-  const int64_t scale_bytes = static_cast<int64_t>(out.x_sf.data.size()) +
-                              (out.shared_x_sf ? T * out.x_sf.shape[1] * 4 : 0);
-  const int64_t padding_bytes = in.is_padding ? T : 0;
-  const int64_t bytes = T * H * in_elem + T * H + scale_bytes +
-                        T * K * (st_dtype_size(in.topk_ids.dtype) + st_dtype_size(in.topk_weights.dtype) + 8 + 4) +
-                        padding_bytes;
-  const double gbps = t_med > 0 ? bytes / t_med * 1e-9 : 0;
+  // Report. With T == 0 nothing moves and nothing is quantized: no rate, no quality.
+  const bool empty = T == 0;
+  const int64_t bytes = bytes_per_call(in, out);
+  const bool has_rate = bytes > 0 && t_med > 0;
+  const double gbps = has_rate ? static_cast<double>(bytes) / t_med * 1e-9 : 0;
   int64_t padded = 0;
   if (in.is_padding) {
     for (uint8_t b : in.is_padding->data) padded += b != 0;
@@ -242,10 +285,10 @@ int run(const Options& o) {
                    {"median_us", t_med * 1e6},
                    {"min_us", *std::min_element(times.begin(), times.end()) * 1e6},
                    {"bytes", bytes},
-                   {"gbps", gbps}};
+                   {"gbps", has_rate ? ojson(gbps) : ojson()}};
     j["quality"] = {{"snr_db", std::isfinite(qual.snr_db) ? ojson(qual.snr_db) : ojson()},
                     {"snr_exact", std::isinf(qual.snr_db)},
-                    {"max_rel_err", qual.max_rel_err},
+                    {"max_rel_err", empty ? ojson() : ojson(qual.max_rel_err)},
                     {"rel_err_floor", kRelErrFloor},
                     {"finite_elements", qual.finite}};
     ojson r = {{"match", !ref.first.has_value()}, {"mismatches", ref.mismatches}};
@@ -262,7 +305,7 @@ int run(const Options& o) {
     j["reference"] = r;
     j["output"] = o.output.empty() ? ojson() : ojson(o.output);
     j["exit_code"] = rc;
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump(j) << "\n";
     return rc;
   }
 
@@ -292,16 +335,26 @@ int run(const Options& o) {
   std::cout << "time: " << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3))
             << " per call (median of " << iters
             << " after 1 warmup)\n";
-  std::cout << "bandwidth: " << fmt("%.2f", gbps) << " GB/s (" << bytes << " bytes per call)\n";
-  if (std::isnan(qual.snr_db)) {
+  if (has_rate) {
+    std::cout << "bandwidth: " << fmt("%.2f", gbps) << " GB/s (" << bytes << " bytes per call)\n";
+  } else {
+    std::cout << "bandwidth: n/a (" << bytes << " bytes per call" << (empty ? ", no tokens" : "") << ")\n";
+  }
+  if (empty) {
+    std::cout << "SNR: n/a (no tokens)\n";
+  } else if (std::isnan(qual.snr_db)) {
     std::cout << "SNR: n/a (no finite input values)\n";
   } else if (std::isinf(qual.snr_db)) {
     std::cout << "SNR: inf dB (dequantized values equal the input)\n";
   } else {
     std::cout << "SNR: " << fmt("%.2f", qual.snr_db) << " dB\n";
   }
-  std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err)
-            << " (elements with |x| > 1e-3 * group amax)\n";
+  if (empty) {
+    std::cout << "max relative error: n/a (no tokens)\n";
+  } else {
+    std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err)
+              << " (elements with |x| > 1e-3 * group amax)\n";
+  }
   if (ref.first) {
     const Mismatch& m = *ref.first;
     std::cout << "reference: MISMATCH, first in " << m.tensor << "[" << m.row << ", " << m.col
@@ -335,16 +388,16 @@ int main(int argc, char** argv) {
                                "from this safetensors file instead of generating them");
   // Options of the generated inputs (meaningless with --input).
   auto gen = [&](const char* name, auto& var, const char* desc, const CLI::Validator& v) {
-    app.add_option(name, var, desc)->capture_default_str()->check(v)->excludes(input);
+    app.add_option(name, var, desc)->capture_default_str()->transform(v)->excludes(input);
   };
-  gen("-T,--tokens", o.gen.tokens, "tokens T of the generated inputs", CLI::NonNegativeNumber);
-  gen("-H,--hidden", o.gen.hidden, "hidden size H (a multiple of 128)", CLI::PositiveNumber);
-  gen("-K,--topk", o.gen.topk, "experts per token K", CLI::PositiveNumber);
-  gen("--experts", o.gen.experts, "number of routed experts ids are drawn from",
-      CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  constexpr int64_t kMax = INT64_MAX;
+  gen("-T,--tokens", o.gen.tokens, "tokens T of the generated inputs", integer_in(0, kMax));
+  gen("-H,--hidden", o.gen.hidden, "hidden size H (a multiple of 128)", integer_in(1, kMax));
+  gen("-K,--topk", o.gen.topk, "experts per token K", integer_in(1, kMax));
+  gen("--experts", o.gen.experts, "number of routed experts ids are drawn from", integer_in(1, INT32_MAX));
   gen("--pad-every", o.gen.pad_every, "pad every N-th token (is_padding); 0 = no is_padding tensor",
-      CLI::NonNegativeNumber);
-  gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", CLI::NonNegativeNumber);
+      integer_in(0, kMax));
+  gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", integer_in(0, UINT32_MAX));
   app.add_option("--scheme", o.scheme,
                  "quantization scheme: mxfp8 (UE8M0 scales, G=32), ue8m0-g128, fp32-g128 "
                  "(Hopper / DeepGEMM SM90), fp32-g32")
@@ -352,7 +405,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32"}));
   app.add_option("--shared-block-m", o.shared_block_m,
                  "also stage shared_x_sf for this shared-expert block M, with the "
-                 "ceil(T/bm) * align(bm, 128) rows it requires (UE8M0 schemes only)");
+                 "ceil(T/bm) * align(bm, 128) rows it requires (UE8M0 schemes only)")
+      ->transform(integer_in(INT64_MIN, kMax));
   app.add_option("--device", o.device,
                  "where to run: cpu, cuda (device 0; error when none is present) or auto "
                  "(cuda when the library has the CUDA backend and a device is present, else cpu)")
@@ -361,7 +415,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters,
                  "timed calls; the median is reported, after one warmup call "
                  "[default: 3 on cpu, 20 on cuda]")
-      ->check(CLI::PositiveNumber);
+      ->transform(integer_in(1, INT_MAX));
   app.add_option("--output", o.output,
                  "write x_fp8, x_sf, topk_idx_out, topk_weights_out (and shared_x_sf) to this "
                  "safetensors file");
@@ -380,7 +434,7 @@ int main(int argc, char** argv) {
 
   auto fail = [&](const std::string& msg) {
     std::cerr << msg << "\n";
-    if (o.json) std::cout << ojson{{"error", msg}, {"exit_code", 2}}.dump(2) << "\n";
+    if (o.json) std::cout << dump(ojson{{"error", msg}, {"exit_code", 2}}) << "\n";
     return 2;
   };
   try {
@@ -391,7 +445,12 @@ int main(int argc, char** argv) {
     return fail(std::string("megamoe-stage: error: ") + e.what());
   } catch (const std::bad_alloc&) {
     return fail("megamoe-stage: error: out of host memory for these shapes");
+  } catch (const std::length_error& e) {
+    return fail(std::string("megamoe-stage: error: a host buffer too large for these shapes (") +
+                e.what() + ")");
   } catch (const std::exception& e) {
     return fail(std::string("megamoe-stage: error: ") + e.what());
+  } catch (...) {
+    return fail("megamoe-stage: error: unknown exception");
   }
 }

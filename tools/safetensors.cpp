@@ -3,9 +3,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -24,10 +27,14 @@ constexpr DTypeInfo kDTypes[] = {
     {"I64", 8},  {"U64", 8}, {"F64", 8}};
 
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the safetensors format's own limit
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw CliError(path + ": " + what);
 }
+
+/// ": <strerror(errno)>", or nothing when the stream failed without setting errno.
+std::string errno_text() { return errno != 0 ? std::string(": ") + std::strerror(errno) : std::string(); }
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::ostringstream os;
@@ -47,16 +54,19 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
   t.dtype = dt->get<std::string>();
   auto sh = e.find("shape");
   if (sh == e.end() || !sh->is_array()) fail(path, where + "expected an array 'shape'");
-  uint64_t numel = 1;
+  bool sizes_fit = true;
   for (const json& d : *sh) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+    // nlohmann keeps non-negative integers as unsigned; negative ones are signed.
+    if (!d.is_number_unsigned()) {
       fail(path, where + "expected non-negative integer sizes in 'shape', got " + sh->dump());
     }
     const uint64_t n = d.get<uint64_t>();
-    if (n != 0 && numel > (uint64_t{1} << 62) / n) fail(path, where + "shape too large: " + sh->dump());
-    numel *= n;
+    sizes_fit = sizes_fit && n <= static_cast<uint64_t>(kInt64Max);
     t.shape.push_back(static_cast<int64_t>(n));
   }
+  const megamoe::core::Checked numel =
+      sizes_fit ? shape_numel(t.shape) : megamoe::core::Checked::overflow();
+  if (!numel.ok()) fail(path, where + "shape too large: " + sh->dump() + " has more than 2^63 - 1 elements");
   auto off = e.find("data_offsets");
   if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
       !(*off)[1].is_number_unsigned()) {
@@ -70,23 +80,51 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
                    " bytes (truncated file?)");
   }
   const int64_t es = st_dtype_size(t.dtype);
-  if (es > 0 && end - begin != numel * static_cast<uint64_t>(es)) {
+  if (es == 0) return;  // a dtype megamoe does not read: load_inputs names it if it matters
+  const megamoe::core::Checked need = numel * es;
+  // end - begin <= data_size < 2^63 (the file size came from a signed stream offset).
+  if (!need.ok() || static_cast<uint64_t>(need.value()) != end - begin) {
     fail(path, where + "data_offsets span " + std::to_string(end - begin) + " bytes, but dtype " +
                    t.dtype + " with shape " + shape_text(t.shape) + " needs " +
-                   std::to_string(numel * static_cast<uint64_t>(es)) + " bytes");
+                   (need.ok() ? std::to_string(need.value()) + " bytes"
+                              : std::string("more than 2^63 - 1 bytes")));
   }
+}
+
+/// Read exactly @p n bytes at @p offset of @p f into @p dst; @p what names them in errors.
+void read_exact(std::ifstream& f, const std::string& path, uint64_t offset, void* dst, uint64_t n,
+                const std::string& what) {
+  if (n == 0) return;  // dst may be the null data() of an empty buffer
+  f.clear();
+  f.seekg(static_cast<std::streamoff>(offset));
+  if (!f) fail(path, what + ": cannot seek to byte " + std::to_string(offset));
+  errno = 0;
+  f.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
+  const auto got = static_cast<uint64_t>(f.gcount());
+  if (got == n) return;
+  if (f.eof()) {
+    fail(path, what + ": unexpected end of file after " + std::to_string(offset + got) +
+                   " bytes (needed " + std::to_string(offset + n) + ")");
+  }
+  fail(path, what + ": read error after " + std::to_string(offset + got) + " bytes" + errno_text());
 }
 
 }  // namespace
 
-Tensor::Tensor(std::string dt, std::vector<int64_t> shp) : dtype(std::move(dt)), shape(std::move(shp)) {
-  data.assign(static_cast<size_t>(numel() * st_dtype_size(dtype)), 0);
+Tensor::Tensor(std::string dt, std::vector<int64_t> shp, const std::string& what)
+    : dtype(std::move(dt)), shape(std::move(shp)) {
+  const int64_t es = st_dtype_size(dtype);
+  if (es == 0) throw CliError("internal: " + what + " has unknown dtype " + dtype);
+  for (int64_t d : shape) {
+    if (d < 0) throw CliError(what + ": expected non-negative sizes, got shape " + shape_text(shape));
+  }
+  const std::string type = dtype + " " + shape_text(shape);
+  const int64_t bytes = checked_value(shape_numel(shape) * es, what + ": the byte count of " + type);
+  allocate_bytes(data, bytes, what + " (" + type + ")");
 }
 
 int64_t Tensor::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
+  return checked_value(shape_numel(shape), "the element count of shape " + shape_text(shape));
 }
 
 std::string Tensor::shape_str() const { return shape_text(shape); }
@@ -111,33 +149,46 @@ int64_t st_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-const char* st_dtype_name(megamoe::DType dtype) {
-  using megamoe::DType;
-  switch (dtype) {
-    case DType::kBFloat16: return "BF16";
-    case DType::kFloat16: return "F16";
-    case DType::kFloat32: return "F32";
-    case DType::kFloat8E4M3: return "F8_E4M3";
-    case DType::kUInt8: return "U8";
-    case DType::kBool: return "BOOL";
-    case DType::kInt32: return "I32";
-    case DType::kInt64: return "I64";
+megamoe::core::Checked shape_numel(const std::vector<int64_t>& shape) {
+  megamoe::core::Checked n = 1;
+  for (int64_t d : shape) n = d < 0 ? megamoe::core::Checked::overflow() : n * d;
+  return n;
+}
+
+int64_t checked_value(megamoe::core::Checked v, const std::string& what) {
+  if (!v.ok()) throw CliError(what + " does not fit in int64 (more than 2^63 - 1)");
+  return v.value();
+}
+
+void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string& what) {
+  if (bytes < 0) throw CliError("internal: negative byte count for " + what);
+  try {
+    buf.assign(static_cast<size_t>(bytes), 0);
+  } catch (const std::bad_alloc&) {
+    throw CliError("cannot allocate " + std::to_string(bytes) + " bytes for " + what +
+                   ": out of host memory");
+  } catch (const std::length_error&) {
+    throw CliError("cannot allocate " + std::to_string(bytes) + " bytes for " + what +
+                   ": larger than a host buffer can be");
   }
-  return "?";
 }
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, std::string("cannot open file: ") + std::strerror(errno));
+  std::error_code ec;
+  // An ifstream opens a directory without complaint and then reads nothing.
+  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory");
   f.seekg(0, std::ios::end);
-  const auto fsize = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
+  const std::streamoff end_pos = f ? static_cast<std::streamoff>(f.tellg()) : -1;
+  if (end_pos < 0) fail(path, "cannot determine the file size (not a regular file?)");
+  const auto fsize = static_cast<uint64_t>(end_pos);
   if (fsize < 8) {
     fail(path, "truncated file: " + std::to_string(fsize) +
                    " bytes, a safetensors file starts with an 8-byte header length");
   }
   uint8_t len_bytes[8];
-  f.read(reinterpret_cast<char*>(len_bytes), 8);
+  read_exact(f, path, 0, len_bytes, 8, "header length");
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | len_bytes[i];
   if (hlen > fsize - 8 || hlen > kMaxHeader) {
@@ -146,7 +197,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
                    (hlen > kMaxHeader ? " (limit 100 MiB)" : " (truncated file?)"));
   }
   std::string header(static_cast<size_t>(hlen), '\0');
-  f.read(header.data(), static_cast<std::streamsize>(hlen));
+  read_exact(f, path, 8, header.data(), hlen, "header");
   json h;
   try {
     h = json::parse(header);
@@ -159,13 +210,17 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   std::map<std::string, Tensor> out;
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") continue;
+    const std::string what = "tensor '" + it.key() + "'";
     Tensor t;
     uint64_t begin = 0, end = 0;
     parse_entry(path, it.key(), it.value(), data_size, t, begin, end);
-    t.data.resize(static_cast<size_t>(end - begin));
-    f.seekg(static_cast<std::streamoff>(8 + hlen + begin));
-    f.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
-    if (!f) fail(path, "tensor '" + it.key() + "': read error");
+    // end <= data_size < fsize, which came from a non-negative streamoff: both fit int64.
+    try {
+      allocate_bytes(t.data, static_cast<int64_t>(end - begin), what);
+    } catch (const CliError& e) {
+      fail(path, e.what());
+    }
+    read_exact(f, path, 8 + hlen + begin, t.data.data(), end - begin, what);
     out.emplace(it.key(), std::move(t));
   }
   return out;
@@ -188,14 +243,17 @@ void write_safetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) fail(path, std::string("cannot create file: ") + std::strerror(errno));
-  f.write(reinterpret_cast<const char*>(len_bytes), 8);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const auto& nt : tensors) {
-    f.write(reinterpret_cast<const char*>(nt.second->data.data()),
-            static_cast<std::streamsize>(nt.second->data.size()));
-  }
+  auto put = [&](const void* p, size_t n) {
+    if (n == 0) return;  // p may be the null data() of an empty tensor
+    errno = 0;
+    f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+    if (!f) fail(path, "write error" + errno_text());
+  };
+  put(len_bytes, 8);
+  put(header.data(), header.size());
+  for (const auto& nt : tensors) put(nt.second->data.data(), nt.second->data.size());
   f.close();
-  if (!f) fail(path, "write error");
+  if (!f) fail(path, "write error" + errno_text());
 }
 
 }  // namespace megamoe_cli

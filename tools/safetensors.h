@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checked.h"
 #include "megamoe/tensor.h"
 
 namespace megamoe_cli {
@@ -26,8 +27,11 @@ struct Tensor {
   std::vector<uint8_t> data;  ///< row-major, little-endian
 
   Tensor() = default;
-  /// Zero-filled tensor of @p dtype (a name st_dtype_size knows) and @p shape.
-  Tensor(std::string dtype, std::vector<int64_t> shape);
+  /// Zero-filled tensor of @p dtype (a name st_dtype_size knows) and @p shape. Throws
+  /// CliError naming @p what ("tensor 'x_sf'") when a size is negative, the byte count
+  /// does not fit in int64, or the host cannot allocate it.
+  Tensor(std::string dtype, std::vector<int64_t> shape, const std::string& what);
+  /// Product of the sizes; throws CliError when one is negative or it does not fit in int64.
   int64_t numel() const;
   /// "[4096, 7168]".
   std::string shape_str() const;
@@ -37,12 +41,18 @@ struct Tensor {
 
 /// Bytes per element of a safetensors dtype name; 0 when unknown.
 int64_t st_dtype_size(const std::string& dtype);
-/// safetensors name of a megamoe dtype ("BF16", "F8_E4M3", ...).
-const char* st_dtype_name(megamoe::DType dtype);
+/// Element count of @p shape; overflowed when a size is negative or the product does not fit.
+megamoe::core::Checked shape_numel(const std::vector<int64_t>& shape);
+/// The value of @p v; throws CliError "<what> does not fit in int64" when it overflowed.
+int64_t checked_value(megamoe::core::Checked v, const std::string& what);
+/// Resize @p buf to @p bytes zero bytes; throws CliError naming @p what when the host
+/// cannot allocate them (instead of std::bad_alloc or std::length_error).
+void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string& what);
 
 /// Read every tensor of @p path. Throws CliError naming the file (and tensor) on a missing
-/// or truncated file, a bad header length, invalid JSON, a malformed entry, data offsets
-/// out of range or a byte count that does not match dtype and shape.
+/// file, a directory or unseekable file, a truncated file or short read, a bad header
+/// length, invalid JSON, a malformed entry, data offsets out of range or a byte count that
+/// does not equal dtype size * shape exactly.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
 /// Write @p tensors (in this order, contiguous, header padded to 8 bytes) to @p path.

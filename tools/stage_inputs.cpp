@@ -61,14 +61,14 @@ StageInputs generate_inputs(const GenOptions& o) {
                    std::to_string(o.experts));
   }
   StageInputs in;
-  in.hidden_states = Tensor("BF16", {o.tokens, o.hidden});
-  in.topk_ids = Tensor("I32", {o.tokens, o.topk});
-  in.topk_weights = Tensor("F32", {o.tokens, o.topk});
+  in.hidden_states = Tensor("BF16", {o.tokens, o.hidden}, "tensor 'hidden_states'");
+  in.topk_ids = Tensor("I32", {o.tokens, o.topk}, "tensor 'topk_ids'");
+  in.topk_weights = Tensor("F32", {o.tokens, o.topk}, "tensor 'topk_weights'");
   std::mt19937 rng(o.seed);
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto* hs = reinterpret_cast<uint16_t*>(in.hidden_states.data.data());
-  for (int64_t i = 0, n = o.tokens * o.hidden; i < n; ++i) hs[i] = float_to_bf16(normal(rng) * 17.0f);
+  for (int64_t i = 0, n = in.hidden_states.numel(); i < n; ++i) hs[i] = float_to_bf16(normal(rng) * 17.0f);
 
   std::uniform_int_distribution<int32_t> expert(0, static_cast<int32_t>(o.experts - 1));
   std::uniform_real_distribution<float> weight(0.01f, 1.0f);
@@ -86,7 +86,7 @@ StageInputs generate_inputs(const GenOptions& o) {
     }
   }
   if (o.pad_every > 0) {
-    in.is_padding = Tensor("BOOL", {o.tokens});
+    in.is_padding = Tensor("BOOL", {o.tokens}, "tensor 'is_padding'");
     for (int64_t t = 0; t < o.tokens; ++t) in.is_padding->data[t] = (t + 1) % o.pad_every == 0;
   }
   return in;

@@ -35,7 +35,8 @@ struct GenOptions {
 /// hidden = bf16(randn * 17) (std::mt19937 seeded with seed + std::normal_distribution, row-major order),
 /// topk_ids = K distinct int32 experts in [0, experts) per token, topk_weights = fp32 uniform
 /// in [0.01, 1), is_padding = BOOL, token t padded when (t + 1) % pad_every == 0 (absent when
-/// pad_every == 0). Throws CliError when topk > experts.
+/// pad_every == 0). Throws CliError when topk > experts, or when a tensor's byte count does
+/// not fit in int64 or cannot be allocated.
 StageInputs generate_inputs(const GenOptions& o);
 
 /// Read hidden_states (BF16/F16/F32), topk_ids (I32/I64), topk_weights (F32/BF16/F16) and

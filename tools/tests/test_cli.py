@@ -7,10 +7,12 @@ Exits 0 when the case passes; prints what failed otherwise.
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 EXE = None
 SMALL = ["-T", "96", "-H", "512", "--iters", "1"]
@@ -26,7 +28,9 @@ def check(cond, what):
 
 
 def run(*args, expect_rc=None):
-    p = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=240)
+    # surrogateescape: stderr may echo a file name that is not UTF-8 byte for byte.
+    p = subprocess.run([EXE, *args], capture_output=True, text=True, errors="surrogateescape",
+                       timeout=240)
     if expect_rc is not None and p.returncode != expect_rc:
         raise Failure(f"megamoe-stage {' '.join(args)}: exit {p.returncode}, expected {expect_rc}\n"
                       f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -37,6 +41,15 @@ def snr(text):
     m = re.search(r"^SNR: ([0-9.]+) dB$", text, re.M)
     check(m is not None, f"no 'SNR: <x> dB' line in:\n{text}")
     return float(m.group(1))
+
+
+def small_with(flag, value):
+    """SMALL with @p flag set to @p value (in place of SMALL's own value for it)."""
+    args = list(SMALL)
+    if flag in args:
+        i = args.index(flag)
+        del args[i:i + 2]
+    return args + [flag, value]
 
 
 def expect_pass(args, min_snr=30.0):
@@ -300,6 +313,126 @@ def case_device():
         check("reference: bit-exact match" in p.stdout and "backend: cuda" in p.stdout, p.stdout)
     else:
         check(p.returncode == 2 and "--device cuda" in p.stderr, f"rc {p.returncode}: {p.stderr}")
+
+
+def feed_fifo(path, payload):
+    """Open FIFO @p path for writing in a thread (a reader blocks until a writer opens)."""
+    def writer():
+        try:
+            with open(path, "wb") as f:
+                f.write(payload)
+        except OSError:  # the reader closed first
+            pass
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    return t
+
+
+def case_hostile():
+    """Huge, wrapping or inconsistent numbers and unreadable files exit 2 with a clear
+    message (never a crash); T = 0 succeeds with nothing to stage."""
+    int64_max = 2 ** 63 - 1
+    # shared_x_sf needs ceil(T / bm) * round_up(bm, 128) rows: T + bm - 1 and bm + 127 must not wrap.
+    for bm in [int64_max, 2 ** 63 - 127]:
+        expect_error(SMALL + ["--shared-block-m", str(bm)], "--shared-block-m",
+                     "shared_x_sf row count", "does not fit in int64")
+    for bm in [2 ** 62, 2 ** 63 - 128]:  # the rows fit, rows * 4 words * 4 bytes does not
+        expect_error(SMALL + ["--shared-block-m", str(bm)], "output 'shared_x_sf'",
+                     "does not fit in int64")
+    # 2^44 rows * 16 bytes = 256 TiB: past any host, so the allocation itself fails.
+    expect_error(SMALL + ["--shared-block-m", str(2 ** 44)], "cannot allocate 281474976710656 bytes",
+                 "output 'shared_x_sf'", "out of host memory")
+    p = expect_pass(SMALL + ["--shared-block-m", str(2 ** 20)])  # one block of 2^20 rows
+    check("shared_x_sf [1048576, 4]" in p.stdout, p.stdout)
+
+    # Byte counts of the generated tensors.
+    expect_error(["-T", str(2 ** 62), "-H", "128", "-K", "1"], "tensor 'hidden_states'",
+                 "BF16 [4611686018427387904, 128]", "does not fit in int64")
+    expect_error(["-T", "1", "-H", str(2 ** 62), "-K", "1"], "tensor 'hidden_states'", "does not fit in int64")
+    expect_error(["-T", str(2 ** 40), "-H", "128", "-K", "1"], "cannot allocate", "tensor 'hidden_states'",
+                 "out of host memory")
+    p = run("--json", "-T", str(2 ** 62), "-H", "128", "-K", "1", expect_rc=2)
+    j = json.loads(p.stdout)
+    check("does not fit in int64" in j["error"] and j["exit_code"] == 2, j)
+    # Integer flags: decimal, in range, never saturated or read as octal/hex by the parser.
+    for flag, value, needles in [
+            ("-T", "-1", ["--tokens", "out of range [0, 9223372036854775807]"]),
+            ("-T", str(2 ** 63), ["--tokens", "out of range"]),
+            ("-T", str(2 ** 64 + 96), ["--tokens", "out of range"]),
+            ("-T", "0x10", ["--tokens", "expected a decimal integer, got '0x10'"]),
+            ("-T", "1e3", ["--tokens", "expected a decimal integer"]),
+            ("-H", "-128", ["--hidden", "out of range [1, "]),
+            ("-K", "0", ["--topk", "out of range [1, "]),
+            ("--iters", "-3", ["--iters", "out of range [1, 2147483647]"]),
+            ("--iters", str(2 ** 40), ["--iters", "out of range [1, 2147483647]"]),
+            ("--seed", "-1", ["--seed", "out of range [0, 4294967295]"]),
+            ("--seed", str(2 ** 32), ["--seed", "out of range [0, 4294967295]"]),
+            ("--pad-every", "-2", ["--pad-every", "out of range"]),
+            ("--experts", str(2 ** 31), ["--experts", "out of range [1, 2147483647]"]),
+            ("--shared-block-m", str(2 ** 63), ["--shared-block-m", "out of range"]),
+            ("--shared-block-m", str(-2 ** 63 - 1), ["--shared-block-m", "out of range"])]:
+        expect_error(small_with(flag, value), *needles)
+    p = expect_pass(small_with("-T", "010"))  # decimal 10, not octal 8
+    check("shapes: T=10 " in p.stdout, p.stdout)
+
+    with tempfile.TemporaryDirectory() as d:
+        # Files that cannot be read as a whole: a directory, a FIFO, an empty device.
+        expect_error(["--input", d], d, "is a directory")
+        fifo = os.path.join(d, "fifo")
+        os.mkfifo(fifo)
+        feed = feed_fifo(fifo, b"\x10" + b"\0" * 7 + b"{}" * 8)
+        expect_error(["--input", fifo], fifo, "cannot determine the file size")
+        feed.join(timeout=10)
+        expect_error(["--input", os.devnull], "truncated file: 0 bytes")
+
+        good = os.path.join(d, "good.st")
+        run("-T", "10", "-H", "256", "--save-inputs", good, "--iters", "1", expect_rc=0)
+        ts = tensors(good)
+        bad = os.path.join(d, "bad.st")
+
+        def with_extra(dtype, shape):
+            write_st(bad, {**ts, "extra": (dtype, shape, b"")})
+            return ["--input", bad]
+
+        # numel * dtype size wraps to 0 in 64 bits for each of these: the 0-byte span must not pass.
+        for dtype, shape in [("I64", [1, 2 ** 62]), ("F32", [2 ** 61, 2]), ("I64", [2 ** 31, 2 ** 31])]:
+            expect_error(with_extra(dtype, shape), bad, "tensor 'extra'", "data_offsets span 0 bytes",
+                         "needs more than 2^63 - 1 bytes")
+        for shape in [[2 ** 32, 2 ** 32], [2 ** 63], [2 ** 64 - 1]]:
+            expect_error(with_extra("U8", shape), bad, "tensor 'extra'", "shape too large")
+        expect_error(with_extra("U8", [2 ** 64 + 1]), bad, "tensor 'extra'", "non-negative integer sizes")
+        write_st(bad, dict(ts), header_override={"hidden_states": {"shape": [2, 2 ** 61]}})
+        expect_error(["--input", bad], "tensor 'hidden_states'", "needs more than 2^63 - 1 bytes")
+
+        # A file name that is not UTF-8 still gives valid UTF-8 --json output.
+        odd = os.path.join(d, "\udcff.st")
+        shutil.copyfile(good, odd)
+        for args, rc, key in [(["--input", odd, "--iters", "1"], 0, "input"),
+                              (["--input", odd + ".missing"], 2, "error")]:
+            p = run("--json", *args, expect_rc=rc)
+            j = json.loads(p.stdout.encode("utf-8"))  # a stray 0xff byte would not encode
+            check("\ufffd" in json.dumps(j[key], ensure_ascii=False), j)
+
+        # T = 0: nothing to stage, every output empty, the report says so.
+        empty, out, saved = (os.path.join(d, n) for n in ["empty.st", "out.st", "saved.st"])
+        for hs_dtype in ["BF16", "F32"]:
+            write_st(empty, {"hidden_states": (hs_dtype, [0, 256], b""), "topk_ids": ("I32", [0, 8], b""),
+                             "topk_weights": ("F32", [0, 8], b""), "is_padding": ("BOOL", [0], b"")})
+            p = run("--input", empty, "--iters", "1", "--output", out, "--save-inputs", saved, expect_rc=0)
+            for line in ["shapes: T=0 H=256 K=8", "SNR: n/a (no tokens)", "max relative error: n/a (no tokens)",
+                         "bandwidth: n/a (0 bytes per call, no tokens)", "reference: bit-exact match"]:
+                check(line in p.stdout, f"T = 0 ({hs_dtype}): no {line!r} in\n{p.stdout}")
+            check(tensors(out) == {
+                "x_fp8": ("F8_E4M3", [0, 256], b""), "x_sf": ("I32", [0, 2], b""),
+                "topk_idx_out": ("I64", [0, 8], b""), "topk_weights_out": ("F32", [0, 8], b"")}, tensors(out))
+            check(tensors(saved)["hidden_states"] == (hs_dtype, [0, 256], b""), tensors(saved))
+            run("--input", saved, "--iters", "1", expect_rc=0)
+        p = run("--input", empty, "--iters", "1", "--json", expect_rc=0)
+        j = json.loads(p.stdout)
+        check(j["shapes"]["tokens"] == 0 and j["timing"]["bytes"] == 0 and j["timing"]["gbps"] is None, j)
+        check(j["quality"]["snr_db"] is None and j["reference"]["match"] is True, j)
+        p = run("-T", "0", "-H", "512", "--iters", "1", "--shared-block-m", "64", expect_rc=0)
+        check("shared_x_sf [0, 4]" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
