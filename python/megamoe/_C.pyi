@@ -146,11 +146,14 @@ def has_cuda_backend() -> bool:
 def version() -> str:
     """Library version, "MAJOR.MINOR.PATCH"."""
 
-def prepare_inputs(hidden_states: object, topk_weights: object, topk_ids: object, x_fp8: object, x_sf: object, topk_idx_out: object, topk_weights_out: object, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., stream: int = 0, enable_pdl: bool = False) -> None:
+def prepare_inputs(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., stream: int = 0, enable_pdl: bool = False) -> None:
     """
     Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).
 
     Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,
     outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`
     (a cudaStream_t as int, 0 = legacy default stream) with the GIL released.
+    A 2-D hidden_states without rows returns at once, before any other argument is read.
+    TypeError: an array argument is no array; ValueError: an invalid argument (including
+    arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).
     """

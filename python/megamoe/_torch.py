@@ -16,6 +16,7 @@ import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
+from ._args import optional_int
 from ._scheme import as_scheme, key_fields, scheme_fields
 
 __all__ = ["prepare", "prepare_inputs_op", "allocate", "dequantize"]
@@ -47,13 +48,30 @@ def _stream_of(t: _Tensor) -> int:
     return _raw_stream(t.device.index) if t.is_cuda else 0
 
 
-def _cap(t: Any) -> Any:
-    """A DLPack capsule for a tensor (None and non-tensors pass through)."""
-    if isinstance(t, _Tensor):
-        if t.dtype == _FP8 and not _FP8_DLPACK:
-            t = t.view(torch.uint8)
+def _cap(t: Any, name: str) -> Any:
+    """A DLPack capsule for a tensor (None and non-tensors pass through: the binding names
+    what is wrong with them)."""
+    if not isinstance(t, _Tensor):
+        return t
+    if t.dtype == _FP8 and not _FP8_DLPACK:
+        t = t.view(torch.uint8)
+    try:
         return _to_dlpack(t)
-    return t
+    except Exception as e:  # a dtype, layout or device DLPack has no code for
+        raise ValueError(
+            f"megamoe: {name}: expected a tensor DLPack can export, got a {t.dtype} "
+            f"{t.layout} tensor on {t.device} ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _no_tokens(t: Any) -> bool:
+    """``t`` (hidden_states) is a 2-D tensor of 0 rows: the reference returns before reading
+    any other argument. Only a row count known now counts; a symbolic one (torch.compile
+    with dynamic shapes) is decided when the op runs."""
+    if not isinstance(t, _Tensor) or t.dim() != 2:
+        return False
+    rows = t.shape[0]
+    return isinstance(rows, int) and rows == 0
 
 
 def _run(
@@ -61,9 +79,13 @@ def _run(
     topk_idx_out: Any, topk_weights_out: Any, is_padding: Any, shared_x_sf: Any,
     shared_block_m: Optional[int], scheme: _C.QuantScheme, stream: int, enable_pdl: bool,
 ) -> None:  # fmt: skip
+    if _no_tokens(hidden_states):
+        return
     _C.prepare_inputs(
-        _cap(hidden_states), _cap(topk_weights), _cap(topk_ids), _cap(x_fp8), _cap(x_sf),
-        _cap(topk_idx_out), _cap(topk_weights_out), _cap(is_padding), _cap(shared_x_sf),
+        _cap(hidden_states, "hidden_states"), _cap(topk_weights, "topk_weights"),
+        _cap(topk_ids, "topk_ids"), _cap(x_fp8, "x_fp8"), _cap(x_sf, "x_sf"),
+        _cap(topk_idx_out, "topk_idx_out"), _cap(topk_weights_out, "topk_weights_out"),
+        _cap(is_padding, "is_padding"), _cap(shared_x_sf, "shared_x_sf"),
         shared_block_m, scheme, stream, enable_pdl,
     )  # fmt: skip
 
@@ -160,17 +182,20 @@ def prepare(
     """Torch path of prepare_megamoe_inputs: a direct library call in plain eager mode
     (lowest host overhead), the custom op when tracing (torch.compile, FakeTensor, modes).
     An explicit ``stream`` always takes the direct path."""
+    if _no_tokens(hidden_states):
+        return
+    bm = optional_int(shared_block_m, "shared_block_m")
     if stream is not None or _eager_ok(hidden_states):
+        s = optional_int(stream, "stream", "an int (a cudaStream_t)")
         _run(
             hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out,
-            topk_weights_out, is_padding, shared_x_sf, shared_block_m, as_scheme(hidden_quant),
-            _stream_of(hidden_states) if stream is None else int(stream), bool(enable_pdl),
+            topk_weights_out, is_padding, shared_x_sf, bm, as_scheme(hidden_quant),
+            _stream_of(hidden_states) if s is None else s, bool(enable_pdl),
         )  # fmt: skip
         return
     torch.ops.megamoe.prepare_inputs(
         hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out,
-        is_padding, shared_x_sf, shared_block_m, *_op_scheme_args(hidden_quant),
-        bool(enable_pdl),
+        is_padding, shared_x_sf, bm, *_op_scheme_args(hidden_quant), bool(enable_pdl),
     )  # fmt: skip
 
 
@@ -189,8 +214,20 @@ def allocate(
 
 
 def dequantize(x_fp8: _Tensor, x_sf: _Tensor, group_k: int, ue8m0: bool) -> _Tensor:
-    """Torch path of megamoe.dequantize (float32 on the device of ``x_fp8``)."""
-    q = x_fp8.view(_FP8) if x_fp8.dtype == torch.uint8 else x_fp8
+    """Torch path of megamoe.dequantize (float32 on the device of ``x_fp8``); shapes are
+    already checked."""
+    if x_fp8.dtype not in (_FP8, torch.uint8, torch.int8):
+        raise ValueError(
+            f"megamoe.dequantize: x_fp8: expected dtype float8_e4m3fn or uint8, got {x_fp8.dtype}"
+        )
+    integral = not (x_sf.is_floating_point() or x_sf.is_complex())
+    if ue8m0 and not (integral and x_sf.element_size() == 4):
+        raise ValueError(
+            f"megamoe.dequantize: x_sf: expected dtype int32 (packed UE8M0), got {x_sf.dtype}"
+        )
+    if not ue8m0 and not x_sf.is_floating_point():
+        raise ValueError(f"megamoe.dequantize: x_sf: expected dtype float32, got {x_sf.dtype}")
+    q = x_fp8 if x_fp8.dtype == _FP8 else x_fp8.view(_FP8)
     values = q.float()
     T, H = values.shape
     if ue8m0:

@@ -5,12 +5,19 @@
 // (data pointer, dtype, shape, strides in elements, device), QuantScheme is the C++
 // struct itself, and megamoe::Error becomes ValueError (invalid argument) or RuntimeError.
 // Every check of the staging contract lives in the library (src/validate.cpp).
+//
+// What nanobind refuses to import is explained rather than called "not an array": a
+// NumPy array whose dtype DLPack cannot carry (big-endian, structured, object, ...) or
+// whose byte strides are not whole elements raises ValueError saying so, and NumPy arrays
+// of ml_dtypes' bfloat16 / float8_e4m3fn are taken as what they are. Only objects that are
+// no array at all raise TypeError.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/operators.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cctype>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -30,97 +37,268 @@ using megamoe::TensorRef;
 
 namespace {
 
-[[noreturn]] void invalid(const char* name, const std::string& expected, const std::string& got) {
+[[noreturn]] void invalid(const std::string& name, const std::string& expected,
+                          const std::string& got) {
   throw Error(ErrorCode::kInvalidArgument,
-              std::string("megamoe: ") + name + ": expected " + expected + ", got " + got);
+              "megamoe: " + name + ": expected " + expected + ", got " + got);
 }
 
-/// Name of a DLPack dtype, for messages about dtypes megamoe does not know.
+std::string type_name_of(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+[[noreturn]] void not_an_array(nb::handle h, const std::string& name) {
+  throw nb::type_error(("megamoe: " + name + ": expected an array (DLPack or buffer protocol), got " +
+                        (h.is_none() ? std::string("None") : type_name_of(h)))
+                           .c_str());
+}
+
+/// The library calls the quantized output x_q; Python callers pass it as x_fp8 (vLLM's
+/// parameter name), so messages name it that way.
+std::string python_names(std::string msg) {
+  static const std::string kLib = "x_q", kPy = "x_fp8";
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  size_t p = msg.find(kLib);
+  while (p != std::string::npos) {
+    const size_t end = p + kLib.size();
+    if ((p == 0 || !ident(msg[p - 1])) && (end == msg.size() || !ident(msg[end]))) {
+      msg.replace(p, kLib.size(), kPy);
+      p = msg.find(kLib, p + kPy.size());
+    } else {
+      p = msg.find(kLib, end);
+    }
+  }
+  return msg;
+}
+
+/// Name of a DLPack dtype, for messages about dtypes megamoe has no DType for.
 std::string dlpack_dtype_name(nb::dlpack::dtype dt) {
   using C = nb::dlpack::dtype_code;
-  std::string base;
+  const std::string bits = std::to_string(dt.bits);
+  const char* fixed = nullptr;  // a name that already implies the width
+  int fixed_bits = 8;
+  std::string s;
   switch (static_cast<C>(dt.code)) {
-    case C::Int: base = "int"; break;
-    case C::UInt: base = "uint"; break;
-    case C::Float: base = "float"; break;
-    case C::Bfloat: base = "bfloat"; break;
-    case C::Complex: base = "complex"; break;
-    case C::Bool: base = "bool"; break;
-    default: base = "dlpack_code" + std::to_string(dt.code) + "_bits"; break;
+    case C::Int: s = "int" + bits; break;
+    case C::UInt: s = "uint" + bits; break;
+    case C::Float: s = "float" + bits; break;
+    case C::Bfloat: s = "bfloat" + bits; break;
+    case C::Complex: s = "complex" + bits; break;
+    case C::Bcomplex: s = "bcomplex" + bits; break;
+    case C::Bool: s = dt.bits == 8 ? "bool" : "bool" + bits; break;
+    case C::Float8_E3M4: fixed = "float8_e3m4"; break;
+    case C::Float8_E4M3: fixed = "float8_e4m3"; break;
+    case C::Float8_E4M3B11FNUZ: fixed = "float8_e4m3b11fnuz"; break;
+    case C::Float8_E4M3FN: fixed = "float8_e4m3fn"; break;
+    case C::Float8_E4M3FNUZ: fixed = "float8_e4m3fnuz"; break;
+    case C::Float8_E5M2: fixed = "float8_e5m2"; break;
+    case C::Float8_E5M2FNUZ: fixed = "float8_e5m2fnuz"; break;
+    case C::Float8_E8M0FNU: fixed = "float8_e8m0fnu"; break;
+    case C::Float6_E2M3FN: fixed = "float6_e2m3fn", fixed_bits = 6; break;
+    case C::Float6_E3M2FN: fixed = "float6_e3m2fn", fixed_bits = 6; break;
+    case C::Float4_E2M1FN: fixed = "float4_e2m1fn", fixed_bits = 4; break;
+    default: s = "DLPack type code " + std::to_string(dt.code) + " of " + bits + " bits"; break;
   }
-  std::string s = base + std::to_string(dt.bits);
+  if (fixed != nullptr) s = dt.bits == fixed_bits ? fixed : std::string(fixed) + " of " + bits + " bits";
   if (dt.lanes != 1) s += "x" + std::to_string(dt.lanes);
   return s;
 }
 
-DType to_dtype(nb::dlpack::dtype dt, const char* name) {
+/// The DType of a DLPack dtype, or nothing when megamoe has none for it.
+std::optional<DType> to_dtype(nb::dlpack::dtype dt) {
   using C = nb::dlpack::dtype_code;
-  if (dt.lanes == 1) {
-    switch (static_cast<C>(dt.code)) {
-      case C::Int:
-        if (dt.bits == 32) return DType::kInt32;
-        if (dt.bits == 64) return DType::kInt64;
-        break;
-      case C::UInt:
-        if (dt.bits == 8) return DType::kUInt8;
-        break;
-      case C::Float:
-        if (dt.bits == 16) return DType::kFloat16;
-        if (dt.bits == 32) return DType::kFloat32;
-        break;
-      case C::Bfloat:
-        if (dt.bits == 16) return DType::kBFloat16;
-        break;
-      case C::Bool:
-        if (dt.bits == 8) return DType::kBool;
-        break;
-      case C::Float8_E4M3FN:
-        if (dt.bits == 8) return DType::kFloat8E4M3;
-        break;
-      default: break;
-    }
+  struct Known {
+    C code;
+    uint8_t bits;
+    DType dtype;
+  };
+  static constexpr Known kKnown[] = {
+      {C::Int, 8, DType::kInt8},           {C::Int, 32, DType::kInt32},
+      {C::Int, 64, DType::kInt64},         {C::UInt, 8, DType::kUInt8},
+      {C::Float, 16, DType::kFloat16},     {C::Float, 32, DType::kFloat32},
+      {C::Bfloat, 16, DType::kBFloat16},   {C::Bool, 8, DType::kBool},
+      {C::Float8_E4M3FN, 8, DType::kFloat8E4M3},
+  };
+  if (dt.lanes != 1) return std::nullopt;
+  for (const Known& k : kKnown) {
+    if (dt.code == static_cast<uint8_t>(k.code) && dt.bits == k.bits) return k.dtype;
   }
-  invalid(name,
-          "dtype bfloat16, float16, float32, float8_e4m3fn, uint8, bool, int32 or int64",
-          "dtype " + dlpack_dtype_name(dt));
+  return std::nullopt;
 }
 
-megamoe::Device to_device(int type, int id, const char* name) {
+const char* dlpack_device_name(int type) {
+  switch (type) {
+    case 1: return "CPU";
+    case 2: return "CUDA";
+    case 3: return "CUDA pinned host";
+    case 4: return "OpenCL";
+    case 7: return "Vulkan";
+    case 8: return "Metal";
+    case 9: return "VPI";
+    case 10: return "ROCm";
+    case 11: return "ROCm pinned host";
+    case 12: return "ext_dev";
+    case 13: return "CUDA managed";
+    case 14: return "oneAPI";
+    case 15: return "WebGPU";
+    case 16: return "Hexagon";
+    case 17: return "MAIA";
+    default: return nullptr;
+  }
+}
+
+/// CPU memory and CUDA pinned host memory (host-addressable, so the CPU backend reads it)
+/// run on the CPU; CUDA and CUDA managed memory on CUDA device @p id. Anything else is
+/// refused here, before the library could hand it to a backend.
+megamoe::Device to_device(int type, int id, const std::string& name) {
   switch (type) {
     case nb::device::cpu::value:
-    case nb::device::cuda_host::value:  // pinned host memory: host-addressable
-      return megamoe::Device::cpu();
+    case nb::device::cuda_host::value: return megamoe::Device::cpu();
     case nb::device::cuda::value:
     case nb::device::cuda_managed::value:
+      if (id < 0) invalid(name, "a CUDA device ordinal >= 0", "device id " + std::to_string(id));
       return megamoe::Device::cuda(id);
-    default:
-      invalid(name, "a CPU or CUDA tensor", "DLPack device type " + std::to_string(type));
+    default: break;
   }
+  const char* dev = dlpack_device_name(type);
+  invalid(name, "a CPU or CUDA tensor",
+          "DLPack device type " + std::to_string(type) + (dev ? std::string(" (") + dev + ")" : ""));
 }
 
-/// The TensorRef describing @p a (which must stay alive while the ref is used).
-template <typename Array>
-TensorRef to_ref(const Array& a, const char* name) {
-  const size_t ndim = a.ndim();
-  if (ndim > static_cast<size_t>(TensorRef::kMaxRank)) {
-    std::string shape = "(";
-    for (size_t d = 0; d < ndim; ++d) shape += (d ? ", " : "") + std::to_string(a.shape(d));
-    invalid(name, "a tensor of rank <= 2", std::to_string(ndim) + "-D tensor of shape " +
-                                               shape + ")");
-  }
-  TensorRef t;
-  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  t.dtype = to_dtype(a.dtype(), name);
-  t.ndim = static_cast<int>(ndim);
-  for (size_t d = 0; d < ndim; ++d) {
-    t.shape[d] = static_cast<int64_t>(a.shape(d));
-    t.strides[d] = a.stride(d);
-  }
-  t.device = to_device(a.device_type(), a.device_id(), name);
-  return t;
+template <typename Size>
+[[noreturn]] void rank_error(const std::string& name, size_t ndim, const Size* shape) {
+  std::string s = "(";
+  for (size_t d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  invalid(name, "a tensor of rank <= 2", std::to_string(ndim) + "-D tensor of shape " + s + ")");
 }
 
-std::string type_name_of(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+/// An argument whose dtype megamoe has no DType for: its TensorRef carries a placeholder
+/// dtype, and @c got describes the real one.
+struct Unrepresented {
+  TensorRef* field;
+  std::string name;
+  std::string got;
+};
+
+/// Raises the error for arguments of dtypes the library cannot be told about. Which dtypes
+/// a tensor accepts is the library's knowledge (it may depend on the scheme and shapes), so
+/// the library is asked: each such tensor is given a placeholder dtype that it rejects
+/// (every tensor rejects bool or int64), and the library's message about the placeholder
+/// is reworded to name the real dtype. Only validation runs; nothing is staged.
+[[noreturn]] void raise_unrepresented(megamoe::StageArgs& args,
+                                      const std::vector<Unrepresented>& bad) {
+  for (DType placeholder : {DType::kBool, DType::kInt64}) {
+    for (const Unrepresented& b : bad) b.field->dtype = placeholder;
+    try {
+      megamoe::validate(args);
+    } catch (const Error& e) {
+      const std::string msg = python_names(e.what());
+      const std::string tail = std::string(", got dtype ") + megamoe::dtype_name(placeholder);
+      for (const Unrepresented& b : bad) {
+        const std::string head = "megamoe: " + b.name + ": expected dtype ";
+        if (msg.size() > head.size() + tail.size() && msg.compare(0, head.size(), head) == 0 &&
+            msg.compare(msg.size() - tail.size(), tail.size(), tail) == 0) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      msg.substr(0, msg.size() - tail.size()) + ", got " + b.got);
+        }
+      }
+      // Another complaint came first; it may stem from the placeholder itself (its size
+      // enters the overlap checks), so it is not reported.
+    }
+  }
+  throw Error(ErrorCode::kInvalidArgument, "megamoe: " + bad[0].name + ": unsupported " + bad[0].got);
+}
+
+/// What keeps NumPy dtype @p dt out of DLPack and the buffer protocol, worded to follow
+/// "got"; empty when the dtype is not the reason. @p mapped receives the DType of the
+/// ml_dtypes types megamoe has (bfloat16, float8_e4m3fn), which DLPack cannot carry.
+std::string numpy_dtype_problem(nb::handle dt, std::optional<DType>* mapped) {
+  const std::string kind = nb::str(dt.attr("kind")).c_str();
+  const int64_t itemsize = nb::cast<int64_t>(dt.attr("itemsize"));
+  if (kind == "O") return "object array";
+  if (!dt.attr("fields").is_none()) return "structured dtype " + std::string(nb::str(dt).c_str());
+  if (!nb::cast<bool>(dt.attr("isnative"))) {
+    const std::string order = nb::str(dt.attr("byteorder")).c_str();
+    const std::string base = nb::str(dt.attr("newbyteorder")("=").attr("name")).c_str();
+    return (order == ">" ? "big-endian " : "little-endian ") + base;
+  }
+  const std::string name = nb::str(dt.attr("name")).c_str();
+  if (name == "bfloat16" && itemsize == 2) {
+    *mapped = DType::kBFloat16;
+    return "";
+  }
+  if (name == "float8_e4m3fn" && itemsize == 1) {
+    *mapped = DType::kFloat8E4M3;
+    return "";
+  }
+  const bool word = itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8;
+  const bool plain = ((kind == "b" || kind == "i" || kind == "u") && word) ||
+                     (kind == "f" && word && itemsize >= 2) ||
+                     (kind == "c" && (itemsize == 8 || itemsize == 16));
+  return plain ? "" : "dtype " + std::string(nb::str(dt).c_str());
+}
+
+bool is_numpy_array(nb::handle h) {
+  PyObject* modules = PySys_GetObject("modules");  // borrowed, like the item below
+  PyObject* numpy = modules != nullptr ? PyDict_GetItemString(modules, "numpy") : nullptr;
+  if (numpy == nullptr) return false;  // no NumPy array exists before NumPy is loaded
+  const int r = PyObject_IsInstance(h.ptr(), nb::borrow(numpy).attr("ndarray").ptr());
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+std::string tuple_text(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+
+[[noreturn]] void byte_strides_error(const std::string& name, int64_t itemsize,
+                                     const std::vector<int64_t>& strides) {
+  invalid(name,
+          "byte strides that are whole multiples of the element size (" +
+              std::to_string(itemsize) + " bytes)",
+          "byte strides " + tuple_text(strides));
+}
+
+// The payloads of the two DLPack capsule kinds (DLManagedTensor, DLManagedTensorVersioned),
+// read only to say why nanobind refused a capsule.
+struct DLManaged {
+  nb::dlpack::dltensor tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManaged*);
+};
+struct DLManagedVersioned {
+  uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedVersioned*);
+  uint64_t flags;
+  nb::dlpack::dltensor tensor;
+};
+
+[[noreturn]] void refused_capsule(nb::handle h, const std::string& name) {
+  const char* raw = PyCapsule_GetName(h.ptr());
+  if (raw == nullptr) PyErr_Clear();
+  const std::string cap = raw != nullptr ? raw : "";
+  if (cap == "used_dltensor" || cap == "used_dltensor_versioned") {
+    invalid(name, "a DLPack capsule not imported before",
+            "one already consumed (a capsule can be imported only once)");
+  }
+  if (cap == "dltensor" || cap == "dltensor_versioned") {
+    void* p = PyCapsule_GetPointer(h.ptr(), raw);
+    if (p == nullptr) PyErr_Clear();
+    if (p != nullptr) {
+      const nb::dlpack::dltensor& t = cap == "dltensor" ? static_cast<DLManaged*>(p)->tensor
+                                                        : static_cast<DLManagedVersioned*>(p)->tensor;
+      if (t.ndim < 0 || t.ndim > TensorRef::kMaxRank) {
+        invalid(name, "a tensor of rank <= 2", std::to_string(t.ndim) + "-D DLPack tensor");
+      }
+    }
+    invalid(name, "a DLPack tensor that can be imported", "a capsule nanobind refused");
+  }
+  throw nb::type_error(("megamoe: " + name +
+                        ": expected an array (DLPack or buffer protocol), got a PyCapsule named '" +
+                        cap + "'")
+                           .c_str());
+}
 
 using RoArray = nb::ndarray<nb::ro>;
 using RwArray = nb::ndarray<>;
@@ -128,38 +306,134 @@ using RwArray = nb::ndarray<>;
 /// Imports the arrays of one call and keeps them alive for its duration.
 class Arrays {
  public:
-  Arrays() {
-    ro_.reserve(4);
-    rw_.reserve(5);
+  /// Imports input @p h into @p dst. With @p stop_if_empty, returns true as soon as @p h is
+  /// known to be a 2-D array without rows, before its dtype or device are looked at.
+  bool input(nb::handle h, const char* name, TensorRef& dst, bool stop_if_empty = false) {
+    return load(h, name, false, dst, stop_if_empty, std::nullopt);
   }
 
-  TensorRef input(nb::handle h, const char* name) {
-    RoArray a;
-    if (!nb::try_cast(h, a, false)) not_an_array(h, name);
-    ro_.push_back(std::move(a));
-    return to_ref(ro_.back(), name);
+  void output(nb::handle h, const char* name, TensorRef& dst) {
+    load(h, name, true, dst, false, std::nullopt);
   }
 
-  TensorRef output(nb::handle h, const char* name) {
-    RwArray a;
-    if (!nb::try_cast(h, a, false)) {
-      RoArray r;
-      if (nb::try_cast(h, r, false)) invalid(name, "a writable array", "a read-only array");
-      not_an_array(h, name);
-    }
-    rw_.push_back(std::move(a));
-    return to_ref(rw_.back(), name);
-  }
+  /// The arguments imported with a placeholder dtype (see raise_unrepresented).
+  const std::vector<Unrepresented>& unrepresented() const { return bad_; }
 
  private:
-  [[noreturn]] static void not_an_array(nb::handle h, const char* name) {
-    throw nb::type_error(("megamoe: " + std::string(name) +
-                          ": expected an array (DLPack or buffer protocol), got " + type_name_of(h))
-                             .c_str());
+  bool load(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
+            bool stop_if_empty, std::optional<DType> as) {
+    if (writable) {
+      RwArray a;
+      if (nb::try_cast(h, a, false)) return take(std::move(a), rw_, name, dst, false, as);
+      RoArray r;
+      if (nb::try_cast(h, r, false)) invalid(name, "a writable array", "a read-only array");
+    } else {
+      RoArray a;
+      if (nb::try_cast(h, a, false)) return take(std::move(a), ro_, name, dst, stop_if_empty, as);
+    }
+    return refused(h, name, writable, dst, stop_if_empty);
+  }
+
+  template <typename Array>
+  bool take(Array&& a, std::vector<Array>& keep, const std::string& name, TensorRef& dst,
+            bool stop_if_empty, std::optional<DType> as) {
+    keep.push_back(std::move(a));
+    const Array& k = keep.back();
+    const size_t ndim = k.ndim();
+    if (ndim > static_cast<size_t>(TensorRef::kMaxRank)) rank_error(name, ndim, k.shape_ptr());
+    dst.ndim = static_cast<int>(ndim);
+    for (size_t d = 0; d < ndim; ++d) {
+      dst.shape[d] = k.shape_ptr()[d];
+      dst.strides[d] = k.stride(d);
+    }
+    if (stop_if_empty && ndim == 2 && dst.shape[0] == 0) return true;
+    dst.data = const_cast<void*>(static_cast<const void*>(k.data()));
+    dst.device = to_device(k.device_type(), k.device_id(), name);
+    if (!as) as = to_dtype(k.dtype());
+    if (as) {
+      dst.dtype = *as;
+    } else {
+      bad_.push_back({&dst, name, "dtype " + dlpack_dtype_name(k.dtype())});
+    }
+    return false;
+  }
+
+  /// nanobind could not import @p h. Raises the error that says why, except for NumPy
+  /// arrays whose dtype is to be reported with the library's list (recorded in bad_) or is
+  /// one of ml_dtypes' that megamoe has (imported as bytes); those return like load().
+  bool refused(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
+               bool stop_if_empty) {
+    if (PyCapsule_CheckExact(h.ptr())) refused_capsule(h, name);
+    if (is_numpy_array(h)) return refused_numpy(h, name, writable, dst, stop_if_empty);
+    if (nb::hasattr(h, "__dlpack__")) {
+      try {
+        (void)h.attr("__dlpack__")();
+      } catch (const nb::python_error& e) {
+        invalid(name, "an array DLPack can export",
+                "a " + type_name_of(h) + " whose __dlpack__() raised " + type_name_of(e.value()) +
+                    ": " + nb::str(e.value()).c_str());
+      }
+      invalid(name, "a DLPack tensor that can be imported",
+              "a " + type_name_of(h) + " whose DLPack export nanobind refused");
+    }
+    if (PyObject_CheckBuffer(h.ptr())) refused_buffer(h, name);
+    not_an_array(h, name);
+  }
+
+  bool refused_numpy(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
+                     bool stop_if_empty) {
+    std::vector<int64_t> shape, strides;
+    for (nb::handle s : h.attr("shape")) shape.push_back(nb::cast<int64_t>(s));
+    for (nb::handle s : h.attr("strides")) strides.push_back(nb::cast<int64_t>(s));
+    if (shape.size() > static_cast<size_t>(TensorRef::kMaxRank)) {
+      rank_error(name, shape.size(), shape.data());
+    }
+    dst.ndim = static_cast<int>(shape.size());
+    for (int d = 0; d < dst.ndim; ++d) dst.shape[d] = shape[d];
+    if (stop_if_empty && dst.ndim == 2 && dst.shape[0] == 0) return true;
+
+    nb::object dt = h.attr("dtype");
+    std::optional<DType> mapped;
+    std::string got = numpy_dtype_problem(dt, &mapped);
+    if (!got.empty()) {
+      // Only validation sees this ref (no data, no strides): enough to learn the dtypes
+      // the library accepts here.
+      bad_.push_back({&dst, name, std::move(got)});
+      return false;
+    }
+    const int64_t itemsize = nb::cast<int64_t>(dt.attr("itemsize"));
+    for (int64_t s : strides) {
+      if (itemsize <= 0 || s % itemsize != 0) byte_strides_error(name, itemsize, strides);
+    }
+    if (mapped) {
+      // The same bytes as unsigned integers (which DLPack carries), read as what they are.
+      nb::object bytes = h.attr("view")(itemsize == 1 ? "u1" : "u2");
+      return load(bytes, name, writable, dst, false, mapped);
+    }
+    invalid(name, "an array DLPack or the buffer protocol can export",
+            "a NumPy array of dtype " + std::string(nb::str(dt).c_str()) + " that both refused");
+  }
+
+  [[noreturn]] static void refused_buffer(nb::handle h, const std::string& name) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(h.ptr(), &view, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      not_an_array(h, name);
+    }
+    const std::string format = view.format != nullptr ? view.format : "B";
+    const int64_t itemsize = view.itemsize;
+    std::vector<int64_t> strides;
+    for (int d = 0; d < view.ndim && view.strides != nullptr; ++d) strides.push_back(view.strides[d]);
+    PyBuffer_Release(&view);
+    for (int64_t s : strides) {
+      if (itemsize <= 0 || s % itemsize != 0) byte_strides_error(name, itemsize, strides);
+    }
+    invalid(name, "a buffer of native-endian numbers", "buffer format '" + format + "'");
   }
 
   std::vector<RoArray> ro_;
   std::vector<RwArray> rw_;
+  std::vector<Unrepresented> bad_;
 };
 
 void prepare_inputs(nb::handle hidden_states, nb::handle topk_weights, nb::handle topk_ids,
@@ -169,21 +443,30 @@ void prepare_inputs(nb::handle hidden_states, nb::handle topk_weights, nb::handl
                     uintptr_t stream, bool enable_pdl) {
   Arrays arrays;
   megamoe::StageArgs args;
-  args.hidden_states = arrays.input(hidden_states, "hidden_states");
-  args.topk_weights = arrays.input(topk_weights, "topk_weights");
-  args.topk_ids = arrays.input(topk_ids, "topk_ids");
-  if (!is_padding.is_none()) args.is_padding = arrays.input(is_padding, "is_padding");
-  args.x_q = arrays.output(x_fp8, "x_fp8");
-  args.x_sf = arrays.output(x_sf, "x_sf");
-  args.topk_idx_out = arrays.output(topk_idx_out, "topk_idx_out");
-  args.topk_weights_out = arrays.output(topk_weights_out, "topk_weights_out");
-  if (!shared_x_sf.is_none()) args.shared_x_sf = arrays.output(shared_x_sf, "shared_x_sf");
+  // The reference reads num_tokens = hidden_states.shape[0] and returns when it is 0
+  // before looking at anything else; so does this call.
+  if (arrays.input(hidden_states, "hidden_states", args.hidden_states, true)) return;
+  arrays.input(topk_weights, "topk_weights", args.topk_weights);
+  arrays.input(topk_ids, "topk_ids", args.topk_ids);
+  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", args.is_padding.emplace());
+  arrays.output(x_fp8, "x_fp8", args.x_q);
+  arrays.output(x_sf, "x_sf", args.x_sf);
+  arrays.output(topk_idx_out, "topk_idx_out", args.topk_idx_out);
+  arrays.output(topk_weights_out, "topk_weights_out", args.topk_weights_out);
+  if (!shared_x_sf.is_none()) arrays.output(shared_x_sf, "shared_x_sf", args.shared_x_sf.emplace());
   args.shared_block_m = shared_block_m;
   args.hidden_quant = hidden_quant;
   args.enable_pdl = enable_pdl;
+  if (!arrays.unrepresented().empty()) raise_unrepresented(args, arrays.unrepresented());
 
   nb::gil_scoped_release release;
   megamoe::prepare_inputs(args, reinterpret_cast<megamoe::Stream>(stream));
+}
+
+/// Python's QuantScheme says only whether a second-level scale exists (vLLM's QuantKey has
+/// scale2 or not); one that exists is a static one, the kind a QuantKey describes.
+megamoe::Scale2 scale2_of(bool has_scale2) {
+  return has_scale2 ? megamoe::Scale2::kStatic : megamoe::Scale2::kNone;
 }
 
 void translate_error(const std::exception_ptr& p, void*) {
@@ -192,7 +475,7 @@ void translate_error(const std::exception_ptr& p, void*) {
   } catch (const Error& e) {
     PyErr_SetString(e.code() == ErrorCode::kInvalidArgument ? PyExc_ValueError
                                                              : PyExc_RuntimeError,
-                    e.what());
+                    python_names(e.what()).c_str());
   }
 }
 
@@ -226,7 +509,9 @@ NB_MODULE(_C, m) {
           "__init__",
           [](QuantScheme* self, QuantElem elem, ScaleType scale, int64_t group_m, int64_t group_k,
              bool is_static, bool symmetric, bool has_scale2) {
-            new (self) QuantScheme{elem, scale, group_m, group_k, is_static, symmetric, has_scale2};
+            new (self) QuantScheme{elem,      scale,     group_m,
+                                   group_k,   is_static, symmetric,
+                                   scale2_of(has_scale2)};
           },
           nb::arg("elem") = QuantElem::kFloat8E4M3, nb::arg("scale") = ScaleType::kUE8M0,
           nb::arg("group_m") = 1, nb::arg("group_k") = 32, nb::arg("is_static") = false,
@@ -239,7 +524,9 @@ NB_MODULE(_C, m) {
               "Group columns G along the hidden dimension (<= 0: per tensor / per token).")
       .def_rw("is_static", &QuantScheme::is_static, "Static (precomputed) scales.")
       .def_rw("symmetric", &QuantScheme::symmetric, "Symmetric quantization (no zero point).")
-      .def_rw("has_scale2", &QuantScheme::has_scale2, "A second-level scale exists.")
+      .def_prop_rw(
+          "has_scale2", [](const QuantScheme& q) { return q.scale2 != megamoe::Scale2::kNone; },
+          [](QuantScheme& q, bool v) { q.scale2 = scale2_of(v); }, "A second-level scale exists.")
       .def_prop_ro("ue8m0", &QuantScheme::ue8m0, "True for UE8M0 scales.")
       .def_static("mxfp8", &QuantScheme::mxfp8, "fp8 e4m3 + UE8M0 scales, G = 32 (the default).")
       .def_static("fp8_ue8m0_g128", &QuantScheme::fp8_ue8m0_g128, "fp8 e4m3 + UE8M0 scales, G = 128.")
@@ -255,7 +542,7 @@ NB_MODULE(_C, m) {
           [](const QuantScheme& q) {
             return nb::hash(nb::make_tuple(static_cast<int>(q.elem), static_cast<int>(q.scale),
                                            q.group_m, q.group_k, q.is_static, q.symmetric,
-                                           q.has_scale2));
+                                           q.scale2 != megamoe::Scale2::kNone));
           },
           "Hash of the fields.")
       .def("__repr__", [](const QuantScheme& q) { return megamoe::to_string(q); },
@@ -264,7 +551,7 @@ NB_MODULE(_C, m) {
           "__getstate__",
           [](const QuantScheme& q) {
             return nb::make_tuple(q.elem, q.scale, q.group_m, q.group_k, q.is_static,
-                                  q.symmetric, q.has_scale2);
+                                  q.symmetric, q.scale2 != megamoe::Scale2::kNone);
           },
           "Pickle support.")
       .def(
@@ -273,7 +560,7 @@ NB_MODULE(_C, m) {
             new (&q) QuantScheme{nb::cast<QuantElem>(s[0]), nb::cast<ScaleType>(s[1]),
                                  nb::cast<int64_t>(s[2]),   nb::cast<int64_t>(s[3]),
                                  nb::cast<bool>(s[4]),      nb::cast<bool>(s[5]),
-                                 nb::cast<bool>(s[6])};
+                                 scale2_of(nb::cast<bool>(s[6]))};
           },
           "Pickle support.");
 
@@ -283,9 +570,12 @@ NB_MODULE(_C, m) {
         "True when this build contains the CUDA backend.");
   m.def("version", &megamoe::version, "Library version, \"MAJOR.MINOR.PATCH\".");
 
-  m.def("prepare_inputs", &prepare_inputs, nb::arg("hidden_states"), nb::arg("topk_weights"),
-        nb::arg("topk_ids"), nb::arg("x_fp8"), nb::arg("x_sf"), nb::arg("topk_idx_out"),
-        nb::arg("topk_weights_out"), nb::arg("is_padding").none() = nb::none(),
+  // Array parameters accept None so that a missing one gets the TypeError naming it (and
+  // so that T == 0 returns whatever they are).
+  m.def("prepare_inputs", &prepare_inputs, nb::arg("hidden_states").none(),
+        nb::arg("topk_weights").none(), nb::arg("topk_ids").none(), nb::arg("x_fp8").none(),
+        nb::arg("x_sf").none(), nb::arg("topk_idx_out").none(),
+        nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
         nb::arg("shared_x_sf").none() = nb::none(),
         nb::arg("shared_block_m").none() = nb::none(),
         nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("stream") = 0,
@@ -293,5 +583,8 @@ NB_MODULE(_C, m) {
         "Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).\n\n"
         "Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,\n"
         "outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`\n"
-        "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.");
+        "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.\n"
+        "A 2-D hidden_states without rows returns at once, before any other argument is read.\n"
+        "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
+        "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
 }

@@ -1,8 +1,9 @@
 """Helpers shared by the Python test files (schemes, the reference's messages, bitwise
-comparison, vLLM QuantKey look-alikes)."""
+comparison, vLLM QuantKey look-alikes, a valid call, hand-built DLPack capsules)."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,3 +81,93 @@ class QuantKey:
 def key(elem="float8_e4m3fn", sdtype="float8_e8m0fnu", G=32, row=1, static=False, sym=True, scale2=False):
     sc = ScaleDesc(sdtype, static, GroupShape(row, G))
     return QuantKey(elem, sc, sc if scale2 else None, sym)
+
+
+# ---------------------------------------------------------------------------------------
+# Hand-built DLPack capsules (what a buggy or hostile producer could hand over)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    # No deleter: the memory belongs to the NumPy array kept alive below.
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+# DLPack (code, bits) of the NumPy dtypes the tests hand over.
+_DL_CODES = {"int": 0, "uint": 1, "float": 2, "bool": 6}
+
+# Everything a capsule points into lives as long as the test session: a capsule has no
+# owner once the library has imported it.
+_KEEP: list = []
+
+
+def dlpack_capsule(
+    a: np.ndarray,
+    *,
+    device: int = 1,
+    device_id: int = 0,
+    shape: Optional[tuple] = None,
+    strides: Optional[tuple] = None,
+    ndim: Optional[int] = None,
+    dtype: Optional[tuple] = None,
+    data: Optional[int] = -1,
+) -> Any:
+    """An unversioned "dltensor" capsule over the memory of ``a``, with any field replaced:
+    ``shape``/``strides`` (strides in elements), ``ndim`` (without changing the arrays),
+    ``dtype`` as (code, bits, lanes), ``device`` (DLPack device type), ``data`` (None:
+    a null pointer)."""
+    kind = "bool" if a.dtype == np.bool_ else {"i": "int", "u": "uint", "f": "float"}[a.dtype.kind]
+    shape = a.shape if shape is None else shape
+    if strides is None:
+        strides = tuple(s // a.itemsize for s in a.strides)
+    n = len(shape) if ndim is None else ndim
+    shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    strides_arr = (ctypes.c_int64 * max(len(strides), 1))(*strides)
+    code, bits, lanes = (_DL_CODES[kind], a.itemsize * 8, 1) if dtype is None else dtype
+    m = _DLManagedTensor()
+    m.dl_tensor.data = a.ctypes.data if data == -1 else data
+    m.dl_tensor.device = _DLDevice(device, device_id)
+    m.dl_tensor.ndim = n
+    m.dl_tensor.dtype = _DLDataType(code, bits, lanes)
+    m.dl_tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+    m.dl_tensor.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
+    _KEEP.append((a, shape_arr, strides_arr, m))
+    return _capsule_new(ctypes.addressof(m), b"dltensor", None)
+
+
+def valid_kwargs(T: int = 8, H: int = 256, K: int = 4) -> dict:
+    """The arguments of a valid MXFP8 prepare_megamoe_inputs call on NumPy arrays, the
+    outputs filled with 0x5A bytes (no staging result is all 0x5A)."""
+    rng = np.random.default_rng(7)
+    return dict(
+        hidden_states=rng.standard_normal((T, H)).astype(np.float32),
+        topk_weights=rng.random((T, K)).astype(np.float32),
+        topk_ids=rng.integers(0, 9, (T, K)).astype(np.int32),
+        x_fp8=np.full((T, H), 0x5A, np.uint8),
+        x_sf=np.full((T, H // 128), 0x5A5A5A5A, np.int32),
+        topk_idx_out=np.full((T, K), 0x5A5A5A5A5A5A5A5A, np.int64),
+        topk_weights_out=np.full((T, K), 0x5A5A5A5A, np.int32).view(np.float32),
+    )

@@ -354,7 +354,6 @@ def test_error_shared_rows(T, bm, need):
 BAD_SCHEMES = [
     QuantScheme(elem=QuantElem.FLOAT8_E5M2),
     QuantScheme(elem=QuantElem.INT8),
-    QuantScheme(elem=QuantElem.FLOAT4_E2M1),
     QuantScheme(scale=ScaleType.FLOAT16),
     QuantScheme(group_k=48),
     QuantScheme(group_k=256),
@@ -387,7 +386,7 @@ def test_error_scheme(scheme):
         ("x_sf", np.zeros((8, 2), np.float32), "dtype int32", "dtype float32"),
         ("topk_idx_out", np.zeros((8, 4), np.int32), "dtype int64", "dtype int32"),
         ("topk_weights_out", np.zeros((8, 4), np.float16), "dtype float32", "dtype float16"),
-        ("x_fp8", np.zeros((8, 128), np.uint8), "shape (8, 256)", "shape (8, 128)"),
+        ("x_fp8", np.zeros((8, 200), np.uint8), "shape (8, 256)", "shape (8, 200)"),
         ("x_sf", np.zeros((8, 8), np.int32), "shape (8, 2)", "shape (8, 8)"),
         ("x_sf", np.zeros((8, 2, 1), np.int32), "a tensor of rank <= 2", "3-D tensor of shape (8, 2, 1)"),
         ("topk_idx_out", np.zeros((8, 5), np.int64), "shape (8, 4)", "shape (8, 5)"),
@@ -396,8 +395,8 @@ def test_error_scheme(scheme):
         ("is_padding", np.zeros((7,), np.bool_), "shape (8,)", "shape (7,)"),
         ("is_padding", np.zeros((8,), np.int32), "dtype bool or uint8", "dtype int32"),
         ("is_padding", np.zeros((8, 1), np.bool_), "1-D tensor", "2-D tensor"),
-        ("topk_ids", np.zeros((8, 4), np.int16), "dtype bfloat16, float16, float32, float8_e4m3fn, uint8, bool, int32 or int64", "dtype int16"),
-        ("hidden_states", np.zeros((8, 256), np.float64), "dtype bfloat16, float16, float32, float8_e4m3fn, uint8, bool, int32 or int64", "dtype float64"),
+        ("topk_ids", np.zeros((8, 4), np.int16), "dtype int32 or int64", "dtype int16"),
+        ("hidden_states", np.zeros((8, 256), np.float64), "dtype bfloat16 or float16 or float32", "dtype float64"),
     ],
 )  # fmt: skip
 def test_error_dtype_rank_shape(field, bad, expected, got):
@@ -473,7 +472,7 @@ def test_scheme_api():
     assert megamoe.MXFP8 != "MXFP8"
     assert repr(s) == "QuantScheme(fp8_e4m3fn, scale=ue8m0, group=1x32, dynamic, symmetric)"
     assert repr(QuantScheme(scale=ScaleType.FLOAT32, group_k=128, is_static=True, has_scale2=True)) == (
-        "QuantScheme(fp8_e4m3fn, scale=float32, group=1x128, static, symmetric, scale2)"
+        "QuantScheme(fp8_e4m3fn, scale=float32, group=1x128, static, symmetric, scale2=static)"
     )
     for p in SCHEMES.values():
         assert pickle.loads(pickle.dumps(p)) == p
