@@ -16,6 +16,7 @@ namespace megamoe {
 #if MEGAMOE_WITH_CUDA
 namespace cuda {
 void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stream);
+void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream);
 }
 bool has_cuda_backend() noexcept { return true; }
 #else
@@ -43,12 +44,17 @@ void guarded(const char* what, F&& f) {
 }
 
 void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
-  if (p.T == 0) return;
+  if (!detail::has_work(p)) return;
   if (args.hidden_states.device.type == Device::Type::kCPU) {
     cpu::prepare_inputs(args, p);
     return;
   }
 #if MEGAMOE_WITH_CUDA
+  if (p.full_buffer || p.has_alpha) {
+    throw Error(ErrorCode::kUnsupported,
+                "megamoe: the CUDA backend of this build does not stage activations in full-buffer mode or "
+                "with a routed scaling factor yet (stage_routing does both)");
+  }
   cuda::prepare_inputs(args, p, stream);
 #else
   (void)stream;
@@ -58,7 +64,27 @@ void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
 #endif
 }
 
+void dispatch_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (args.topk_ids.device.type == Device::Type::kCPU) {
+    cpu::repack_topk(cpu::topk_io(args), p);
+    return;
+  }
+#if MEGAMOE_WITH_CUDA
+  cuda::stage_routing(args, p, stream);
+#else
+  (void)stream;
+  throw Error(ErrorCode::kUnsupported,
+              "megamoe: topk_ids: expected a CPU tensor (this build has no CUDA backend), got device " +
+                  to_string(args.topk_ids.device));
+#endif
+}
+
 }  // namespace
+
+void stage_routing(const RoutingArgs& args, Stream stream) {
+  guarded("stage_routing", [&] { dispatch_routing(args, detail::validate_routing(args), stream); });
+}
 
 void prepare_inputs(const StageArgs& args, Stream stream) {
   guarded("prepare_inputs", [&] { dispatch(args, detail::validate_args(args), stream); });

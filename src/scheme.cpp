@@ -191,7 +191,7 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
       throw Error(ErrorCode::kInvalidArgument, "MegaMoE shared_block_m must be positive. (shared_block_m: expected > 0, got " +
                                                    std::to_string(bm) + ")");
     }
-    const core::Checked rows = core::ceil_div(T, bm) * core::round_up(bm, 128);
+    const core::Checked rows = T == 0 ? core::Checked(0) : core::ceil_div(T, bm) * core::round_up(bm, 128);
     if (!rows.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(T) + " / " +

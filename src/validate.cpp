@@ -2,6 +2,8 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -113,6 +115,86 @@ void check_device(const TensorRef& t, const char* name) {
 
 bool overlaps(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; }
 
+/// The top-k tensors of a staging or routing-only call.
+struct TopkRefs {
+  const TensorRef& w;
+  const TensorRef& ids;
+  const std::optional<TensorRef>& pad;
+  const TensorRef& idx_out;
+  const TensorRef& w_out;
+};
+TopkRefs topk_refs(const StageArgs& a) {
+  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out};
+}
+TopkRefs topk_refs(const RoutingArgs& a) {
+  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out};
+}
+
+/// Ranks of the top-k inputs, K, and the reference's same-shape rule.
+void check_topk_pair(const TopkRefs& k, Problem& p) {
+  check_rank(k.ids, "topk_ids", 2);
+  check_rank(k.w, "topk_weights", 2);
+  p.K = k.ids.shape[1];
+  if (k.w.shape[0] != k.ids.shape[0] || k.w.shape[1] != k.ids.shape[1]) {
+    fail(kSeedTopkShape, "topk_weights", "shape " + k.ids.shape_str(), k.w.shape_str());
+  }
+}
+
+/// The rest of the top-k checks: rows, dtypes, padding, the outputs (M rows: T, or the
+/// buffer's row count in full-buffer mode) and the routed scaling factor.
+void check_topk_rest(const TopkRefs& k, bool full_buffer, const std::optional<float>& alpha, Problem& p) {
+  MEGAMOE_CHECK(k.ids.shape[0] == p.T, "topk_ids", "shape " + dims(p.T, p.K), "shape " + k.ids.shape_str());
+  check_dtype(k.ids, "topk_ids", {DType::kInt32, DType::kInt64});
+  check_dtype(k.w, "topk_weights", {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
+  p.has_padding = k.pad.has_value();
+  if (p.has_padding) {
+    check_rank(*k.pad, "is_padding", 1);
+    MEGAMOE_CHECK(k.pad->shape[0] == p.T, "is_padding", "shape (" + std::to_string(p.T) + ",)",
+                  "shape " + k.pad->shape_str());
+    check_dtype(*k.pad, "is_padding", {DType::kBool, DType::kUInt8});
+  }
+  p.full_buffer = full_buffer;
+  p.M = p.T;
+  if (full_buffer) {
+    check_rank(k.idx_out, "topk_idx_out", 2);
+    p.M = k.idx_out.shape[0];
+    MEGAMOE_CHECK(p.M >= p.T, "topk_idx_out",
+                  "at least " + std::to_string(p.T) + " rows (full-buffer mode: max_tokens >= num_tokens)",
+                  std::to_string(p.M) + " rows");
+  }
+  check_shape2(k.idx_out, "topk_idx_out", p.M, p.K);
+  check_dtype(k.idx_out, "topk_idx_out", {DType::kInt64});
+  check_shape2(k.w_out, "topk_weights_out", p.M, p.K);
+  check_dtype(k.w_out, "topk_weights_out", {DType::kFloat32});
+  p.has_alpha = alpha.has_value();
+  if (p.has_alpha) {
+    MEGAMOE_CHECK(std::isfinite(*alpha), "routed_scaling_factor", "a finite value", *alpha);
+    p.alpha = *alpha;
+  }
+}
+
+/// Devices, data pointers, sizes that fit, self-overlap of outputs, overlap between
+/// tensors: the checks every call ends with.
+void check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
+  for (const NamedTensor& n : all) {
+    check_device(*n.t, n.name);
+    check_fits(*n.t, n.name);
+    MEGAMOE_CHECK(n.t->device == dev, n.name, "device " + to_string(dev), "device " + to_string(n.t->device));
+    check_data(*n.t, n.name);
+    if (n.output) check_no_self_overlap(*n.t, n.name);
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].output) continue;
+    const Span si = byte_span(*all[i].t);
+    for (size_t j = 0; j < all.size(); ++j) {
+      if (j == i || (all[j].output && j < i)) continue;
+      if (overlaps(si, byte_span(*all[j].t))) {
+        fail(nullptr, all[i].name, std::string("memory disjoint from ") + all[j].name, "overlapping memory");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool try_element_extent(const TensorRef& t, Extent* out) {
@@ -188,7 +270,8 @@ Problem validate_args(const StageArgs& a) {
   check_rank(hs, "hidden_states", 2);
   p.T = hs.shape[0];
   p.H = hs.shape[1];
-  if (p.T == 0) return p;  // the reference returns before any other check
+  // The reference returns before any other check; full-buffer mode still fills the tail.
+  if (p.T == 0 && !a.full_buffer) return p;
   check_dtype(hs, "hidden_states", {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
 
   if (p.H % 128 != 0) fail(kSeedHidden128, "hidden_states", "hidden_size % 128 == 0", p.H);
@@ -214,14 +297,8 @@ Problem validate_args(const StageArgs& a) {
   p.sf_cols = shapes.x_sf.shape[1];
   p.xq_cols = shapes.x_q.shape[1];
 
-  check_rank(a.topk_ids, "topk_ids", 2);
-  check_rank(a.topk_weights, "topk_weights", 2);
-  p.K = a.topk_ids.shape[1];
-  if (a.topk_weights.shape[0] != a.topk_ids.shape[0] ||
-      a.topk_weights.shape[1] != a.topk_ids.shape[1]) {
-    fail(kSeedTopkShape, "topk_weights", "shape " + a.topk_ids.shape_str(),
-         a.topk_weights.shape_str());
-  }
+  const TopkRefs topk = topk_refs(a);
+  check_topk_pair(topk, p);
 
   if (a.shared_x_sf.has_value() != a.shared_block_m.has_value()) {
     fail(kSeedSharedPair, a.shared_x_sf ? "shared_block_m" : "shared_x_sf", "a value", "none");
@@ -239,7 +316,8 @@ Problem validate_args(const StageArgs& a) {
                                                    ".");
     }
     // ceil(T / bm) * align(bm, 128), checked: a huge bm must not wrap to a small count.
-    const core::Checked req = core::ceil_div(p.T, bm) * core::round_up(bm, 128);  // == output_shapes' rule
+    // (T == 0, full-buffer mode: no rows, whatever bm)
+    const core::Checked req = p.T == 0 ? core::Checked(0) : core::ceil_div(p.T, bm) * core::round_up(bm, 128);
     if (!req.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(p.T) +
@@ -256,27 +334,16 @@ Problem validate_args(const StageArgs& a) {
     p.shared_bm = bm;
   }
 
-  // Inputs.
-  MEGAMOE_CHECK(a.topk_ids.shape[0] == p.T, "topk_ids", "shape " + dims(p.T, p.K),
-                "shape " + a.topk_ids.shape_str());
-  check_dtype(a.topk_ids, "topk_ids", {DType::kInt32, DType::kInt64});
-  check_dtype(a.topk_weights, "topk_weights", {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
-  p.has_padding = a.is_padding.has_value();
-  if (p.has_padding) {
-    check_rank(*a.is_padding, "is_padding", 1);
-    MEGAMOE_CHECK(a.is_padding->shape[0] == p.T, "is_padding", "shape (" + std::to_string(p.T) + ",)",
-                  "shape " + a.is_padding->shape_str());
-    check_dtype(*a.is_padding, "is_padding", {DType::kBool, DType::kUInt8});
-  }
+  check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
 
-  // Outputs.
-  check_shape2(a.x_q, "x_q", p.T, p.xq_cols);
+  // Outputs: in full-buffer mode every output has the M rows of the top-k buffers.
+  check_shape2(a.x_q, "x_q", p.M, p.xq_cols);
   if (core::values_per_byte(p.fmt) == 1) {
     check_dtype(a.x_q, "x_q", {DType::kFloat8E4M3, DType::kUInt8});
   } else {
     check_dtype(a.x_q, "x_q", {DType::kUInt8, DType::kInt8});
   }
-  check_shape2(a.x_sf, "x_sf", p.T, p.sf_cols);
+  check_shape2(a.x_sf, "x_sf", p.M, p.sf_cols);
   if (packed) {
     check_dtype(a.x_sf, "x_sf", {DType::kInt32});
   } else {
@@ -302,7 +369,7 @@ Problem validate_args(const StageArgs& a) {
   }
   if (p.has_x_scales) {
     check_rank(*a.x_scales, "x_scales", 1);
-    MEGAMOE_CHECK(a.x_scales->shape[0] == p.T, "x_scales", "shape (" + std::to_string(p.T) + ",)",
+    MEGAMOE_CHECK(a.x_scales->shape[0] == p.M, "x_scales", "shape (" + std::to_string(p.M) + ",)",
                   "shape " + a.x_scales->shape_str());
     check_dtype(*a.x_scales, "x_scales", {DType::kFloat32});
   }
@@ -311,32 +378,26 @@ Problem validate_args(const StageArgs& a) {
     check_scalar(*a.nonfinite_count, "nonfinite_count");
     check_dtype(*a.nonfinite_count, "nonfinite_count", {DType::kInt64});
   }
-  check_shape2(a.topk_idx_out, "topk_idx_out", p.T, p.K);
-  check_dtype(a.topk_idx_out, "topk_idx_out", {DType::kInt64});
-  check_shape2(a.topk_weights_out, "topk_weights_out", p.T, p.K);
-  check_dtype(a.topk_weights_out, "topk_weights_out", {DType::kFloat32});
 
-  // Devices, pointers, overlap.
-  const std::vector<NamedTensor> all = named_tensors(a);
-  for (const NamedTensor& n : all) {
-    check_device(*n.t, n.name);
-    check_fits(*n.t, n.name);
-    MEGAMOE_CHECK(n.t->device == hs.device, n.name, "device " + to_string(hs.device),
-                  "device " + to_string(n.t->device));
-    check_data(*n.t, n.name);
-    if (n.output) check_no_self_overlap(*n.t, n.name);
-  }
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].output) continue;
-    const Span si = byte_span(*all[i].t);
-    for (size_t j = 0; j < all.size(); ++j) {
-      if (j == i || (all[j].output && j < i)) continue;
-      if (overlaps(si, byte_span(*all[j].t))) {
-        fail(nullptr, all[i].name, std::string("memory disjoint from ") + all[j].name,
-             "overlapping memory");
-      }
-    }
-  }
+  check_memory(named_tensors(a), hs.device);
+  return p;
+}
+
+Problem validate_routing(const RoutingArgs& a) {
+  Problem p;
+  p.routing_only = true;
+  check_rank(a.topk_ids, "topk_ids", 2);
+  p.T = a.topk_ids.shape[0];
+  if (p.T == 0 && !a.full_buffer) return p;
+  const TopkRefs topk = topk_refs(a);
+  check_topk_pair(topk, p);
+  check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
+  std::vector<NamedTensor> all = {{&a.topk_weights, "topk_weights", false},
+                                  {&a.topk_ids, "topk_ids", false},
+                                  {&a.topk_idx_out, "topk_idx_out", true},
+                                  {&a.topk_weights_out, "topk_weights_out", true}};
+  if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
+  check_memory(all, a.topk_ids.device);
   return p;
 }
 

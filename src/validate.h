@@ -25,6 +25,11 @@ struct Problem {
   bool has_global = false;     ///< global_scale given (NVFP4 static)
   bool has_x_scales = false;   ///< x_scales given (NVFP4 per-token)
   bool has_nonfinite = false;  ///< nonfinite_count given
+  int64_t M = 0;               ///< rows of the top-k outputs (T, or max_tokens in full-buffer mode)
+  bool full_buffer = false;    ///< rows T..M-1 of the top-k outputs are filled with -1 / +0.0
+  bool has_alpha = false;      ///< kept weights are multiplied by alpha (one fp32 rounding)
+  float alpha = 1.0f;          ///< routed scaling factor
+  bool routing_only = false;   ///< no activations: only the top-k repack runs
   bool has_padding = false;
   bool has_shared = false;
   int64_t shared_bm = 1;
@@ -33,6 +38,10 @@ struct Problem {
 /// Check everything SPEC.md requires; throws megamoe::Error before anything is written.
 /// Returns the resolved problem (T == 0 is valid and means "nothing to do").
 Problem validate_args(const StageArgs& args);
+/// The same for a routing-only call.
+Problem validate_routing(const RoutingArgs& args);
+/// True when the call has work (T > 0, or a full-buffer tail to fill).
+inline bool has_work(const Problem& p) { return p.T > 0 || (p.full_buffer && p.M > 0); }
 
 /// Element offsets, relative to the data pointer, of a tensor's first and last elements in
 /// address order: lo <= 0 <= hi (both 0 for an empty tensor).

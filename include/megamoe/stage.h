@@ -60,9 +60,31 @@ struct StageArgs {
   /// Optional in/out [1] (or 0-D) int64 on the tensors' device: the number of NaN and
   /// +-Inf elements of hidden_states is added to it (device atomics, no host sync).
   std::optional<TensorRef> nonfinite_count;
+  /// Full-buffer mode (symmetric-memory / SM90 consumers): every output has the same
+  /// M >= T rows (M = max_tokens = topk_idx_out.shape[0]); in the same launch, rows T..M-1
+  /// of topk_idx_out / topk_weights_out become -1 / +0.0 on every call (graph safe), and
+  /// rows T..M-1 of x_q / x_sf / x_scales are left untouched. With T == 0 the whole top-k
+  /// buffer is filled.
+  bool full_buffer = false;
+  /// Optional routed scaling factor alpha (finite): kept weights become fl(w * alpha);
+  /// padded and tail rows stay +0.0.
+  std::optional<float> routed_scaling_factor;
   /// CUDA only: launch with programmatic dependent launch (overlaps the previous kernel's
   /// tail on sm_90+; ignored elsewhere). Safe inside CUDA graphs.
   bool enable_pdl = false;
+};
+
+/// @brief A routing-only call (vLLM's stage_megamoe_routing: the activations were already
+/// quantized by their producer): top-k repack, padding mask, full-buffer tail, scaling.
+struct RoutingArgs {
+  TensorRef topk_weights;      ///< [T, K] fp32, bf16, fp16
+  TensorRef topk_ids;          ///< [T, K] int32, int64
+  TensorRef topk_idx_out;      ///< out: [M, K] int64 (M = T unless full_buffer)
+  TensorRef topk_weights_out;  ///< out: [M, K] fp32
+  std::optional<TensorRef> is_padding;        ///< optional [T] mask, nonzero = padded
+  bool full_buffer = false;                   ///< as StageArgs::full_buffer
+  std::optional<float> routed_scaling_factor; ///< as StageArgs::routed_scaling_factor
+  bool enable_pdl = false;                    ///< as StageArgs::enable_pdl
 };
 
 /// @brief Validate @p args and stage them on the tensors' device.
@@ -77,6 +99,10 @@ void prepare_inputs(const StageArgs& args, Stream stream = nullptr);
 
 /// @brief Run only the argument checks of prepare_inputs (throws megamoe::Error).
 void validate(const StageArgs& args);
+
+/// @brief Routing-only staging: validate @p args, then repack on the tensors' device.
+/// @throws megamoe::Error on any invalid argument, before anything is written.
+void stage_routing(const RoutingArgs& args, Stream stream = nullptr);
 
 /// @brief True when this build contains the CUDA backend.
 bool has_cuda_backend() noexcept;

@@ -16,27 +16,9 @@ namespace cpu {
 namespace {
 
 template <typename T>
-T load(const TensorRef& t, int64_t i, int64_t j) {
-  T v;
-  const int64_t off = i * t.strides[0] + j * t.strides[1];
-  std::memcpy(&v, static_cast<const char*>(t.data) + off * static_cast<int64_t>(sizeof(T)),
-              sizeof(T));
-  return v;
-}
-
-template <typename T>
 void store(const TensorRef& t, int64_t i, int64_t j, T v, bool rank1 = false) {
   const int64_t off = rank1 ? i * t.strides[0] : i * t.strides[0] + j * t.strides[1];
   std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
-}
-
-/// Element (i, j) of a bf16/fp16/fp32 tensor as fp32 (exact).
-float load_float(const TensorRef& t, int64_t i, int64_t j) {
-  switch (t.dtype) {
-    case DType::kBFloat16: return core::bf16_to_float(load<uint16_t>(t, i, j));
-    case DType::kFloat16: return core::half_to_float(load<uint16_t>(t, i, j));
-    default: return load<float>(t, i, j);
-  }
 }
 
 /// Elements [h0, h0 + n) of row t of a bf16/fp16/fp32 tensor, widened exactly to fp32.
@@ -108,22 +90,6 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
         store<uint32_t>(a.x_sf, t, g, gp.sf);
       }
     }
-    bool pad = false;
-    if (p.has_padding) {
-      const TensorRef& m = *a.is_padding;
-      pad = static_cast<const uint8_t*>(m.data)[t * m.strides[0]] != 0;
-    }
-    for (int64_t k = 0; k < p.K; ++k) {
-      int64_t id = -1;
-      float w = 0.0f;
-      if (!pad) {
-        id = a.topk_ids.dtype == DType::kInt32 ? load<int32_t>(a.topk_ids, t, k)
-                                               : load<int64_t>(a.topk_ids, t, k);
-        w = load_float(a.topk_weights, t, k);
-      }
-      store<int64_t>(a.topk_idx_out, t, k, id);
-      store<float>(a.topk_weights_out, t, k, w);
-    }
   }
   return nonfinite;
 }
@@ -157,7 +123,8 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
     std::memcpy(a.nonfinite_count->data, &v, sizeof v);
   };
   if (n <= 1) {
-    add_count(stage_rows(a, p, 0, p.T));
+    if (p.T > 0) add_count(stage_rows(a, p, 0, p.T));
+    repack_topk(topk_io(a), p);
     return;
   }
   // A worker's exception (std::bad_alloc of its row buffers) must reach the caller, not
@@ -188,6 +155,7 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   add_count(total);
+  repack_topk(topk_io(a), p);
 }
 
 }  // namespace cpu

@@ -10,5 +10,20 @@ namespace cpu {
 /// Stage validated @p args on the host (any strides; threads for large problems).
 void prepare_inputs(const StageArgs& args, const detail::Problem& p);
 
+/// The top-k tensors of a call (pad may be null).
+struct TopkIO {
+  const TensorRef* w;
+  const TensorRef* ids;
+  const TensorRef* pad;
+  const TensorRef* idx_out;
+  const TensorRef* w_out;
+};
+TopkIO topk_io(const StageArgs& a);
+TopkIO topk_io(const RoutingArgs& a);
+
+/// Rows 0..M-1 of the top-k outputs: kept rows copied (widened, times alpha when given),
+/// padded and tail rows (t >= T) set to -1 / +0.0.
+void repack_topk(const TopkIO& io, const detail::Problem& p);
+
 }  // namespace cpu
 }  // namespace megamoe

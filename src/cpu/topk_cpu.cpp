@@ -1,0 +1,65 @@
+// topk_cpu.cpp: the top-k repack on the host, shared by staging and routing-only calls:
+// padding mask, widening, the routed scaling factor and the full-buffer tail.
+#include <cstring>
+
+#include "core/numerics.h"
+#include "cpu/stage_cpu.h"
+
+namespace megamoe {
+namespace cpu {
+namespace {
+
+template <typename T>
+T load(const TensorRef& t, int64_t i, int64_t j) {
+  T v;
+  const int64_t off = i * t.strides[0] + j * t.strides[1];
+  std::memcpy(&v, static_cast<const char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
+}
+
+template <typename T>
+void store(const TensorRef& t, int64_t i, int64_t j, T v) {
+  const int64_t off = i * t.strides[0] + j * t.strides[1];
+  std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+}
+
+float load_weight(const TensorRef& t, int64_t i, int64_t j) {
+  switch (t.dtype) {
+    case DType::kBFloat16: return core::bf16_to_float(load<uint16_t>(t, i, j));
+    case DType::kFloat16: return core::half_to_float(load<uint16_t>(t, i, j));
+    default: return load<float>(t, i, j);
+  }
+}
+
+}  // namespace
+
+void repack_topk(const TopkIO& io, const detail::Problem& p) {
+  for (int64_t t = 0; t < p.M; ++t) {
+    // Tail rows (full-buffer mode) and padded tokens: id -1, weight +0.0.
+    bool keep = t < p.T;
+    if (keep && io.pad != nullptr) keep = static_cast<const uint8_t*>(io.pad->data)[t * io.pad->strides[0]] == 0;
+    for (int64_t k = 0; k < p.K; ++k) {
+      int64_t id = -1;
+      float w = 0.0f;
+      if (keep) {
+        id = io.ids->dtype == DType::kInt32 ? load<int32_t>(*io.ids, t, k) : load<int64_t>(*io.ids, t, k);
+        w = load_weight(*io.w, t, k);
+        if (p.has_alpha) w = core::mul_rn(w, p.alpha);
+      }
+      store<int64_t>(*io.idx_out, t, k, id);
+      store<float>(*io.w_out, t, k, w);
+    }
+  }
+}
+
+TopkIO topk_io(const StageArgs& a) {
+  return {&a.topk_weights, &a.topk_ids, a.is_padding ? &*a.is_padding : nullptr, &a.topk_idx_out,
+          &a.topk_weights_out};
+}
+TopkIO topk_io(const RoutingArgs& a) {
+  return {&a.topk_weights, &a.topk_ids, a.is_padding ? &*a.is_padding : nullptr, &a.topk_idx_out,
+          &a.topk_weights_out};
+}
+
+}  // namespace cpu
+}  // namespace megamoe
