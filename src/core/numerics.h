@@ -78,6 +78,10 @@ MEGAMOE_HD float fmax_nan_ignoring(float a, float b) {
 #endif
 }
 
+/// A kept top-k weight times the routed scaling factor: one fp32 rounding; a NaN weight
+/// keeps its bits (hardware NaN propagation differs between CPUs and GPUs, the bytes must not).
+MEGAMOE_HD float scale_weight(float w, float alpha) { return w != w ? w : mul_rn(w, alpha); }
+
 /// NaN-ignoring minimum (fminf semantics).
 MEGAMOE_HD float fminf_nan_ignoring(float a, float b) {
 #if defined(__CUDA_ARCH__)

@@ -44,7 +44,7 @@ void repack_topk(const TopkIO& io, const detail::Problem& p) {
       if (keep) {
         id = io.ids->dtype == DType::kInt32 ? load<int32_t>(*io.ids, t, k) : load<int64_t>(*io.ids, t, k);
         w = load_weight(*io.w, t, k);
-        if (p.has_alpha) w = core::mul_rn(w, p.alpha);
+        if (p.has_alpha) w = core::scale_weight(w, p.alpha);
       }
       store<int64_t>(*io.idx_out, t, k, id);
       store<float>(*io.w_out, t, k, w);

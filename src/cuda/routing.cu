@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(256) routing_kernel(const RoutingParams p) {
       w = p.wkind == 1 ? core::bf16_to_float(w16[wo])
           : p.wkind == 2 ? core::half_to_float(w16[wo])
                          : static_cast<const float*>(p.w)[wo];
-      if (p.has_alpha) w = core::mul_rn(w, p.alpha);
+      if (p.has_alpha) w = core::scale_weight(w, p.alpha);
     }
     p.idx_out[t * p.io_s0 + k * p.io_s1] = id;
     p.w_out[t * p.wo_s0 + k * p.wo_s1] = w;

@@ -78,7 +78,7 @@ void expect_reject(Small& s, const std::string& needle) {
 
 // Defect 1: a huge shared_block_m wrapped the required-row count to 0 or 128.
 TEST(Hostile, HugeSharedBlockMIsRejectedNotWrapped) {
-  for (int64_t bm : {kI64Max, kI64Max - 126, kI64Max - 127, int64_t{1} << 62, kI64Max - 127}) {
+  for (int64_t bm : {kI64Max, kI64Max - 126, kI64Max - 127, int64_t{1} << 62, (int64_t{1} << 62) + 1}) {
     for (int64_t rows : {int64_t{0}, int64_t{128}}) {
       Small s;
       s.a.shared_x_sf = rows == 0 ? TensorRef(nullptr, DType::kInt32, {0, 1})

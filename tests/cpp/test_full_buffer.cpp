@@ -1,0 +1,209 @@
+// Full-buffer mode, routing-only staging and the routed scaling factor (CPU backend):
+// rows T..M-1 of the top-k outputs become -1 / +0.0 on every call, activation and scale
+// rows there stay untouched, kept weights are fl(w * alpha), and routing-only calls give
+// the top-k bytes of the equivalent full staging call.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "megamoe/megamoe.h"
+
+namespace {
+
+using megamoe::DType;
+using megamoe::TensorRef;
+
+uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t u32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+/// One staging problem with M-row outputs, poisoned.
+struct Buffers {
+  int64_t T, M, H, K;
+  std::vector<uint16_t> hs;
+  std::vector<float> w;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> pad;
+  std::vector<uint8_t> xq;
+  std::vector<int32_t> sf;
+  std::vector<int64_t> io;
+  std::vector<float> wo;
+
+  Buffers(int64_t t, int64_t m, int64_t h, int64_t k, uint32_t seed) : T(t), M(m), H(h), K(k) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.0f, 3.0f);
+    hs.resize(static_cast<size_t>(T * H));
+    for (auto& v : hs) v = bf16_bits(n(rng));
+    w.resize(static_cast<size_t>(T * K));
+    for (auto& v : w) v = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+    if (!w.empty()) w[0] = f32(0x7FC01234u);  // a NaN weight with a payload
+    ids.resize(static_cast<size_t>(T * K));
+    for (auto& v : ids) v = static_cast<int32_t>(rng() % 384);
+    pad.resize(static_cast<size_t>(T));
+    for (auto& v : pad) v = rng() % 4 == 0 ? 1 : 0;
+    xq.assign(static_cast<size_t>(M * H), 0xAB);
+    sf.assign(static_cast<size_t>(M * (H / 128)), 0x5A5A5A5A);
+    io.assign(static_cast<size_t>(M * K), 0x1111111111111111);
+    wo.assign(static_cast<size_t>(M * K), f32(0x7F812345u));
+  }
+
+  megamoe::StageArgs args(bool full) {
+    megamoe::StageArgs a;
+    const int64_t R = full ? M : T;
+    a.hidden_states = TensorRef(hs.data(), DType::kBFloat16, {T, H});
+    a.topk_weights = TensorRef(w.data(), DType::kFloat32, {T, K});
+    a.topk_ids = TensorRef(ids.data(), DType::kInt32, {T, K});
+    a.is_padding = TensorRef(pad.data(), DType::kUInt8, {T});
+    a.x_q = TensorRef(xq.data(), DType::kFloat8E4M3, {R, H});
+    a.x_sf = TensorRef(sf.data(), DType::kInt32, {R, H / 128});
+    a.topk_idx_out = TensorRef(io.data(), DType::kInt64, {R, K});
+    a.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {R, K});
+    a.full_buffer = full;
+    return a;
+  }
+  megamoe::RoutingArgs routing(bool full) {
+    megamoe::RoutingArgs r;
+    const int64_t R = full ? M : T;
+    r.topk_weights = TensorRef(w.data(), DType::kFloat32, {T, K});
+    r.topk_ids = TensorRef(ids.data(), DType::kInt32, {T, K});
+    r.is_padding = TensorRef(pad.data(), DType::kUInt8, {T});
+    r.topk_idx_out = TensorRef(io.data(), DType::kInt64, {R, K});
+    r.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {R, K});
+    r.full_buffer = full;
+    return r;
+  }
+};
+
+/// The expected top-k rows: kept ids widened, weights times alpha (one fp32 rounding,
+/// computed here in double and rounded once), padded and tail rows -1 / +0.0.
+void expect_topk(const Buffers& b, const std::optional<float>& alpha, int64_t rows = -1) {
+  for (int64_t t = 0; t < (rows < 0 ? b.M : rows); ++t) {
+    const bool keep = t < b.T && b.pad[static_cast<size_t>(t)] == 0;
+    for (int64_t k = 0; k < b.K; ++k) {
+      const size_t i = static_cast<size_t>(t * b.K + k);
+      if (!keep) {
+        ASSERT_EQ(b.io[i], -1) << "t=" << t << " k=" << k;
+        ASSERT_EQ(u32(b.wo[i]), 0u) << "t=" << t << " k=" << k;
+        continue;
+      }
+      ASSERT_EQ(b.io[i], b.ids[i]);
+      const float w = b.w[i];
+      uint32_t want = u32(w);
+      if (alpha) want = u32(static_cast<float>(static_cast<double>(w) * *alpha));
+      if (alpha && std::isnan(w)) want = u32(w);  // a NaN weight keeps its bits
+      ASSERT_EQ(u32(b.wo[i]), want) << "t=" << t << " k=" << k;
+    }
+  }
+}
+
+TEST(FullBuffer, TailRowsFilledEveryCallActivationRowsUntouched) {
+  for (int64_t T : {0, 1, 5, 37}) {
+    Buffers full(T, 64, 256, 6, 17u + static_cast<uint32_t>(T));
+    Buffers ref(T, T, 256, 6, 17u + static_cast<uint32_t>(T));  // same inputs, T-row outputs
+    ASSERT_NO_THROW(megamoe::prepare_inputs(full.args(true)));
+    if (T > 0) {
+      ASSERT_NO_THROW(megamoe::prepare_inputs(ref.args(false)));
+    }
+    expect_topk(full, std::nullopt);
+    // Rows < T equal the plain call's bytes; rows >= T of x_q and x_sf keep their poison.
+    ASSERT_EQ(0, std::memcmp(full.xq.data(), ref.xq.data(), static_cast<size_t>(T * 256)));
+    ASSERT_EQ(0, std::memcmp(full.sf.data(), ref.sf.data(), static_cast<size_t>(T * 2 * 4)));
+    for (size_t i = static_cast<size_t>(T * 256); i < full.xq.size(); ++i) ASSERT_EQ(full.xq[i], 0xAB);
+    for (size_t i = static_cast<size_t>(T * 2); i < full.sf.size(); ++i) ASSERT_EQ(full.sf[i], 0x5A5A5A5A);
+    // No memo: a second call after the tail is scribbled on fills it again.
+    for (auto& v : full.io) v = 77;
+    ASSERT_NO_THROW(megamoe::prepare_inputs(full.args(true)));
+    expect_topk(full, std::nullopt);
+  }
+}
+
+TEST(FullBuffer, ZeroTokensWithoutFullBufferStaysANoOp) {
+  Buffers b(0, 16, 128, 4, 3u);
+  megamoe::StageArgs a = b.args(false);
+  a.topk_idx_out = TensorRef(b.io.data(), DType::kInt64, {16, 4});  // would be wrong: not read
+  ASSERT_NO_THROW(megamoe::prepare_inputs(a));
+  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+}
+
+TEST(FullBuffer, RejectsShortBuffersAndMismatchedRows) {
+  Buffers b(8, 8, 128, 4, 5u);
+  megamoe::StageArgs a = b.args(true);
+  a.topk_idx_out = TensorRef(b.io.data(), DType::kInt64, {4, 4});
+  EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);  // fewer rows than tokens
+  a = b.args(true);
+  a.topk_weights_out = TensorRef(b.wo.data(), DType::kFloat32, {7, 4});
+  EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);  // rows differ from topk_idx_out
+  a = b.args(true);
+  a.x_sf = TensorRef(b.sf.data(), DType::kInt32, {7, 1});
+  EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);
+  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+}
+
+TEST(RoutedScaling, KeptWeightsScaledOnceMaskedStayZero) {
+  for (float alpha : {1.5f, 2.5f, 0.1f, -3.0f, 1.0f}) {
+    Buffers b(29, 40, 128, 8, 11u);
+    megamoe::StageArgs a = b.args(true);
+    a.routed_scaling_factor = alpha;
+    ASSERT_NO_THROW(megamoe::prepare_inputs(a));
+    expect_topk(b, alpha);
+  }
+  Buffers b(4, 4, 128, 2, 1u);
+  megamoe::StageArgs a = b.args(false);
+  a.routed_scaling_factor = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);
+}
+
+TEST(RoutingOnly, EqualsTheTopkOfAFullStagingCall) {
+  for (bool full : {false, true}) {
+    for (int64_t T : {0, 3, 100}) {
+      Buffers staged(T, 128, 128, 6, 23u), routed(T, 128, 128, 6, 23u);
+      megamoe::StageArgs a = staged.args(full);
+      a.routed_scaling_factor = 1.5f;
+      megamoe::RoutingArgs r = routed.routing(full);
+      r.routed_scaling_factor = 1.5f;
+      ASSERT_NO_THROW(megamoe::prepare_inputs(a));
+      ASSERT_NO_THROW(megamoe::stage_routing(r));
+      ASSERT_EQ(staged.io, routed.io);
+      ASSERT_EQ(0, std::memcmp(staged.wo.data(), routed.wo.data(), staged.wo.size() * 4));
+      for (uint8_t v : routed.xq) ASSERT_EQ(v, 0xAB);  // routing-only touches no activations
+      expect_topk(routed, 1.5f, full ? routed.M : T);
+      if (!full) {
+        for (size_t i = static_cast<size_t>(T * 6); i < routed.io.size(); ++i) ASSERT_EQ(routed.io[i], 0x1111111111111111);
+      }
+    }
+  }
+}
+
+TEST(RoutingOnly, ValidatesLikeStaging) {
+  Buffers b(6, 6, 128, 3, 2u);
+  megamoe::RoutingArgs r = b.routing(false);
+  r.topk_weights = TensorRef(b.w.data(), DType::kFloat32, {6, 2});
+  try {
+    megamoe::stage_routing(r);
+    ADD_FAILURE() << "accepted";
+  } catch (const megamoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("topk_weights and topk_ids to have the same shape"), std::string::npos);
+  }
+  r = b.routing(false);
+  r.topk_idx_out = TensorRef(b.w.data(), DType::kInt64, {3, 3});  // overlaps an input
+  EXPECT_THROW(megamoe::stage_routing(r), megamoe::Error);
+  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+}
+
+}  // namespace
