@@ -82,6 +82,49 @@ void dispatch_routing(const RoutingArgs& args, const detail::Problem& p, Stream 
 
 }  // namespace
 
+const char* to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kCuda: return "cuda";
+    case ErrorCode::kOutOfMemory: return "out_of_memory";
+    case ErrorCode::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+namespace {
+/// Status of @p f: ok, or the megamoe::Error it threw (nothing else can escape guarded()).
+template <typename F>
+Status status_of(F&& f) noexcept {
+  Status s;
+  try {
+    f();
+  } catch (const Error& e) {
+    s.ok = false;
+    s.code = e.code();
+    try {
+      s.message = e.what();
+    } catch (...) {  // no memory even for the message: the code still tells
+    }
+  } catch (...) {
+    s.ok = false;
+    s.code = ErrorCode::kInternal;
+  }
+  return s;
+}
+}  // namespace
+
+Status try_prepare_inputs(const StageArgs& args, Stream stream) noexcept {
+  return status_of([&] { prepare_inputs(args, stream); });
+}
+Status try_validate(const StageArgs& args) noexcept {
+  return status_of([&] { validate(args); });
+}
+Status try_stage_routing(const RoutingArgs& args, Stream stream) noexcept {
+  return status_of([&] { stage_routing(args, stream); });
+}
+
 void stage_routing(const RoutingArgs& args, Stream stream) {
   guarded("stage_routing", [&] { dispatch_routing(args, detail::validate_routing(args), stream); });
 }

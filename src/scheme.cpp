@@ -5,6 +5,7 @@
 
 #include "core/checked.h"
 #include "core/formats.h"
+#include "check.h"
 #include "megamoe/error.h"
 #include "megamoe/quant.h"
 #include "megamoe/shapes.h"

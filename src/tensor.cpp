@@ -77,8 +77,32 @@ TensorRef::TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp, De
   int64_t st = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     strides[d] = st;
-    st *= shape[d];
+    if (__builtin_mul_overflow(st, shape[d], &st)) st = INT64_MAX;  // the validator rejects the shape
   }
+}
+
+TensorRef TensorRef::from_arrays(void* ptr, DType dt, int nd, const int64_t* shp, const int64_t* str,
+                                 Device dev) {
+  TensorRef t;
+  t.data = ptr;
+  t.dtype = dt;
+  t.device = dev;
+  if (nd < 0 || nd > kMaxRank || (nd > 0 && shp == nullptr)) {
+    t.ndim = nd < 0 || nd > kMaxRank ? nd : -1;  // rejected by rank later
+    return t;
+  }
+  t.ndim = nd;
+  for (int d = 0; d < nd; ++d) t.shape[d] = shp[d];
+  if (str != nullptr) {
+    for (int d = 0; d < nd; ++d) t.strides[d] = str[d];
+  } else {
+    int64_t st = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      t.strides[d] = st;
+      if (__builtin_mul_overflow(st, t.shape[d], &st)) st = INT64_MAX;  // the validator rejects the shape
+    }
+  }
+  return t;
 }
 
 int64_t TensorRef::numel() const noexcept {

@@ -10,6 +10,7 @@
 
 #include "core/checked.h"
 #include "core/layout.h"
+#include "check.h"
 #include "megamoe/error.h"
 #include "scheme.h"
 

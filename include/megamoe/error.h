@@ -5,12 +5,12 @@
 /// what was got, e.g.
 ///   `megamoe: x_sf: expected dtype int32, got float32`
 /// Checks that mirror an error of the reference Python function start with the
-/// reference's own sentence, so engines matching on that text keep working.
+/// reference's own sentence, so engines matching on that text keep working. Callers that
+/// do not use exceptions call the try_ entry points, which return a Status instead.
 #pragma once
 
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 namespace megamoe {
 
@@ -36,42 +36,16 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-namespace detail {
-// Message pieces as text. No iostreams: the library must not depend on the iostream/locale
-// state of whatever process loads it (a Python extension, a serving binary).
-inline std::string to_text(const std::string& s) { return s; }
-inline std::string to_text(const char* s) { return s != nullptr ? std::string(s) : std::string("(null)"); }
-template <typename T, typename std::enable_if<std::is_arithmetic<T>::value, int>::type = 0>
-std::string to_text(T v) {
-  return std::to_string(v);
-}
+/// @brief "invalid_argument", "unsupported", "cuda", "out_of_memory" or "internal".
+const char* to_string(ErrorCode code) noexcept;
 
-template <typename E, typename A>
-[[noreturn]] inline void check_failed(ErrorCode code, const char* context, const char* tensor,
-                                      const E& expected, const A& actual) {
-  std::string msg;
-  if (context != nullptr && context[0] != '\0') {
-    msg = std::string(context) + " (" + tensor + ": expected " + to_text(expected) + ", got " +
-          to_text(actual) + ")";
-  } else {
-    msg = std::string("megamoe: ") + tensor + ": expected " + to_text(expected) + ", got " +
-          to_text(actual);
-  }
-  throw Error(code, msg);
-}
-}  // namespace detail
+/// @brief Outcome of a non-throwing entry point (try_prepare_inputs and friends).
+struct Status {
+  ErrorCode code = ErrorCode::kInvalidArgument;  ///< meaningful only when !ok
+  bool ok = true;                                ///< the call succeeded
+  std::string message;                           ///< Error::what() of the failure, else empty
+  explicit operator bool() const noexcept { return ok; }
+};
 
 }  // namespace megamoe
 
-/// @brief Throw megamoe::Error(kInvalidArgument) unless @p cond holds.
-/// @param cond      condition that must hold.
-/// @param tensor    name of the tensor or argument checked (C string).
-/// @param expected  what was expected (a string, a C string or a number).
-/// @param actual    what was got (a string, a C string or a number).
-#define MEGAMOE_CHECK(cond, tensor, expected, actual)                                          \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      ::megamoe::detail::check_failed(::megamoe::ErrorCode::kInvalidArgument, nullptr, tensor, \
-                                      expected, actual);                                       \
-    }                                                                                          \
-  } while (0)

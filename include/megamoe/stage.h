@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "megamoe/error.h"
 #include "megamoe/quant.h"
 #include "megamoe/shapes.h"
 #include "megamoe/tensor.h"
@@ -103,6 +104,14 @@ void validate(const StageArgs& args);
 /// @brief Routing-only staging: validate @p args, then repack on the tensors' device.
 /// @throws megamoe::Error on any invalid argument, before anything is written.
 void stage_routing(const RoutingArgs& args, Stream stream = nullptr);
+
+/// @brief Non-throwing forms for callers built without exceptions in their own code: the
+/// same work, and a Status (ok, or the code and message of the Error) instead of a throw.
+Status try_prepare_inputs(const StageArgs& args, Stream stream = nullptr) noexcept;
+/// @brief Non-throwing validate().
+Status try_validate(const StageArgs& args) noexcept;
+/// @brief Non-throwing stage_routing().
+Status try_stage_routing(const RoutingArgs& args, Stream stream = nullptr) noexcept;
 
 /// @brief True when this build contains the CUDA backend.
 bool has_cuda_backend() noexcept;

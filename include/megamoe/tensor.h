@@ -67,6 +67,11 @@ struct TensorRef {
             std::initializer_list<int64_t> str, Device dev = Device::cpu());
   /// @brief A contiguous row-major tensor.
   TensorRef(void* ptr, DType dt, std::initializer_list<int64_t> shp, Device dev = Device::cpu());
+  /// @brief A tensor from runtime arrays (e.g. another framework's sizes and strides):
+  /// @p ndim sizes at @p shape and strides in elements at @p strides (nullptr: row-major
+  /// contiguous). A rank above kMaxRank gives a tensor the validator rejects by rank.
+  static TensorRef from_arrays(void* ptr, DType dt, int ndim, const int64_t* shape, const int64_t* strides,
+                               Device dev = Device::cpu());
 
   /// @brief Number of elements (product of the shape; 1 for rank 0; INT64_MAX when the
   /// product overflows or a size is negative, so it never looks small).
