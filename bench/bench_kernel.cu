@@ -1,7 +1,8 @@
 // bench_kernel.cu: C++ timing of megamoe's CUDA staging from CUDA-graph replays, next to a
 // device memcpy of the same byte count (the roofline) and an empty kernel, plus the PDL
 // producer->staging pair. Prints one JSON object per line.
-//   usage: bench_kernel [--quick | --probes (shared-copy and probe rows) | --shared (shared-copy rows)]
+//   usage: bench_kernel [--quick | --probes (shared-copy and probe rows) | --shared (shared-copy rows)
+//                        | --formats (one row per activation format and size, with its plan)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,8 +18,11 @@
 #include "core/layout.h"
 #include "core/numerics.h"
 #include "cuda/packed_amax.cuh"
-#include "cuda/tuning.h"
+#include "core/formats.h"
+#include "cuda/plan.h"
 #include "megamoe/megamoe.h"
+#include "megamoe/plan.h"
+#include "validate.h"
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -65,15 +69,15 @@ struct ProbeArgs {
   megamoe::core::FastDivU32 div;
 };
 
-// The probes' quantization of 16 bf16 elements (8 packed words) with group scale gs.
-__device__ __forceinline__ uint4 probe_quantize(const uint32_t (&words)[8], const megamoe::core::GroupScale& gs) {
+// The probes' quantization of 16 bf16 elements (8 packed words) with MXFP8 group parameters gs.
+__device__ __forceinline__ uint4 probe_quantize(const uint32_t (&words)[8], const megamoe::core::GroupParams& gs) {
   namespace mc = megamoe::core;
   uint32_t q[4];
   for (int i = 0; i < 4; ++i) {
     auto e = [&](int k) { return megamoe::cuda::widen<megamoe::cuda::Half2Kind::kBF16>(words[k / 2], k % 2); };
-    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.inv), mc::mul_rn(e(4 * i + 1), gs.inv)) |
-           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.inv),
-                                                             mc::mul_rn(e(4 * i + 3), gs.inv))) << 16);
+    q[i] = mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i), gs.m), mc::mul_rn(e(4 * i + 1), gs.m)) |
+           (static_cast<uint32_t>(mc::fp8x2_e4m3_from_float(mc::mul_rn(e(4 * i + 2), gs.m),
+                                                             mc::mul_rn(e(4 * i + 3), gs.m))) << 16);
   }
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
@@ -107,11 +111,11 @@ __global__ void probe_anatomy(ProbeArgs a) {
   const uint32_t words[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
   float amax = megamoe::cuda::abs_max_packed<megamoe::cuda::Half2Kind::kBF16>(words);
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  const mc::GroupScale gs = mc::group_scale(amax, true);
+  const mc::GroupParams gs = mc::group_params<mc::Format::kFp8Ue8m0>(amax, mc::kAmaxFloor, 0.0f);
   const uint4 q = probe_quantize(words, gs);
   uint32_t word = 0;
   if (kStage >= 3) {
-    word = gs.ue8m0 << (8 * ((threadIdx.x % 8) / 2));
+    word = gs.sf << (8 * ((threadIdx.x % 8) / 2));
     for (int off = 1; off < 8; off <<= 1) word |= __shfl_xor_sync(0xFFFFFFFFu, word, off);
   }
   if (!active) return;
@@ -219,14 +223,14 @@ __global__ void probe_rowblock(ProbeArgs a, uint8_t* __restrict__ shared_sf) {
   float amax = megamoe::cuda::abs_max_packed<megamoe::cuda::Half2Kind::kBF16>(words);
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   if (!active) return;
-  const mc::GroupScale gs = mc::group_scale(amax, true);
+  const mc::GroupParams gs = mc::group_params<mc::Format::kFp8Ue8m0>(amax, mc::kAmaxFloor, 0.0f);
   const uint4 q = probe_quantize(words, gs);
   a.xq[static_cast<uint64_t>(t) * a.cpr + j] = q;
   if (j % 2 != 0) return;
   const uint32_t sfw = a.cpr / 8;  // UE8M0 words per row
-  reinterpret_cast<uint8_t*>(a.sf + static_cast<uint64_t>(t) * sfw)[j / 2] = static_cast<uint8_t>(gs.ue8m0);
+  reinterpret_cast<uint8_t*>(a.sf + static_cast<uint64_t>(t) * sfw)[j / 2] = static_cast<uint8_t>(gs.sf);
   if (shared_sf != nullptr) {
-    shared_sf[static_cast<uint64_t>(j / 8) * (gridDim.y * 4) + t * 4 + (j / 2) % 4] = static_cast<uint8_t>(gs.ue8m0);
+    shared_sf[static_cast<uint64_t>(j / 8) * (gridDim.y * 4) + t * 4 + (j / 2) % 4] = static_cast<uint8_t>(gs.sf);
   }
 }
 
@@ -259,6 +263,42 @@ double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, in
   cudaEventDestroy(b);
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// A staging call run through an explicit plan: the library's own, changed by `change`
+/// (then its grid recomputed), so the heuristics' alternatives can be timed.
+struct Planned {
+  StageArgs a;
+  detail::Problem p;
+  cuda::Plan plan;
+  void operator()(cudaStream_t s) const { cuda::launch(plan, a, p, s); }
+};
+Planned planned(const StageArgs& a, const std::function<void(cuda::Plan&)>& change) {
+  Planned r{a, detail::validate_args(a), {}};
+  const cuda::DeviceInfo dev = cuda::device_info(a.hidden_states.device.index);
+  r.plan = cuda::plan(r.p, a, dev);
+  if (change) {
+    change(r.plan);
+    cuda::fill_grid(r.plan, r.p, dev);
+  }
+  return r;
+}
+/// Plan changes of the sweeps below.
+void force_tile(cuda::Plan& p) {
+  p.shape = cuda::Shape::kTile;
+  p.threads = cuda::kTileThreads;
+}
+std::function<void(cuda::Plan&)> force_threads(int threads) {
+  return [=](cuda::Plan& p) { p.threads = threads; };
+}
+std::function<void(cuda::Plan&)> force_stores(bool evict_first) {
+  return [=](cuda::Plan& p) { p.store = evict_first ? cuda::StorePolicy::kEvictFirst : cuda::StorePolicy::kDefault; };
+}
+std::function<void(cuda::Plan&)> force_shape(cuda::Shape shape, int threads) {
+  return [=](cuda::Plan& p) {
+    p.shape = shape;
+    p.threads = threads;
+  };
 }
 
 int main(int argc, char** argv) {
@@ -341,6 +381,39 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool probes_only = argc > 1 && std::strcmp(argv[1], "--probes") == 0;
+  // Every activation format (library plans), H = 7168, next to MXFP8: time and plan text.
+  const bool shared_only = argc > 1 && std::strcmp(argv[1], "--shared") == 0;
+  if (!probes_only && !shared_only) {
+    float* gs = nullptr;
+    float* xs = nullptr;
+    CK(cudaMalloc(&gs, 4));
+    CK(cudaMalloc(&xs, maxT * 4));
+    const float gs_value = 17.0f / 2688.0f;
+    CK(cudaMemcpy(gs, &gs_value, 4, cudaMemcpyHostToDevice));
+    const QuantScheme formats[] = {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::mxfp4(),
+                                   QuantScheme::mxfp4(Rounding::kNearestEven), QuantScheme::nvfp4_static(),
+                                   QuantScheme::nvfp4_per_token()};
+    for (const QuantScheme& q : formats) {
+      for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{1024}, int64_t{16384}}) {
+        const int64_t H = 7168;
+        const OutputShapes sh = output_shapes(T, H, K, q);
+        StageArgs a = make_args(T, H, q);
+        a.x_q = TensorRef(xq, sh.x_q.dtype, {T, sh.x_q.shape[1]}, d);
+        a.x_sf = TensorRef(sf, sh.x_sf.dtype, {T, sh.x_sf.shape[1]}, d);
+        if (sh.global_scale) a.global_scale = TensorRef(gs, DType::kFloat32, {1}, d);
+        if (sh.x_scales) a.x_scales = TensorRef(xs, DType::kFloat32, {T}, d);
+        const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, T >= 16384 ? 10 : 30);
+        const double bytes = T * H * 2.0 + sh.x_q.numel() + sh.x_sf.numel() * 4.0 + T * K * 20.0 + T;
+        std::printf("{\"kind\":\"formats\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"us\":%.3f,\"TBps\":%.3f,"
+                    "\"plan\":\"%s\"}\n",
+                    scheme_name(q).c_str(), (long long)T, (long long)H, us, bytes / us * 1e-6, explain(a).c_str());
+        std::fflush(stdout);
+      }
+    }
+    CK(cudaFree(gs));
+    CK(cudaFree(xs));
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--formats") == 0) return 0;
   // Scale layouts, each with the heuristic's shape ("..._d") and token tiles forced ("..._tile"):
   // no shared copy; the MXFP8 shared-expert copy into a transposed (MN-major) view of an
   // [H/128, R] buffer (bm 128 and 64) and into a row-major [R, H/128] tensor; MN-major x_sf
@@ -351,12 +424,11 @@ int main(int argc, char** argv) {
       const int64_t W = H / 128, Ta = (T + 3) / 4 * 4;
       std::string row;
       auto both = [&](const std::string& name, const StageArgs& a) {
-        for (int shape : {-1, 2}) {
-          megamoe::cuda::set_tuning({0, -1, 0, shape});
-          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 20);
-          row += ",\"" + name + (shape < 0 ? "_d" : "_tile") + "\":" + std::to_string(us);
+        for (bool tile : {false, true}) {
+          const Planned call = planned(a, tile ? force_tile : std::function<void(cuda::Plan&)>{});
+          const double us = time_graph(s, [&] { call(s); }, calls, 20);
+          row += ",\"" + name + (tile ? "_tile" : "_d") + "\":" + std::to_string(us);
         }
-        megamoe::cuda::set_tuning({});
       };
       StageArgs a = mxfp8_args(T, H);
       both("none", a);
@@ -421,8 +493,8 @@ int main(int argc, char** argv) {
       for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{256}}) {
         StageArgs a = mxfp8_args(T, H);
         for (int bs : {64, 128, 256}) {
-          megamoe::cuda::set_tuning({0, -1, bs, -1});
-          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
+          const Planned call = planned(a, force_threads(bs));
+          const double us = time_graph(s, [&] { call(s); }, 20, 30);
           std::printf("{\"kind\":\"tune_block\",\"T\":%lld,\"H\":%lld,\"threads\":%d,\"us\":%.3f}\n",
                       (long long)T, (long long)H, bs, us);
         }
@@ -432,14 +504,13 @@ int main(int argc, char** argv) {
         const double bytes = T * H * 3.0 + T * H / 128 * 4.0 + T * K * 20.0 + T;
         const int calls = T >= 16384 ? 5 : 20;
         for (int st : {0, 1}) {
-          megamoe::cuda::set_tuning({0, st, 0, -1});
-          const double us = time_graph(s, [&] { prepare_inputs(a, s); }, calls, 15);
+          const Planned call = planned(a, force_stores(st == 1));
+          const double us = time_graph(s, [&] { call(s); }, calls, 15);
           std::printf("{\"kind\":\"tune_stores\",\"T\":%lld,\"H\":%lld,\"streaming\":%d,\"us\":%.3f,\"TBps\":%.3f}\n",
                       (long long)T, (long long)H, st, us, bytes / us * 1e-6);
         }
       }
     }
-    megamoe::cuda::set_tuning({});
     // Fast-kernel shapes (32-bit modes), same process: 0 grid-stride loop, 1 one pass with
     // top-k blocks of their own; 128- and 256-thread blocks.
     for (int64_t H : {int64_t{7168}, int64_t{4096}}) {
@@ -451,12 +522,11 @@ int main(int argc, char** argv) {
           std::string row;
           for (int shape : {0, 1}) {
             for (int threads : {128, 256}) {
-              megamoe::cuda::set_tuning({0, -1, threads, shape});
-              const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, 30);
+              const Planned call = planned(a, force_shape(shape == 0 ? cuda::Shape::kLoop : cuda::Shape::kSplitTopk, threads));
+              const double us = time_graph(s, [&] { call(s); }, T >= 16384 ? 5 : 20, 30);
               row += ",\"s" + std::to_string(shape) + "t" + std::to_string(threads) + "\":" + std::to_string(us);
             }
           }
-          megamoe::cuda::set_tuning({});
           const double dflt = time_graph(s, [&] { prepare_inputs(a, s); }, 20, 30);
           std::printf("{\"kind\":\"tune_shape\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"default\":%.3f%s}\n",
                       sch == 0 ? "mxfp8" : "fp32_g128", (long long)T, (long long)H, dflt, row.c_str());
@@ -464,7 +534,6 @@ int main(int argc, char** argv) {
         }
       }
     }
-    megamoe::cuda::set_tuning({});
   }  // !probes_only
   // Bare round trips with 1, 2, 4, 8 x 16 B loaded per thread and 64..512-thread blocks.
   for (int64_t T : {int64_t{64}, int64_t{256}, int64_t{1024}}) {

@@ -3,12 +3,14 @@
 // software conversion (what the CPU backend uses), over all 2^32 fp32 bit patterns, in
 // both halves of the x2 instruction; fp16 -> fp32 software vs hardware for all halves; and
 // the packed bf16x2/f16x2 amax of src/cuda/packed_amax.cuh against the scalar rule
-// (core::fmax_nan_ignoring of core::abs_bits on the widened values) for all 2^32 pairs.
+// (core::fmax_nan_ignoring of core::abs_bits on the widened values) for all 2^32 pairs; the
+// chunk forms of src/cuda/chunk.cuh against the core rules on random chunks.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "core/numerics.h"
+#include "cuda/chunk.cuh"
 #include "cuda/packed_amax.cuh"
 
 namespace {
@@ -158,6 +160,94 @@ TEST(CudaNumerics, HalfToFloatMatchesHardware) {
   EXPECT_EQ(count, 0ull) << "first mismatching half bits 0x" << std::hex << first;
   cudaFree(d_count);
   cudaFree(d_first);
+}
+
+}  // namespace
+
+// The fast kernels' vector forms of a 16-element chunk (src/cuda/chunk.cuh: the fmaxf tree
+// of fp32 chunks, the packed amax of 16-bit ones, the x2 fp8 conversion, the nibble packing,
+// the non-finite count) against the scalar core rules element by element, on chunks of
+// random bit patterns (a third of them specials: NaN, Inf, zeros, subnormals).
+namespace {
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+template <int In, megamoe::core::Format F>
+__global__ void chunk_forms(uint64_t n, unsigned long long* mismatches, uint32_t* first, unsigned long long* specials) {
+  namespace mcu = megamoe::cuda;
+  namespace core = megamoe::core;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    mcu::RawChunk<In> c;
+    for (int k = 0; k < mcu::RawChunk<In>::kWords; ++k) {
+      uint32_t r = mix(i * 64 + k);
+      const uint32_t kind = mix(i * 64 + 32 + k) % 6;
+      if (In == mcu::kInF32) {
+        if (kind == 0) r |= 0x7F800000u;                 // Inf or NaN
+        else if (kind == 1) r &= 0x807FFFFFu;            // zero or subnormal
+        else if (kind >= 3) r = (r & 0x807FFFFFu) | ((100u + r % 56u) << 23);  // moderate
+      } else {
+        const uint32_t special = In == mcu::kInBF16 ? 0x7F807F80u : 0x7C007C00u;
+        if (kind == 0) r |= special;
+        else if (kind == 1) r &= ~special;
+      }
+      c.w[k] = r;
+    }
+    uint32_t nf = 0;
+    float amax = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      const float x = mcu::element<In>(c, k);
+      amax = core::fmax_nan_ignoring(amax, core::abs_bits(x));
+      nf += core::non_finite(x) ? 1u : 0u;
+    }
+    bool ok = __float_as_uint(mcu::chunk_amax<In>(c)) == __float_as_uint(amax) && mcu::chunk_nonfinite<In>(c) == nf;
+    // Group parameters from this chunk (a second-level scale for the NVFP4 formats).
+    const core::GroupParams gp = core::group_params<F>(amax, core::kAmaxFloor, 0.01f);
+    const mcu::Encoded<F> e = mcu::encode_chunk<F, In>(c, gp);
+    constexpr int kBits = core::values_per_byte(F) == 1 ? 8 : 4;
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t got = (e.w[k * kBits / 32] >> ((k * kBits) % 32)) & ((1u << kBits) - 1u);
+      ok = ok && got == core::encode<F>(mcu::element<In>(c, k), gp);
+    }
+    if (nf != 0) atomicAdd(specials, 1ull);
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+template <int In, megamoe::core::Format F>
+void check_chunk_forms() {
+  unsigned long long* d = nullptr;
+  uint32_t* first = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&first, 4), cudaSuccess);
+  cudaMemset(d, 0, 16);
+  const uint64_t n = uint64_t{1} << 20;
+  chunk_forms<In, F><<<264, 256>>>(n, d, first, d + 1);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  unsigned long long c[2] = {~0ull, 0};
+  uint32_t f = 0;
+  ASSERT_EQ(cudaMemcpy(c, d, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaMemcpy(&f, first, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(c[0], 0ull) << "first mismatching chunk " << f;
+  EXPECT_GT(c[1], n / 4) << "too few chunks with specials";
+  cudaFree(d);
+  cudaFree(first);
+}
+
+TEST(CudaNumerics, ChunkVectorFormsMatchTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using megamoe::core::Format;
+  namespace mcu = megamoe::cuda;
+  check_chunk_forms<mcu::kInBF16, Format::kFp8Ue8m0>();
+  check_chunk_forms<mcu::kInF16, Format::kFp8Fp32>();
+  check_chunk_forms<mcu::kInF32, Format::kFp8Ue8m0>();
+  check_chunk_forms<mcu::kInBF16, Format::kMxfp4>();
+  check_chunk_forms<mcu::kInF16, Format::kMxfp4Rne>();
+  check_chunk_forms<mcu::kInF32, Format::kNvfp4Static>();
+  check_chunk_forms<mcu::kInBF16, Format::kNvfp4PerToken>();
 }
 
 }  // namespace

@@ -1,0 +1,133 @@
+// chunk.cuh: a 16-element "chunk" of one contiguous, 16-byte aligned hidden-state row as
+// the vectorized kernels hold it (loaded with 16-byte loads, kept packed), its elements,
+// its amax, its non-finite count, and the vector stores of the encoded values.
+#pragma once
+
+#include "core/formats.h"
+#include "cuda/common.cuh"
+#include "cuda/packed_amax.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+constexpr int kChunk = 16;  // elements per thread
+
+/// One chunk as loaded: 8 packed words for 16-bit inputs, 16 floats' bits for fp32.
+template <int In>
+struct RawChunk {
+  static constexpr int kWords = In == kInF32 ? kChunk : kChunk / 2;
+  uint32_t w[kWords];
+};
+
+template <int In>
+__device__ __forceinline__ void load_chunk(const typename InTraits<In>::T* src, RawChunk<In>& c) {
+#pragma unroll
+  for (int i = 0; i < RawChunk<In>::kWords / 4; ++i) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
+    c.w[4 * i + 0] = u.x;
+    c.w[4 * i + 1] = u.y;
+    c.w[4 * i + 2] = u.z;
+    c.w[4 * i + 3] = u.w;
+  }
+}
+
+template <int In>
+__device__ __forceinline__ void zero_chunk(RawChunk<In>& c) {
+#pragma unroll
+  for (int i = 0; i < RawChunk<In>::kWords; ++i) c.w[i] = 0u;
+}
+
+/// Element i of the chunk as fp32 (exact).
+template <int In>
+__device__ __forceinline__ float element(const RawChunk<In>& c, int i) {
+  if constexpr (In == kInF32) return __uint_as_float(c.w[i]);
+  else if constexpr (In == kInBF16) return widen<Half2Kind::kBF16>(c.w[i / 2], i % 2);
+  else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
+}
+
+/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits).
+template <int In>
+__device__ __forceinline__ float chunk_amax(const RawChunk<In>& c) {
+  if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);
+  else if constexpr (In == kInF16) return abs_max_packed<Half2Kind::kF16>(c.w);
+  else {
+    float m[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) m[i] = core::abs_bits(__uint_as_float(c.w[i]));
+#pragma unroll
+    for (int width = kChunk / 2; width >= 1; width /= 2) {
+#pragma unroll
+      for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
+    }
+    return m[0];
+  }
+}
+
+/// NaN and +-Inf elements of the chunk (core::non_finite; zeros for an inactive chunk).
+template <int In>
+__device__ __forceinline__ uint32_t chunk_nonfinite(const RawChunk<In>& c) {
+  uint32_t n = 0;
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) n += core::non_finite(element<In>(c, i)) ? 1u : 0u;
+  return n;
+}
+
+/// The chunk's 16 values encoded with group parameters gp: 16 e4m3 bytes (4 words, the
+/// two-at-a-time conversion of core::fp8x2_e4m3_from_float) or 16 e2m1 nibbles (2 words,
+/// low nibble first), by core::encode.
+template <core::Format F>
+struct Encoded {
+  static constexpr int kWords = core::values_per_byte(F) == 1 ? 4 : 2;
+  uint32_t w[kWords];
+};
+
+template <core::Format F, int In>
+__device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const core::GroupParams& gp) {
+  Encoded<F> out;
+  if constexpr (core::values_per_byte(F) == 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gp.m),
+                                                      core::mul_rn(element<In>(x, 4 * i + 1), gp.m));
+      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gp.m),
+                                                      core::mul_rn(element<In>(x, 4 * i + 3), gp.m));
+      out.w[i] = lo | (hi << 16);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) word |= core::encode<F>(element<In>(x, 8 * i + k), gp) << (4 * k);
+      out.w[i] = word;
+    }
+  }
+  return out;
+}
+
+/// Vector global store of N words (N = 4: 16 bytes, N = 2: 8 bytes); kStream: streaming
+/// (evict-first) store.
+template <bool kStream, int N>
+__device__ __forceinline__ void store_words(void* ptr, const uint32_t (&v)[N]) {
+  static_assert(N == 2 || N == 4, "8- or 16-byte stores");
+  if constexpr (N == 4) {
+    if constexpr (kStream) {
+      asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
+                   "r"(v[2]), "r"(v[3])
+                   : "memory");
+    } else {
+      *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  } else {
+    if constexpr (kStream) {
+      asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
+    } else {
+      *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,47 @@
+// launch_fast.cuh: the fast kernel's dispatch from a plan to one instantiation (input
+// dtype x format x G x index mode x shape x counter). Included by the launch units that
+// instantiate it for their formats (launch_fast_fp8.cu, launch_fast_fp4.cu).
+#pragma once
+
+#include "cuda/launch_util.cuh"
+#include "cuda/quantize_fast.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+template <int In, core::Format F, int G, Mode M, Shape S>
+void fast_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  const ParamsT<IdxOf<M>> prm = make_params<IdxOf<M>>(a, p, plan);
+  if (plan.count_nonfinite) return launch_kernel(stage_fast_kernel<In, F, G, M, S, true>, prm, plan, stream);
+  launch_kernel(stage_fast_kernel<In, F, G, M, S, false>, prm, plan, stream);
+}
+
+template <int In, core::Format F, int G, Mode M>
+void fast_by_shape(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  switch (plan.shape) {
+    case Shape::kSplitTopk: return fast_go<In, F, G, M, Shape::kSplitTopk>(plan, a, p, stream);
+    case Shape::kTile: return fast_go<In, F, G, M, Shape::kTile>(plan, a, p, stream);
+    default: return fast_go<In, F, G, M, Shape::kLoop>(plan, a, p, stream);
+  }
+}
+
+template <int In, core::Format F, int G>
+void fast_by_mode(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  if (plan.index == IndexWidth::k64) return fast_go<In, F, G, Mode::kIdx64Stream, Shape::kLoop>(plan, a, p, stream);
+  if (plan.store == StorePolicy::kEvictFirst) return fast_by_shape<In, F, G, Mode::kIdx32Stream>(plan, a, p, stream);
+  fast_by_shape<In, F, G, Mode::kIdx32>(plan, a, p, stream);
+}
+
+template <core::Format F, int G>
+void fast_by_input(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  switch (in_kind(plan.in)) {
+    case kInBF16: return fast_by_mode<kInBF16, F, G>(plan, a, p, stream);
+    case kInF16: return fast_by_mode<kInF16, F, G>(plan, a, p, stream);
+    default: return fast_by_mode<kInF32, F, G>(plan, a, p, stream);
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe

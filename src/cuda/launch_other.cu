@@ -1,0 +1,62 @@
+// launch_other.cu: the general and row kernels' instantiations (every format of each, the
+// three input dtypes, with and without the non-finite counter).
+#include "cuda/launch_util.cuh"
+#include "cuda/quantize_generic.cuh"
+#include "cuda/quantize_rowwise.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+template <int In, core::Format F>
+void generic_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  const Params64 prm = make_params<int64_t>(a, p, plan);
+  if (plan.count_nonfinite) return launch_kernel(stage_generic_kernel<In, F, true>, prm, plan, stream);
+  launch_kernel(stage_generic_kernel<In, F, false>, prm, plan, stream);
+}
+
+template <int In>
+void generic_by_format(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  using core::Format;
+  switch (plan.fmt) {
+    case Format::kFp8Ue8m0: return generic_go<In, Format::kFp8Ue8m0>(plan, a, p, stream);
+    case Format::kFp8Fp32: return generic_go<In, Format::kFp8Fp32>(plan, a, p, stream);
+    case Format::kMxfp4: return generic_go<In, Format::kMxfp4>(plan, a, p, stream);
+    case Format::kMxfp4Rne: return generic_go<In, Format::kMxfp4Rne>(plan, a, p, stream);
+    default: return generic_go<In, Format::kNvfp4Static>(plan, a, p, stream);
+  }
+}
+
+template <int In, bool kVec>
+void rowwise_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  const Params64 prm = make_params<int64_t>(a, p, plan);
+  if (plan.count_nonfinite) return launch_kernel(stage_rowwise_kernel<In, kVec, true>, prm, plan, stream);
+  launch_kernel(stage_rowwise_kernel<In, kVec, false>, prm, plan, stream);
+}
+
+template <int In>
+void rowwise_by_layout(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  if (plan.vectorized) return rowwise_go<In, true>(plan, a, p, stream);
+  rowwise_go<In, false>(plan, a, p, stream);
+}
+
+}  // namespace
+
+void launch_generic(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  switch (in_kind(plan.in)) {
+    case kInBF16: return generic_by_format<kInBF16>(plan, a, p, stream);
+    case kInF16: return generic_by_format<kInF16>(plan, a, p, stream);
+    default: return generic_by_format<kInF32>(plan, a, p, stream);
+  }
+}
+
+void launch_rowwise(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  switch (in_kind(plan.in)) {
+    case kInBF16: return rowwise_by_layout<kInBF16>(plan, a, p, stream);
+    case kInF16: return rowwise_by_layout<kInF16>(plan, a, p, stream);
+    default: return rowwise_by_layout<kInF32>(plan, a, p, stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,271 @@
+// plan.cpp: the CUDA backend's kernel choice (plan.h). Pure host code: no CUDA calls, so
+// the choice is unit-tested without a GPU (tests/cuda/test_plan.cpp). The thresholds are
+// measurements on an H200 (docs/DESIGN.md, PERFORMANCE.md).
+#include "cuda/plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "megamoe/error.h"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+constexpr int64_t kChunkElems = 16;
+
+// Evict-first stores once the output outgrows L2's useful share (T*H >= 8M elements,
+// e.g. T >= 1171 at H = 7168): measured time -18% at 2048 x 7168 and -17% at 4096 x 4096,
+// neutral at 2048 x 4096, at 1024 x 7168 (below the threshold) and at prefill sizes.
+constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
+
+// Token tiles pay for their barrier and shared-memory pass only where scale stores are
+// scattered: an MN-major x_sf or shared_x_sf (consecutive tokens adjacent), from 2^18
+// chunks (T >= 1024 at H = 4096, >= 586 at 7168). Measured (bench_kernel scale_layouts at
+// e429493, H200): at T = 1024-16384 tiles are 2-12% faster for MN-major x_sf and transposed
+// shared_x_sf (one exception: 4096 x 7168 with bm = 64, +1.2%); up to 23% slower at
+// T <= 256 and 0.4-23% slower with row-major scales.
+constexpr int64_t kTileFrom = int64_t{1} << 18;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool is_fp4(core::Format f) { return core::values_per_byte(f) == 2; }
+
+bool mn_major_scales(const StageArgs& a) {
+  auto mn = [](const TensorRef& t) { return t.shape[0] > 1 && t.shape[1] > 1 && t.strides[0] < t.strides[1]; };
+  return mn(a.x_sf) || (a.shared_x_sf && mn(*a.shared_x_sf));
+}
+
+bool aligned(const void* ptr, int64_t n) { return (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(n)) == 0; }
+
+/// Rows contiguous, with every row's start aligned to @p align bytes.
+bool rows_vectorizable(const TensorRef& t, int64_t align) {
+  const int64_t es = dtype_size(t.dtype);
+  return t.strides[1] == 1 && ((t.strides[0] * es) % align == 0 || t.shape[0] == 1) && aligned(t.data, align);
+}
+
+/// Hidden rows for 16-byte loads, x_q rows for the 16-byte (fp8) or 8-byte (fp4) stores.
+bool layout_vectorizable(const detail::Problem& p, const StageArgs& a) {
+  return rows_vectorizable(a.hidden_states, 16) && rows_vectorizable(a.x_q, is_fp4(p.fmt) ? 8 : 16);
+}
+
+/// The fast kernel has a variant for this format and group size.
+bool fast_variant(core::Format f, int64_t G) {
+  switch (f) {
+    case core::Format::kFp8Ue8m0:
+    case core::Format::kFp8Fp32: return G == 32 || G == 128;
+    case core::Format::kMxfp4:
+    case core::Format::kMxfp4Rne: return G == 32;
+    case core::Format::kNvfp4Static: return G == 16;
+    case core::Format::kNvfp4PerToken: return false;
+  }
+  return false;
+}
+
+/// Blocks for a grid-stride kernel: enough resident blocks to cover the chip max_waves
+/// times (the kernel loops beyond), never more than kMaxGridThreads threads.
+int64_t capped_blocks(int64_t work_items, int threads, const DeviceInfo& dev, int max_waves) {
+  const int64_t waves = max_waves > 0 ? max_waves : kDefaultMaxWaves;
+  const int64_t max_blocks = static_cast<int64_t>(std::max(1, dev.sm_count)) * waves * 2048 / threads;
+  return std::max<int64_t>(1, std::min({ceil_div(work_items, threads), max_blocks, kMaxGridThreads / threads}));
+}
+
+/// Threads of the row kernel: two groups per thread, whole warps, 32..256.
+int rowwise_threads(int64_t H) {
+  const int64_t want = ceil_div(ceil_div(H / kChunkElems, 2), 32) * 32;
+  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, want)));
+}
+
+[[noreturn]] void reject(const Plan& plan, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, "megamoe: plan: " + why + " (" + to_string(plan) + ")");
+}
+
+}  // namespace
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::kFast: return "fast";
+    case Role::kGeneric: return "generic";
+    case Role::kRowwise: return "rowwise";
+  }
+  return "?";
+}
+
+const char* shape_name(Shape s) {
+  switch (s) {
+    case Shape::kLoop: return "loop";
+    case Shape::kSplitTopk: return "split_topk";
+    case Shape::kTile: return "tile";
+    case Shape::kRowwise: return "rowwise";
+    case Shape::kGeneric: return "generic";
+  }
+  return "?";
+}
+
+bool fits_idx32(const detail::Problem& p, const StageArgs& a) {
+  // No tensor reaches below its data pointer (negative strides) or 2^31 elements above it;
+  // chunk indices never wrap (n_chunks plus one loop grid of threads < 2^32: no loop grid
+  // has more than kMaxGridThreads, a one-pass grid ends within a block of n_chunks); the
+  // T * K top-k entries fit 31 bits.
+  for (const detail::NamedTensor& n : detail::named_tensors(a)) {
+    const detail::Extent e = detail::element_extent(*n.t);
+    if (e.lo < 0 || e.hi >= (int64_t{1} << 31)) return false;
+  }
+  const int64_t n_chunks = p.T * (p.H / kChunkElems);
+  return n_chunks + kMaxGridThreads < (int64_t{1} << 32) && p.T * p.K < (int64_t{1} << 31);
+}
+
+void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves) {
+  const int64_t th = std::max(1, plan.threads);
+  const int64_t chunks = p.T * (p.H / kChunkElems);
+  const int64_t topk_blocks = ceil_div(p.T * p.K, th);
+  switch (plan.shape) {
+    case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
+    case Shape::kSplitTopk: plan.quant_blocks = ceil_div(chunks, th); break;
+    case Shape::kTile: {
+      const int64_t tiles = ceil_div(p.T, kTileTokens) * ceil_div(p.H / kChunkElems, 32);
+      plan.quant_blocks = capped_blocks(tiles * th, plan.threads, dev, max_waves);
+      break;
+    }
+    case Shape::kGeneric: {
+      const int64_t span = core::scale_codec(core::sf_of(p.fmt)).packed4 ? 4 * p.G : p.G;
+      plan.quant_blocks = capped_blocks(p.T * (p.H / span), plan.threads, dev, max_waves);
+      break;
+    }
+    case Shape::kRowwise: plan.quant_blocks = capped_blocks(p.T * th, plan.threads, dev, max_waves); break;
+  }
+  const bool topk_blocks_of_their_own = plan.shape == Shape::kSplitTopk || plan.shape == Shape::kTile;
+  plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
+}
+
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
+  Plan pl;
+  pl.fmt = p.fmt;
+  pl.in = a.hidden_states.dtype;
+  pl.G = static_cast<int>(p.G);
+  pl.pdl = a.enable_pdl && dev.arch >= 90;
+  pl.count_nonfinite = p.has_nonfinite;
+  pl.vectorized = layout_vectorizable(p, a);
+  pl.store = StorePolicy::kDefault;
+  pl.index = IndexWidth::k64;
+  if (p.fmt == core::Format::kNvfp4PerToken) {
+    pl.role = Role::kRowwise;
+    pl.shape = Shape::kRowwise;
+    pl.threads = rowwise_threads(p.H);
+  } else if (pl.vectorized && fast_variant(p.fmt, p.G)) {
+    pl.role = Role::kFast;
+    const int64_t chunks = p.T * (p.H / kChunkElems);
+    // 128-thread blocks up to 1024 chunks per SM (T <= 256 at H = 7168): measured 1-2%
+    // faster than 64 at T = 1..8 and than 256 at T = 256 (bench_kernel tune_block at
+    // 61f4f5a); 256 beyond (the blocks-per-SM limit then caps residency).
+    pl.threads = chunks <= int64_t{1024} * dev.sm_count ? 128 : 256;
+    if (fits_idx32(p, a)) {
+      pl.index = IndexWidth::k32;
+      pl.store = chunks >= kStreamStoresFrom ? StorePolicy::kEvictFirst : StorePolicy::kDefault;
+      // Token tiles for MN-major scales from kTileFrom chunks; otherwise one pass whenever
+      // the capped grid would not loop anyway.
+      const bool one_pass = ceil_div(chunks, pl.threads) <= capped_blocks(chunks, pl.threads, dev, kDefaultMaxWaves);
+      if (chunks >= kTileFrom && mn_major_scales(a)) {
+        pl.shape = Shape::kTile;
+        pl.threads = kTileThreads;
+      } else {
+        pl.shape = one_pass ? Shape::kSplitTopk : Shape::kLoop;
+      }
+    } else {
+      pl.shape = Shape::kLoop;
+      pl.store = StorePolicy::kEvictFirst;
+    }
+  } else {
+    pl.role = Role::kGeneric;
+    pl.shape = Shape::kGeneric;
+    pl.threads = 256;
+    pl.vectorized = false;
+  }
+  fill_grid(pl, p, dev);
+  return pl;
+}
+
+void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
+  if (pl.fmt != p.fmt || pl.G != p.G || pl.in != a.hidden_states.dtype) {
+    reject(pl, "format, G and input dtype must be the call's (" + std::string(core::format_name(p.fmt)) + ", G=" +
+                   std::to_string(p.G) + ", " + dtype_name(a.hidden_states.dtype) + ")");
+  }
+  if (pl.count_nonfinite != p.has_nonfinite) reject(pl, "count_nonfinite must match the call's nonfinite_count");
+  if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0) reject(pl, "threads must be whole warps, 32..1024");
+  if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
+  const bool per_token = p.fmt == core::Format::kNvfp4PerToken;
+  const bool topk_own = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kTile;
+  const int64_t th = pl.threads;
+  if (topk_own) {
+    if ((pl.grid - pl.quant_blocks) * th < p.T * p.K) reject(pl, "too few top-k blocks");
+  } else if (pl.grid != pl.quant_blocks) {
+    reject(pl, "only the split-topk and tile shapes have top-k blocks");
+  }
+  switch (pl.role) {
+    case Role::kFast: {
+      if (pl.shape != Shape::kLoop && pl.shape != Shape::kSplitTopk && pl.shape != Shape::kTile) {
+        reject(pl, "the fast kernel's shapes are loop, split_topk and tile");
+      }
+      if (!fast_variant(p.fmt, p.G)) reject(pl, "the fast kernel has no variant for this format and G");
+      if (!pl.vectorized || !layout_vectorizable(p, a)) {
+        reject(pl, "the fast kernel needs contiguous, aligned hidden_states and x_q rows");
+      }
+      const int64_t chunks = p.T * (p.H / kChunkElems);
+      if (pl.index == IndexWidth::k64) {
+        if (pl.shape != Shape::kLoop || pl.store != StorePolicy::kEvictFirst) {
+          reject(pl, "64-bit indices come with the loop shape and evict-first stores");
+        }
+        break;
+      }
+      if (!fits_idx32(p, a)) reject(pl, "32-bit indices do not fit these tensors");
+      if (pl.shape == Shape::kLoop && pl.grid * th > kMaxGridThreads) reject(pl, "loop grid beyond kMaxGridThreads");
+      if (pl.shape == Shape::kSplitTopk && pl.quant_blocks != ceil_div(chunks, th)) {
+        reject(pl, "split_topk needs exactly one chunk per thread");
+      }
+      if (pl.shape == Shape::kTile && (pl.threads != kTileThreads || pl.quant_blocks * th > kMaxGridThreads)) {
+        reject(pl, "tile blocks have 256 threads and at most kMaxGridThreads in all");
+      }
+      break;
+    }
+    case Role::kGeneric:
+      if (pl.shape != Shape::kGeneric || per_token) reject(pl, "the generic kernel has the generic shape, no per-token format");
+      if (pl.store != StorePolicy::kDefault || pl.index != IndexWidth::k64) {
+        reject(pl, "the generic kernel has 64-bit indices and default stores");
+      }
+      break;
+    case Role::kRowwise:
+      if (pl.shape != Shape::kRowwise || !per_token) reject(pl, "the row kernel has the rowwise shape, per-token formats");
+      if (pl.store != StorePolicy::kDefault || pl.index != IndexWidth::k64) {
+        reject(pl, "the row kernel has 64-bit indices and default stores");
+      }
+      if (pl.vectorized && !layout_vectorizable(p, a)) {
+        reject(pl, "vectorized rows need contiguous, aligned hidden_states and x_q rows");
+      }
+      break;
+  }
+  if (per_token && pl.role != Role::kRowwise) reject(pl, "per-token formats need the row kernel");
+}
+
+std::string to_string(const Plan& pl) {
+  std::string s = "kernel=";
+  s += role_name(pl.role);
+  s += " format=";
+  s += core::format_name(pl.fmt);
+  s += " in=";
+  s += dtype_name(pl.in);
+  s += " G=" + std::to_string(pl.G);
+  s += pl.index == IndexWidth::k32 ? " index=32" : " index=64";
+  s += " shape=";
+  s += shape_name(pl.shape);
+  s += " threads=" + std::to_string(pl.threads);
+  s += " grid=" + std::to_string(pl.grid);
+  s += " quant_blocks=" + std::to_string(pl.quant_blocks);
+  s += pl.store == StorePolicy::kEvictFirst ? " stores=evict_first" : " stores=default";
+  s += pl.pdl ? " pdl=on" : " pdl=off";
+  s += pl.count_nonfinite ? " nonfinite=on" : " nonfinite=off";
+  s += pl.vectorized ? " vectorized=on" : " vectorized=off";
+  return s;
+}
+
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,108 @@
+// plan.h: the CUDA backend's kernel choice as a value. plan() is a pure function of the
+// validated problem, the tensors' layout and a description of the device, so it runs (and
+// is tested) on a host without a GPU; launch() runs a plan, whoever made it (the library's
+// own prepare_inputs, or a test or benchmark that changed its fields).
+// Plain C++ (no CUDA headers): host tests include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/formats.h"
+#include "megamoe/stage.h"
+#include "megamoe/tensor.h"
+#include "validate.h"
+
+namespace megamoe {
+namespace cuda {
+
+/// Which kernel quantizes the hidden states.
+enum class Role : uint8_t {
+  kFast,     ///< vectorized: 16-element chunks of contiguous, aligned rows (quantize_fast.cuh)
+  kGeneric,  ///< any strides and alignment, one scale word or group per thread (quantize_generic.cuh)
+  kRowwise,  ///< one block per token row, two passes: row amax, then groups (quantize_rowwise.cuh)
+};
+
+/// How the grid covers the work.
+enum class Shape : uint8_t {
+  kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by each row's first threads
+  kSplitTopk,  ///< fast, 32-bit: one chunk per thread; top-k in blocks of their own after the quantizing ones
+  kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
+  kRowwise,    ///< row kernel: block-stride loop over token rows
+  kGeneric,    ///< general kernel: grid-stride loop over scale units
+};
+
+/// Offsets and chunk indices in 32 or 64 bits.
+enum class IndexWidth : uint8_t { k32, k64 };
+
+/// Stores of the quantized values.
+enum class StorePolicy : uint8_t {
+  kDefault,     ///< ordinary stores (the consumer may find them in L2)
+  kEvictFirst,  ///< st.global.cs: outputs larger than what L2 would keep anyway
+};
+
+/// What plan() needs to know about the device.
+struct DeviceInfo {
+  int sm_count = 132;  ///< multiprocessors
+  int arch = 90;       ///< compute capability, major * 10 + minor
+};
+
+/// The kernel choice of one call.
+struct Plan {
+  Role role = Role::kFast;
+  core::Format fmt = core::Format::kFp8Ue8m0;
+  DType in = DType::kBFloat16;  ///< hidden_states dtype
+  int G = 32;                   ///< group size
+  IndexWidth index = IndexWidth::k32;
+  Shape shape = Shape::kSplitTopk;
+  int threads = 128;             ///< per block
+  int64_t grid = 1;              ///< blocks
+  int64_t quant_blocks = 1;      ///< blocks that quantize; the rest (split-topk, tile) repack top-k
+  StorePolicy store = StorePolicy::kDefault;
+  bool pdl = false;              ///< programmatic dependent launch (sm_90+)
+  bool count_nonfinite = false;  ///< the kernel variant that counts NaN / Inf into nonfinite_count
+  bool vectorized = true;        ///< 16-byte loads and vector stores (rows contiguous and aligned)
+};
+
+/// Grid caps of the looping shapes, in waves of (8 blocks of 256 threads) per SM.
+constexpr int kDefaultMaxWaves = 16;
+/// No loop grid has more threads (the 32-bit modes rely on it: chunk + grid < 2^32).
+constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
+/// Threads of the tile shape's blocks (8 warps: one per token of a tile).
+constexpr int kTileThreads = 256;
+constexpr int kTileTokens = 8;
+
+/// The library's choice for a validated call with T > 0.
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev);
+
+/// Recompute grid and quant_blocks from the plan's role, shape and threads (after a caller
+/// changed them); max_waves caps the looping shapes' grids.
+void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves = kDefaultMaxWaves);
+
+/// One line naming every field, e.g. "kernel=fast format=fp8_ue8m0 in=bfloat16 G=32 ...".
+std::string to_string(const Plan& plan);
+const char* role_name(Role r);
+const char* shape_name(Shape s);
+
+/// Throws megamoe::Error (kInvalidArgument) unless this plan can run these arguments safely
+/// (the kernel variant exists, the layout suits it, the grid covers the work and its indices
+/// cannot wrap). launch() calls it; plans from plan() always pass.
+void check_plan(const Plan& plan, const detail::Problem& p, const StageArgs& a);
+
+/// The fast kernel's 32-bit modes apply to these arguments.
+bool fits_idx32(const detail::Problem& p, const StageArgs& a);
+
+/// SM count and compute capability of CUDA device @p device (cached; throws kCuda).
+DeviceInfo device_info(int device);
+
+/// Run @p plan on @p stream (a cudaStream_t) of the tensors' device. Throws megamoe::Error:
+/// kInvalidArgument for a plan check_plan rejects, kCuda when a CUDA call or the launch
+/// fails (faults inside the kernel are asynchronous: they surface at the caller's next
+/// synchronization, or at the next launch as a sticky error).
+void launch(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stream stream);
+
+/// The plan text for validated CUDA arguments (explain()).
+std::string explain_plan(const StageArgs& a, const detail::Problem& p);
+
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,180 @@
+// quantize_fast.cuh: the vectorized staging kernel, for hidden and x_q rows that are
+// contiguous and 16-byte (x_q of fp4: 8-byte) aligned, and the formats whose group is a
+// whole number of 16-element chunks: fp8 with G 32 or 128, MXFP4 (G 32), NVFP4 static (G 16).
+//
+// One thread owns a 16-element chunk of one token row (two 16 B loads of bf16/fp16, four
+// of fp32; one 16 B store of fp8 or one 8 B store of fp4 nibbles). Consecutive threads own
+// consecutive chunks of the flattened [T, H] problem. The G/16 threads of a group reduce
+// amax with xor-shuffles; the group's first thread stores the scale: an fp32, or its byte
+// (UE8M0 or e4m3) straight into the packed int32 word and into the shared-expert copy.
+// Shapes (plan.h): a grid-stride loop, one chunk per thread with top-k blocks of their own,
+// or token tiles that gather the scales in shared memory so that MN-major scale layouts
+// get 8 tokens per line (docs/DESIGN.md).
+#pragma once
+
+#include <type_traits>
+
+#include "core/formats.h"
+#include "cuda/chunk.cuh"
+#include "cuda/common.cuh"
+#include "cuda/plan.h"
+#include "cuda/topk.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+// Resident 256-thread blocks per SM the fast kernel is built for: the SM's thread limit
+// (2048 on sm_80/90/100, 1536 on sm_86/87/89) for 16-bit inputs, which then fit 32
+// registers; fp32 inputs hold twice the bytes per chunk and get 6 blocks (40 registers),
+// 4 when they also count non-finite elements (the tile shape would spill at 40).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+constexpr int kFastBlocksPerSm16 = 6;
+#else
+constexpr int kFastBlocksPerSm16 = 8;
+#endif
+template <int In, bool kCount>
+constexpr int kFastBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : kCount ? 4 : 6;
+
+/// Index width and store policy of the fast kernel (64-bit plans always stream).
+enum class Mode {
+  kIdx32,        ///< 32-bit chunk indices and offsets, default stores (decode, mid sizes)
+  kIdx32Stream,  ///< 32-bit, evict-first stores (outputs larger than L2)
+  kIdx64Stream,  ///< 64-bit everything (T*H or an offset beyond 2^31), evict-first stores
+};
+template <Mode kMode>
+using IdxOf = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>;
+
+/// The format's scale as it is stored: packed byte (UE8M0 / e4m3) or fp32 bits.
+template <core::Format F>
+constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
+
+/// Index c's row t and position in the row j (fastdiv by cpr_div in the 32-bit modes,
+/// where cpr_div.divisor == cpr).
+template <typename Idx>
+__device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx& t, Idx& j) {
+  if constexpr (sizeof(Idx) == 4) {
+    t = core::fastdiv(c, p.cpr_div);
+    j = c - t * p.cpr_div.divisor;
+  } else {
+    t = c / p.cpr;
+    j = c - t * p.cpr;
+  }
+}
+
+/// Quantize chunk j of row t (a no-op unless active, but every lane must call it:
+/// shuffles). s2: the format's second-level scale (static_scale2). kTopk: the row's first
+/// threads also repack its top-k entries. kTile: the group's scale goes to this warp's row
+/// of the block's shared-memory tile (a scale byte or an fp32's bits, at the group's index
+/// within the warp's 32 chunks) instead of global memory. kCount: the chunk's non-finite
+/// elements are added to nf.
+template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, bool kCount, typename Idx>
+__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
+                                         uint32_t& nf) {
+  static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
+  constexpr int kTPG = G / kChunk;                                 // threads per group
+  constexpr int kOutBytes = kChunk / core::values_per_byte(F);    // x_q bytes per chunk
+  RawChunk<In> x;
+  if (active) {
+    load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
+    // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
+    // and their registers are free again before the quantization needs them.
+    if constexpr (kTopk) {
+      if (j < p.K) repack_topk(p, t, j, p.cpr);
+    }
+  } else {
+    zero_chunk<In>(x);
+  }
+  if constexpr (kCount) nf += chunk_nonfinite<In>(x);
+  float amax = chunk_amax<In>(x);
+#pragma unroll
+  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  if (!active) return;
+  const core::GroupParams gp = core::group_params<F>(amax, p.floor, s2);
+  const Encoded<F> q = encode_chunk<F, In>(x, gp);
+  store_words<kStream>(p.xq + offset(t, p.xq_s0, j * kOutBytes, Idx{1}), q.w);
+  // The group's first thread stores its scale: an fp32, or its byte into the packed word
+  // and the shared-expert copy.
+  if (j % kTPG != 0) return;
+  if constexpr (kTile) {  // j = 32 * segment + lane
+    const uint32_t gl = (threadIdx.x % 32u) / kTPG;  // group in the warp's segment
+    if constexpr (kPackedSf<F>) reinterpret_cast<uint8_t*>(tile)[gl] = static_cast<uint8_t>(gp.sf);
+    else tile[gl] = gp.sf;
+    return;
+  }
+  const Idx g = j / kTPG;  // group in the row
+  if constexpr (kPackedSf<F>) {
+    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
+  } else {
+    store_fp32_scale(p, t, g, __uint_as_float(gp.sf));
+  }
+}
+
+/// Quantize 16-element chunk c of the flattened problem (see stage_at).
+template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kCount, typename Idx>
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf) {
+  Idx t, j;
+  row_and_chunk(p, c, t, j);
+  stage_at<In, F, G, kStream, kTopk, false, kCount>(p, t, j, c < p.n_chunks, s2, nullptr, nf);
+}
+
+/// Tile i of the tile shape: warp w quantizes token kTileTokens * (i / segments) + w,
+/// chunks 32 * (i % segments) + lane; then the block stores the tile's scales with
+/// consecutive threads on consecutive tokens (packed scales: whole words, to x_sf and the
+/// shared copy). Every thread of the block must call it (barriers).
+template <int In, core::Format F, int G, bool kStream, bool kCount>
+__device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float s2, uint32_t& nf) {
+  constexpr uint32_t kItems = kPackedSf<F> ? 512u / (4u * G) : 512u / G;  // words or groups per segment
+  constexpr uint32_t kChunksPerItem = kPackedSf<F> ? 4u * G / kChunk : G / kChunk;
+  __shared__ uint32_t tile[kTileTokens][kItems];
+  const uint32_t tg = core::fastdiv(i, p.seg_div), seg = i - tg * p.seg_div.divisor;
+  const uint32_t warp = threadIdx.x / 32u, t = tg * kTileTokens + warp, j = seg * 32u + threadIdx.x % 32u;
+  stage_at<In, F, G, kStream, false, true, kCount>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf);
+  __syncthreads();
+  if (threadIdx.x < kTileTokens * kItems) {
+    const uint32_t k = threadIdx.x % kTileTokens, item = threadIdx.x / kTileTokens;
+    const uint32_t tt = tg * kTileTokens + k, g = seg * kItems + item;  // word (packed) or group
+    if (tt < p.T && g * kChunksPerItem < p.cpr) {
+      if constexpr (kPackedSf<F>) store_word(p, tt, g, tile[k][item]);
+      else store_fp32_scale(p, tt, g, __uint_as_float(tile[k][item]));
+    }
+  }
+  if (i + p.quant_blocks < p.n_tiles) __syncthreads();  // (block-uniform) the tile is free for the next one
+}
+
+/// The fast kernel. kCount: the variant that counts non-finite hidden elements into
+/// p.nonfinite; without it the counter is neither computed nor touched.
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, bool kCount>
+__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, kCount>)
+    stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
+  using Idx = IdxOf<kMode>;
+  static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
+  static_assert(kShape == Shape::kLoop || kShape == Shape::kSplitTopk || kShape == Shape::kTile, "fast shapes");
+  constexpr bool kStream = kMode != Mode::kIdx32;
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  uint32_t nf = 0;
+  if constexpr (kShape == Shape::kLoop) {
+    const float s2 = static_scale2<F>(p);
+    // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
+    for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
+         base += static_cast<Idx>(gridDim.x) * blockDim.x) {
+      stage_chunk<In, F, G, kStream, true, kCount>(p, base + threadIdx.x, s2, nf);
+    }
+  } else {
+    if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
+      repack_block(p);
+      return;
+    }
+    const float s2 = static_scale2<F>(p);
+    if constexpr (kShape == Shape::kTile) {
+      for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, kCount>(p, i, s2, nf);
+    } else {
+      stage_chunk<In, F, G, kStream, false, kCount>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
+    }
+  }
+  if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,51 @@
+// topk.cuh: the router top-k repack (SPEC "Top-k repack"), entry by entry, shared by
+// every kernel: the split-topk and tile shapes give it blocks of their own (one entry per
+// thread), the loop shape and the general and row kernels give each row's entries to the
+// row's first threads.
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+/// Top-k entry (t, k): padded rows get id -1 and weight 0, others a copy (ids widened to
+/// int64, weights to fp32). Both loads (and the padding flag's) issue before any use.
+template <typename Idx>
+__device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k) {
+  const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
+  const Idx woff = offset(t, p.w_s0, k, p.w_s1);
+  const int64_t id = (p.flags & kFlagIdsI64) ? static_cast<const int64_t*>(p.ids)[ioff]
+                                             : static_cast<int64_t>(static_cast<const int32_t*>(p.ids)[ioff]);
+  const bool w16 = (p.flags & (kFlagWBF16 | kFlagWF16)) != 0;
+  const uint32_t wbits = w16 ? static_cast<uint32_t>(static_cast<const uint16_t*>(p.w)[woff])
+                             : static_cast<const uint32_t*>(p.w)[woff];
+  const uint8_t pad = p.pad != nullptr ? p.pad[t * p.pad_s0] : uint8_t{0};
+  // fp16 weights by the software rule: the hardware conversion canonicalizes NaN payloads,
+  // and a kept NaN weight is copied bit-exactly.
+  const float w = (p.flags & kFlagWBF16)  ? core::bf16_to_float(static_cast<uint16_t>(wbits))
+                  : (p.flags & kFlagWF16) ? core::half_to_float(static_cast<uint16_t>(wbits))
+                                          : core::bits_float(wbits);
+  p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
+  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : w;
+}
+
+/// Top-k repack of row t, entries k = first, first + step, ...
+template <typename Idx>
+__device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx first, Idx step) {
+  for (Idx k = first; k < p.K; k += step) repack_entry(p, t, k);
+}
+
+/// The split-topk and tile shapes' top-k blocks: block b >= quant_blocks repacks entries
+/// (b - quant_blocks) * blockDim.x + threadIdx.x of the flattened [T, K] (32-bit modes).
+__device__ __forceinline__ void repack_block(const Params32& p) {
+  const uint32_t e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
+  if (e >= p.n_topk) return;
+  const uint32_t t = core::fastdiv(e, p.k_div);
+  repack_entry(p, t, e - t * p.K);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,53 @@
+// explain.cpp: megamoe::explain (include/megamoe/plan.h). Backend-independent: the CUDA
+// part comes from the CUDA backend's plan (src/cuda/plan.h) when the build has one.
+#include <new>
+#include <string>
+
+#include "megamoe/error.h"
+#include "megamoe/plan.h"
+#include "megamoe/quant.h"
+#include "validate.h"
+
+namespace megamoe {
+
+#if MEGAMOE_WITH_CUDA
+namespace cuda {
+std::string explain_plan(const StageArgs& a, const detail::Problem& p);
+}
+#endif
+
+namespace {
+
+std::string describe(const StageArgs& args) {
+  const detail::Problem p = detail::validate_args(args);
+  const std::string sizes = "T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) + " K=" + std::to_string(p.K);
+  if (args.hidden_states.device.type == Device::Type::kCPU) {
+    if (p.T == 0) return "cpu backend: nothing to do (T == 0)";
+    return "cpu backend: " + scheme_name(p.scheme) + " " + sizes + " in=" + dtype_name(args.hidden_states.dtype) +
+           ": strided loops over token rows (worker threads for large problems)" +
+           (p.has_nonfinite ? ", non-finite count" : "");
+  }
+#if MEGAMOE_WITH_CUDA
+  return cuda::explain_plan(args, p) + " (" + scheme_name(p.scheme) + " " + sizes + ")";
+#else
+  return "this build has no CUDA backend: hidden_states is on " + to_string(args.hidden_states.device) +
+         " and prepare_inputs would throw (kUnsupported)";
+#endif
+}
+
+}  // namespace
+
+std::string explain(const StageArgs& args) {
+  // Nothing but megamoe::Error leaves the API (as in prepare_inputs).
+  try {
+    return describe(args);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory, "megamoe: explain: out of host memory");
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kInternal, std::string("megamoe: explain: internal error: ") + e.what());
+  }
+}
+
+}  // namespace megamoe

@@ -1,0 +1,384 @@
+// Host tests of the CUDA backend's kernel choice (src/cuda/plan.h): plan() is a pure
+// function of the validated problem, the layout and a DeviceInfo, so these run without a
+// GPU (the tensors carry made-up, never dereferenced device addresses). check_plan() runs
+// before launch() touches the device, so its rejections are tested here too.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/plan.h"
+#include "megamoe/megamoe.h"
+#include "validate.h"
+
+namespace {
+
+using megamoe::Device;
+using megamoe::DType;
+using megamoe::QuantScheme;
+using megamoe::StageArgs;
+using megamoe::TensorRef;
+using megamoe::core::Format;
+namespace mc = megamoe::cuda;
+
+const mc::DeviceInfo kH200{132, 90};
+
+struct Opts {
+  DType in = DType::kBFloat16;
+  int64_t K = 8;
+  bool misaligned_hidden = false;  // hidden_states one element off 16-byte alignment
+  bool strided_hidden = false;     // hidden row stride H + 8 (rows still 16-byte aligned)
+  bool hidden_col_stride = false;  // every other element
+  bool sf_mn_major = false;        // x_sf[t, g] at g * align(T, 4) + t
+  int64_t bm = 0;                  // shared_x_sf block m (0: none)
+  bool shared_transposed = false;
+  bool nonfinite = false;
+  bool pdl = false;
+};
+
+/// A call whose tensors live at made-up, 256-byte aligned device addresses.
+struct FakeCall {
+  StageArgs a;
+  uintptr_t next = uintptr_t{1} << 32;
+  void* alloc(int64_t bytes) {
+    const uintptr_t p = next;
+    next += (static_cast<uintptr_t>(bytes) + 4096 + 255) / 256 * 256;
+    return reinterpret_cast<void*>(p);
+  }
+  FakeCall(int64_t T, int64_t H, const QuantScheme& q, const Opts& o = {}) {
+    const Device d = Device::cuda(0);
+    const megamoe::OutputShapes s =
+        megamoe::output_shapes(T, H, o.K, q, o.bm > 0 ? std::optional<int64_t>(o.bm) : std::nullopt);
+    const int64_t es = megamoe::dtype_size(o.in);
+    const int64_t hs0 = o.strided_hidden ? H + 8 : o.hidden_col_stride ? 2 * H : H;
+    char* hs = static_cast<char*>(alloc((T * hs0 + 8) * es)) + (o.misaligned_hidden ? es : 0);
+    a.hidden_states = TensorRef(hs, o.in, {T, H}, {hs0, o.hidden_col_stride ? 2 : 1}, d);
+    a.topk_weights = TensorRef(alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
+    a.topk_ids = TensorRef(alloc(T * o.K * 4), DType::kInt32, {T, o.K}, d);
+    a.x_q = TensorRef(alloc(s.x_q.numel()), s.x_q.dtype, {T, s.x_q.shape[1]}, d);
+    const int64_t sfc = s.x_sf.shape[1], ta = (T + 3) / 4 * 4;
+    if (o.sf_mn_major) {
+      a.x_sf = TensorRef(alloc(ta * sfc * 4), s.x_sf.dtype, {T, sfc}, {1, ta}, d);
+    } else {
+      a.x_sf = TensorRef(alloc(T * sfc * 4), s.x_sf.dtype, {T, sfc}, d);
+    }
+    a.topk_idx_out = TensorRef(alloc(T * o.K * 8), DType::kInt64, {T, o.K}, d);
+    a.topk_weights_out = TensorRef(alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
+    if (o.bm > 0) {
+      const int64_t rows = s.shared_x_sf->shape[0];
+      a.shared_x_sf = o.shared_transposed ? TensorRef(alloc(rows * sfc * 4), DType::kInt32, {rows, sfc}, {1, rows}, d)
+                                          : TensorRef(alloc(rows * sfc * 4), DType::kInt32, {rows, sfc}, d);
+      a.shared_block_m = o.bm;
+    }
+    if (s.global_scale) a.global_scale = TensorRef(alloc(4), DType::kFloat32, {1}, d);
+    if (s.x_scales) a.x_scales = TensorRef(alloc(T * 4), DType::kFloat32, {T}, d);
+    if (o.nonfinite) a.nonfinite_count = TensorRef(alloc(8), DType::kInt64, {1}, d);
+    a.hidden_quant = q;
+    a.enable_pdl = o.pdl;
+  }
+  mc::Plan plan(const mc::DeviceInfo& dev = kH200) const {
+    return mc::plan(megamoe::detail::validate_args(a), a, dev);
+  }
+};
+
+const QuantScheme kAll[] = {QuantScheme::mxfp8(),         QuantScheme::fp8_ue8m0_g128(), QuantScheme::fp8_fp32_g128(),
+                            QuantScheme::fp8_fp32_g32(),  QuantScheme::mxfp4(),
+                            QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
+                            QuantScheme::nvfp4_static(),  QuantScheme::nvfp4_per_token()};
+
+TEST(CudaPlan, DecodeSizes) {
+  for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const mc::Plan p = FakeCall(T, 7168, QuantScheme::mxfp8()).plan();
+    EXPECT_EQ(p.role, mc::Role::kFast);
+    EXPECT_EQ(p.fmt, Format::kFp8Ue8m0);
+    EXPECT_EQ(p.in, DType::kBFloat16);
+    EXPECT_EQ(p.G, 32);
+    EXPECT_EQ(p.index, mc::IndexWidth::k32);
+    EXPECT_EQ(p.shape, mc::Shape::kSplitTopk);
+    EXPECT_EQ(p.threads, 128);
+    EXPECT_EQ(p.store, mc::StorePolicy::kDefault);
+    EXPECT_FALSE(p.pdl);
+    EXPECT_FALSE(p.count_nonfinite);
+    EXPECT_TRUE(p.vectorized);
+    // One chunk per thread, then ceil(T * K / 128) top-k blocks.
+    EXPECT_EQ(p.quant_blocks, (T * 448 + 127) / 128);
+    EXPECT_EQ(p.grid, p.quant_blocks + (T * 8 + 127) / 128);
+  }
+}
+
+TEST(CudaPlan, Prefill) {
+  const mc::Plan p = FakeCall(16384, 7168, QuantScheme::mxfp8()).plan();
+  EXPECT_EQ(p.role, mc::Role::kFast);
+  EXPECT_EQ(p.index, mc::IndexWidth::k32);
+  EXPECT_EQ(p.shape, mc::Shape::kLoop);  // 7.3M chunks: beyond one pass of the capped grid
+  EXPECT_EQ(p.threads, 256);
+  EXPECT_EQ(p.store, mc::StorePolicy::kEvictFirst);
+  EXPECT_EQ(p.grid, p.quant_blocks);
+  EXPECT_EQ(p.grid, 132 * 16 * 8);  // the cap: 16 waves of 8 blocks per SM
+  // Mid size: one pass, 256 threads, evict-first from 2^19 chunks.
+  const mc::Plan m = FakeCall(2048, 7168, QuantScheme::mxfp8()).plan();
+  EXPECT_EQ(m.shape, mc::Shape::kSplitTopk);
+  EXPECT_EQ(m.threads, 256);
+  EXPECT_EQ(m.store, mc::StorePolicy::kEvictFirst);
+  const mc::Plan s = FakeCall(1024, 7168, QuantScheme::mxfp8()).plan();
+  EXPECT_EQ(s.store, mc::StorePolicy::kDefault);
+}
+
+TEST(CudaPlan, MnMajorScalesTakeTilesFromMidSizes) {
+  Opts o;
+  o.sf_mn_major = true;
+  const mc::Plan big = FakeCall(4096, 7168, QuantScheme::fp8_fp32_g128(), o).plan();
+  EXPECT_EQ(big.shape, mc::Shape::kTile);
+  EXPECT_EQ(big.threads, mc::kTileThreads);
+  const int64_t tiles = (4096 / 8) * ((7168 / 16 + 31) / 32);
+  EXPECT_EQ(big.quant_blocks, std::min<int64_t>(tiles, 132 * 16 * 8));
+  EXPECT_EQ(big.grid, big.quant_blocks + (4096 * 8 + 255) / 256);
+  // Below 2^18 chunks the tile's barrier costs more than it saves.
+  EXPECT_EQ(FakeCall(256, 7168, QuantScheme::fp8_fp32_g128(), o).plan().shape, mc::Shape::kSplitTopk);
+  // A transposed shared-expert copy counts as MN-major too.
+  Opts sh;
+  sh.bm = 128;
+  sh.shared_transposed = true;
+  EXPECT_EQ(FakeCall(4096, 7168, QuantScheme::mxfp8(), sh).plan().shape, mc::Shape::kTile);
+  sh.shared_transposed = false;
+  EXPECT_EQ(FakeCall(4096, 7168, QuantScheme::mxfp8(), sh).plan().shape, mc::Shape::kSplitTopk);
+}
+
+TEST(CudaPlan, MisalignedOrStridedRowsTakeTheGenericKernel) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Opts o;
+    o.misaligned_hidden = variant == 0;
+    o.hidden_col_stride = variant == 1;
+    for (const QuantScheme& q : kAll) {
+      SCOPED_TRACE(megamoe::scheme_name(q) + " variant " + std::to_string(variant));
+      const mc::Plan p = FakeCall(64, 7168, q, o).plan();
+      EXPECT_FALSE(p.vectorized);
+      if (q == QuantScheme::nvfp4_per_token()) {
+        EXPECT_EQ(p.role, mc::Role::kRowwise);
+        EXPECT_EQ(p.shape, mc::Shape::kRowwise);
+      } else {
+        EXPECT_EQ(p.role, mc::Role::kGeneric);
+        EXPECT_EQ(p.shape, mc::Shape::kGeneric);
+        EXPECT_EQ(p.threads, 256);
+      }
+      EXPECT_EQ(p.index, mc::IndexWidth::k64);
+    }
+  }
+  // A row stride that keeps rows 16-byte aligned stays on the fast kernel.
+  Opts o;
+  o.strided_hidden = true;
+  EXPECT_EQ(FakeCall(64, 7168, QuantScheme::mxfp8(), o).plan().role, mc::Role::kFast);
+  // Group sizes without a fast variant.
+  QuantScheme g64 = QuantScheme::mxfp8();
+  g64.group_k = 64;
+  EXPECT_EQ(FakeCall(64, 7168, g64).plan().role, mc::Role::kGeneric);
+}
+
+TEST(CudaPlan, EveryFormat) {
+  struct Want {
+    Format fmt;
+    int G;
+    mc::Role role;
+  };
+  const Want want[] = {{Format::kFp8Ue8m0, 32, mc::Role::kFast},     {Format::kFp8Ue8m0, 128, mc::Role::kFast},
+                       {Format::kFp8Fp32, 128, mc::Role::kFast},     {Format::kFp8Fp32, 32, mc::Role::kFast},
+                       {Format::kMxfp4, 32, mc::Role::kFast},        {Format::kMxfp4Rne, 32, mc::Role::kFast},
+                       {Format::kNvfp4Static, 16, mc::Role::kFast},  {Format::kNvfp4PerToken, 16, mc::Role::kRowwise}};
+  for (int i = 0; i < 8; ++i) {
+    for (DType in : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+      Opts o;
+      o.in = in;
+      o.nonfinite = i % 2 == 0;
+      const mc::Plan p = FakeCall(135, 4096, kAll[i].with_amax_floor(i == 3 ? 1e-10f : 1e-4f), o).plan();
+      SCOPED_TRACE(mc::to_string(p));
+      EXPECT_EQ(p.fmt, want[i].fmt);
+      EXPECT_EQ(p.G, want[i].G);
+      EXPECT_EQ(p.role, want[i].role);
+      EXPECT_EQ(p.in, in);
+      EXPECT_EQ(p.count_nonfinite, o.nonfinite);
+      EXPECT_TRUE(p.vectorized);
+      if (p.role == mc::Role::kRowwise) {
+        EXPECT_EQ(p.threads, 128);  // 256 groups of 16, two per thread
+        EXPECT_EQ(p.grid, 135);     // one block per row
+      }
+    }
+  }
+}
+
+TEST(CudaPlan, Fp4XqNeedsOnly8ByteRows) {
+  // x_q of fp4 is [T, H/2] bytes: an 8-byte aligned row start suffices for the 8-byte stores.
+  FakeCall c(64, 7168, QuantScheme::mxfp4());
+  c.a.x_q.data = static_cast<char*>(c.a.x_q.data) + 8;
+  EXPECT_EQ(c.plan().role, mc::Role::kFast);
+  c.a.x_q.data = static_cast<char*>(c.a.x_q.data) + 4;
+  EXPECT_EQ(c.plan().role, mc::Role::kGeneric);
+}
+
+TEST(CudaPlan, PdlNeedsSm90) {
+  Opts o;
+  o.pdl = true;
+  EXPECT_TRUE(FakeCall(8, 7168, QuantScheme::mxfp8(), o).plan().pdl);
+  EXPECT_FALSE(FakeCall(8, 7168, QuantScheme::mxfp8(), o).plan(mc::DeviceInfo{108, 80}).pdl);
+}
+
+TEST(CudaPlan, SmCountScalesTheChoice) {
+  // 128-thread blocks up to 1024 chunks per SM, and the loop cap in waves of the SM count.
+  EXPECT_EQ(FakeCall(256, 7168, QuantScheme::mxfp8()).plan().threads, 128);
+  const mc::Plan small_gpu = FakeCall(4096, 7168, QuantScheme::mxfp8()).plan(mc::DeviceInfo{16, 90});
+  EXPECT_EQ(small_gpu.threads, 256);
+  EXPECT_EQ(small_gpu.shape, mc::Shape::kLoop);
+  EXPECT_EQ(small_gpu.grid, 16 * 16 * 8);
+}
+
+TEST(CudaPlan, SixtyFourBitOffsetsWhenStridesNeedThem) {
+  // Negative strides (reversed top-k rows) leave the 32-bit modes.
+  FakeCall c(64, 7168, QuantScheme::mxfp8());
+  c.a.topk_ids.strides[0] = -8;
+  c.a.topk_ids.data = static_cast<char*>(c.a.topk_ids.data) + 63 * 8 * 4;
+  const mc::Plan p = c.plan();
+  EXPECT_EQ(p.role, mc::Role::kFast);
+  EXPECT_EQ(p.index, mc::IndexWidth::k64);
+  EXPECT_EQ(p.shape, mc::Shape::kLoop);
+  EXPECT_EQ(p.store, mc::StorePolicy::kEvictFirst);
+}
+
+TEST(CudaPlan, ToStringNamesEveryField) {
+  Opts o;
+  o.nonfinite = true;
+  o.pdl = true;
+  const mc::Plan p = FakeCall(64, 7168, QuantScheme::nvfp4_static(), o).plan();
+  const std::string s = mc::to_string(p);
+  for (const char* want : {"kernel=fast", "format=nvfp4_static", "in=bfloat16", "G=16", "index=32",
+                           "shape=split_topk", "threads=128", "grid=", "quant_blocks=", "stores=default",
+                           "pdl=on", "nonfinite=on", "vectorized=on"}) {
+    EXPECT_NE(s.find(want), std::string::npos) << want << " not in: " << s;
+  }
+  for (mc::Shape sh : {mc::Shape::kLoop, mc::Shape::kSplitTopk, mc::Shape::kTile, mc::Shape::kRowwise, mc::Shape::kGeneric}) {
+    EXPECT_STRNE(mc::shape_name(sh), "?");
+  }
+  for (mc::Role r : {mc::Role::kFast, mc::Role::kGeneric, mc::Role::kRowwise}) EXPECT_STRNE(mc::role_name(r), "?");
+  mc::Plan q = p;
+  q.store = mc::StorePolicy::kEvictFirst;
+  q.index = mc::IndexWidth::k64;
+  q.pdl = q.count_nonfinite = q.vectorized = false;
+  const std::string t = mc::to_string(q);
+  for (const char* want : {"stores=evict_first", "index=64", "pdl=off", "nonfinite=off", "vectorized=off"}) {
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in: " << t;
+  }
+}
+
+TEST(CudaPlan, LibraryPlansPassTheirOwnCheck) {
+  for (const QuantScheme& q : kAll) {
+    for (int64_t T : {1, 65, 4096}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        Opts o;
+        o.sf_mn_major = layout == 1;
+        o.misaligned_hidden = layout == 2;
+        FakeCall c(T, 4096, q, o);
+        const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+        const mc::Plan p = mc::plan(pr, c.a, kH200);
+        EXPECT_NO_THROW(mc::check_plan(p, pr, c.a)) << mc::to_string(p);
+      }
+    }
+  }
+}
+
+/// check_plan's verdict on @p p for @p c (the message when it rejects).
+std::string verdict(const FakeCall& c, const mc::Plan& p) {
+  try {
+    mc::check_plan(p, megamoe::detail::validate_args(c.a), c.a);
+    return "ok";
+  } catch (const megamoe::Error& e) {
+    EXPECT_EQ(e.code(), megamoe::ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+}
+
+TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
+  FakeCall c(65, 7168, QuantScheme::mxfp8());
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  const mc::Plan base = c.plan();
+  ASSERT_EQ(verdict(c, base), "ok");
+  auto rejected = [&](mc::Plan p, const char* what) {
+    const std::string v = verdict(c, p);
+    EXPECT_NE(v, "ok") << what;
+    EXPECT_NE(v.find("megamoe: plan:"), std::string::npos) << v;
+  };
+  mc::Plan p = base;
+  p.fmt = Format::kFp8Fp32;
+  rejected(p, "another format");
+  p = base;
+  p.count_nonfinite = true;
+  rejected(p, "a counter the call does not have");
+  p = base;
+  p.threads = 100;
+  rejected(p, "threads not whole warps");
+  p = base;
+  p.quant_blocks -= 1;
+  rejected(p, "split_topk without one chunk per thread");
+  p = base;
+  p.grid = p.quant_blocks;
+  rejected(p, "no top-k blocks");
+  p = base;
+  p.shape = mc::Shape::kTile;
+  p.threads = 128;
+  mc::fill_grid(p, pr, kH200);
+  rejected(p, "tile blocks of 128 threads");
+  p.threads = 256;
+  mc::fill_grid(p, pr, kH200);
+  EXPECT_EQ(verdict(c, p), "ok");
+  p = base;
+  p.index = mc::IndexWidth::k64;
+  rejected(p, "64-bit split_topk");
+  p.shape = mc::Shape::kLoop;
+  mc::fill_grid(p, pr, kH200);
+  rejected(p, "64-bit with default stores");
+  p.store = mc::StorePolicy::kEvictFirst;
+  EXPECT_EQ(verdict(c, p), "ok");
+  p = base;
+  p.role = mc::Role::kRowwise;
+  p.shape = mc::Shape::kRowwise;
+  rejected(p, "the row kernel for a format without per-token scales");
+  p = base;
+  p.role = mc::Role::kGeneric;
+  p.shape = mc::Shape::kGeneric;
+  p.index = mc::IndexWidth::k64;
+  p.vectorized = false;
+  mc::fill_grid(p, pr, kH200);
+  EXPECT_EQ(verdict(c, p), "ok") << "the generic kernel runs any layout";
+  // The fast kernel on a misaligned layout.
+  Opts mis;
+  mis.misaligned_hidden = true;
+  FakeCall m(65, 7168, QuantScheme::mxfp8(), mis);
+  mc::Plan f = base;
+  EXPECT_NE(verdict(m, f), "ok");
+  // Per-token formats only on the row kernel.
+  FakeCall n(65, 7168, QuantScheme::nvfp4_per_token());
+  const mc::Plan np = n.plan();
+  EXPECT_EQ(verdict(n, np), "ok");
+  mc::Plan g = np;
+  g.role = mc::Role::kGeneric;
+  g.shape = mc::Shape::kGeneric;
+  EXPECT_NE(verdict(n, g), "ok");
+}
+
+TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {
+  FakeCall c(434, 7168, QuantScheme::mxfp8());
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  mc::Plan p = c.plan();
+  for (int threads : {64, 128, 256, 512, 1024}) {
+    p.threads = threads;
+    p.shape = mc::Shape::kSplitTopk;
+    mc::fill_grid(p, pr, kH200);
+    EXPECT_EQ(p.quant_blocks, (434 * 448 + threads - 1) / threads);
+    EXPECT_EQ(verdict(c, p), "ok") << mc::to_string(p);
+    p.shape = mc::Shape::kLoop;
+    mc::fill_grid(p, pr, kH200, 1);
+    EXPECT_EQ(p.grid, p.quant_blocks);
+    EXPECT_LE(p.grid, 132 * 2048 / threads);
+    EXPECT_EQ(verdict(c, p), "ok") << mc::to_string(p);
+  }
+}
+
+}  // namespace
