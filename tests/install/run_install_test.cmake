@@ -1,7 +1,9 @@
 # ctest driver (cmake -P): build megamoe CPU-only from MEGAMOE_SOURCE_DIR, install it into
 # a temporary prefix under WORK_DIR, then configure, build and run the downstream project
 # in this directory against that prefix with find_package(megamoe).
-# Variables: MEGAMOE_SOURCE_DIR, WORK_DIR, GENERATOR, MAKE_PROGRAM (optional), CXX_COMPILER.
+# Variables: MEGAMOE_SOURCE_DIR, WORK_DIR, GENERATOR, MAKE_PROGRAM (optional), CXX_COMPILER,
+# SHARED (ON: build libmegamoe shared), DOWNSTREAM_DIR (default: this directory),
+# PKG_CONFIG (optional: also build DOWNSTREAM_DIR/main.cpp with `pkg-config megamoe` flags).
 foreach(v MEGAMOE_SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_install_test.cmake: ${v} is not set")
@@ -27,12 +29,45 @@ function(step name)
   endif()
 endfunction()
 
+if(NOT DEFINED SHARED)
+  set(SHARED OFF)
+endif()
+if(NOT DEFINED DOWNSTREAM_DIR)
+  set(DOWNSTREAM_DIR ${CMAKE_CURRENT_LIST_DIR})
+endif()
 step(configure-library ${CMAKE_COMMAND} -S ${MEGAMOE_SOURCE_DIR} -B ${lib_build} ${common}
      -DMEGAMOE_ENABLE_CUDA=OFF -DMEGAMOE_BUILD_TESTS=OFF -DMEGAMOE_BUILD_TOOLS=OFF
-     -DMEGAMOE_BUILD_PYTHON=OFF)
+     -DMEGAMOE_BUILD_PYTHON=OFF -DMEGAMOE_SHARED=${SHARED})
 step(build-library ${CMAKE_COMMAND} --build ${lib_build} --parallel 2)
 step(install-library ${CMAKE_COMMAND} --install ${lib_build} --prefix ${prefix})
-step(configure-downstream ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR} -B ${ds_build} ${common}
+if(SHARED AND NOT EXISTS ${prefix}/lib/libmegamoe.so AND NOT EXISTS ${prefix}/lib64/libmegamoe.so)
+  file(GLOB_RECURSE _so ${prefix}/*libmegamoe.so)
+  if(NOT _so)
+    message(FATAL_ERROR "[install test] SHARED=ON but no libmegamoe.so was installed under ${prefix}")
+  endif()
+endif()
+step(configure-downstream ${CMAKE_COMMAND} -S ${DOWNSTREAM_DIR} -B ${ds_build} ${common}
      -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 step(build-downstream ${CMAKE_COMMAND} --build ${ds_build})
-step(run-downstream ${ds_build}/megamoe_downstream)
+file(GLOB _exe ${ds_build}/megamoe_*)
+list(FILTER _exe EXCLUDE REGEX "\\.(cmake|txt)$")
+list(LENGTH _exe _n)
+if(NOT _n EQUAL 1)
+  message(FATAL_ERROR "[install test] expected one megamoe_* executable in ${ds_build}, got: ${_exe}")
+endif()
+step(run-downstream ${_exe})
+if(PKG_CONFIG AND NOT SHARED)
+  # The same program built from the pkg-config file alone (no CMake package).
+  file(GLOB_RECURSE _pc ${prefix}/megamoe.pc)
+  get_filename_component(_pcdir "${_pc}" DIRECTORY)
+  set(ENV{PKG_CONFIG_PATH} ${_pcdir})
+  execute_process(COMMAND ${PKG_CONFIG} --define-variable=prefix=${prefix} --cflags --libs --static megamoe
+                  OUTPUT_VARIABLE _flags
+                  OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "[install test] pkg-config megamoe failed (${rc})")
+  endif()
+  separate_arguments(_flags UNIX_COMMAND "${_flags}")
+  step(build-pkg-config ${CXX_COMPILER} -std=c++17 ${DOWNSTREAM_DIR}/main.cpp -o ${WORK_DIR}/pc_downstream ${_flags})
+  step(run-pkg-config ${WORK_DIR}/pc_downstream)
+endif()
