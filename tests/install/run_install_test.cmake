@@ -35,10 +35,17 @@ endif()
 if(NOT DEFINED DOWNSTREAM_DIR)
   set(DOWNSTREAM_DIR ${CMAKE_CURRENT_LIST_DIR})
 endif()
+# The shared form also proves that the library configures and builds with tests and tools
+# requested but GoogleTest and CLI11 absent (they are skipped with a message).
+if(SHARED)
+  set(optional -DMEGAMOE_BUILD_TESTS=ON -DMEGAMOE_BUILD_TOOLS=ON -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON
+               -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON)
+else()
+  set(optional -DMEGAMOE_BUILD_TESTS=OFF -DMEGAMOE_BUILD_TOOLS=OFF)
+endif()
 step(configure-library ${CMAKE_COMMAND} -S ${MEGAMOE_SOURCE_DIR} -B ${lib_build} ${common}
-     -DMEGAMOE_ENABLE_CUDA=OFF -DMEGAMOE_BUILD_TESTS=OFF -DMEGAMOE_BUILD_TOOLS=OFF
-     -DMEGAMOE_BUILD_PYTHON=OFF -DMEGAMOE_SHARED=${SHARED})
-step(build-library ${CMAKE_COMMAND} --build ${lib_build} --parallel 2)
+     -DMEGAMOE_ENABLE_CUDA=OFF ${optional} -DMEGAMOE_BUILD_PYTHON=OFF -DMEGAMOE_SHARED=${SHARED})
+step(build-library ${CMAKE_COMMAND} --build ${lib_build} --parallel 2 --target megamoe)
 step(install-library ${CMAKE_COMMAND} --install ${lib_build} --prefix ${prefix})
 if(SHARED AND NOT EXISTS ${prefix}/lib/libmegamoe.so AND NOT EXISTS ${prefix}/lib64/libmegamoe.so)
   file(GLOB_RECURSE _so ${prefix}/*libmegamoe.so)
