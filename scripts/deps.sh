@@ -3,7 +3,7 @@
 # and PyPI, skipping anything already present. Safe to run repeatedly.
 set -euo pipefail
 need=()
-for pkg in cmake ninja-build g++ pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libdlpack-dev python3; do
+for pkg in cmake ninja-build g++ pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libdlpack-dev libhwy-dev python3; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # A pip-installed ninja/cmake on PATH is as good as Debian's.

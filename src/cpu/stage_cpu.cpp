@@ -1,15 +1,19 @@
 // stage_cpu.cpp: CPU backend. Generic over dtypes, strides and formats; the group math
-// comes from core/formats.h, the same header the CUDA kernels use.
+// comes from core/formats.h, the same header the CUDA kernels use. Rows whose input and
+// x_q are contiguous along H go through the vectorized quantizer (simd.h: the same bytes
+// as the scalar rules); everything else runs the scalar loop below. Large problems are
+// split into row chunks over the persistent pool (pool.h).
 #include "cpu/stage_cpu.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
-#include <exception>
-#include <thread>
-#include <vector>
 
 #include "core/layout.h"
 #include "core/formats.h"
+#include "cpu/pool.h"
+#include "cpu/simd.h"
+#include "megamoe/cpu.h"
 
 namespace megamoe {
 namespace cpu {
@@ -41,6 +45,42 @@ void load_span(const TensorRef& a, int64_t t, int64_t h0, int64_t n, float* out)
   }
 }
 
+/// Quantize rows [t0, t1) with the vectorized quantizer when the rows of the input and of
+/// x_q are contiguous along H and the instruction set takes the group size; false (nothing
+/// written): the caller runs the scalar loop.
+bool simd_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1, int64_t* nonfinite) {
+  const TensorRef& x = a.hidden_states;
+  if (x.strides[1] != 1 || a.x_q.strides[1] != 1) return false;
+  simd::Rows r;
+  r.x = x.data;
+  r.x_row = x.strides[0];
+  r.in = x.dtype == DType::kBFloat16 ? simd::In::kBf16
+         : x.dtype == DType::kFloat16 ? simd::In::kFp16
+                                      : simd::In::kFp32;
+  r.xq = static_cast<uint8_t*>(a.x_q.data);
+  r.xq_row = a.x_q.strides[0];
+  r.sf = a.x_sf.data;
+  r.sf_s0 = a.x_sf.strides[0];
+  r.sf_s1 = a.x_sf.strides[1];
+  if (p.has_shared) {
+    r.shared_sf = a.shared_x_sf->data;
+    r.sh_s0 = a.shared_x_sf->strides[0];
+    r.sh_s1 = a.shared_x_sf->strides[1];
+    r.shared_bm = p.shared_bm;
+  }
+  if (p.fmt == core::Format::kNvfp4PerToken) {
+    r.x_scales = a.x_scales->data;
+    r.xs_s0 = a.x_scales->strides[0];
+  }
+  if (p.fmt == core::Format::kNvfp4Static) std::memcpy(&r.gs, a.global_scale->data, sizeof r.gs);
+  r.H = p.H;
+  r.G = p.G;
+  r.fmt = p.fmt;
+  r.floor = p.floor;
+  r.count_nonfinite = p.has_nonfinite;
+  return simd::quantize_rows(r, t0, t1, nonfinite);
+}
+
 template <core::Format F>
 int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
   constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
@@ -51,6 +91,7 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
   float s2 = 0.0f;  // second-level scale: static gs, or the row's per-token scale
   if constexpr (F == core::Format::kNvfp4Static) std::memcpy(&s2, a.global_scale->data, sizeof s2);
   int64_t nonfinite = 0;
+  if (simd_rows(a, p, t0, t1, &nonfinite)) return nonfinite;
   float x[128];
   for (int64_t t = t0; t < t1; ++t) {
     if constexpr (F == core::Format::kNvfp4PerToken) {
@@ -106,15 +147,16 @@ int64_t stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int
   return 0;
 }
 
+/// Below this many elements (T * (H + K)) a call stays on the calling thread: a few
+/// hundred microseconds of scalar work, about a hundred vectorized, where waking workers
+/// would cost a noticeable part of it.
+constexpr int64_t kSerialWork = int64_t{1} << 18;
+/// Smallest chunk of work (elements) handed to a thread.
+constexpr int64_t kChunkWork = int64_t{1} << 16;
+
 }  // namespace
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
-  // T * (H + K) as a float: the element counts fit in int64 but their sum need not.
-  const double work = static_cast<double>(p.T) * (static_cast<double>(p.H) + static_cast<double>(p.K));
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  unsigned n = cores;
-  if (work < static_cast<double>(int64_t{1} << 18)) n = 1;
-  n = static_cast<unsigned>(std::min<int64_t>(n, p.T));
   auto add_count = [&](int64_t c) {
     if (!p.has_nonfinite) return;
     int64_t v;
@@ -122,39 +164,26 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
     v += c;
     std::memcpy(a.nonfinite_count->data, &v, sizeof v);
   };
-  if (n <= 1) {
+  // Work in elements per token; min(T * per_row, kSerialWork) without overflow.
+  const int64_t per_row = std::max<int64_t>(1, p.H + p.K);
+  const int64_t work = p.T >= kSerialWork / per_row ? kSerialWork : p.T * per_row;
+  const int threads = cpu_threads();
+  if (threads <= 1 || p.T < 2 || work < kSerialWork) {
     if (p.T > 0) add_count(stage_rows(a, p, 0, p.T));
-    repack_topk(topk_io(a), p);
-    return;
+  } else {
+    // Chunks of at least kChunkWork elements, about four per thread, so that a core slowed
+    // by other load takes fewer of them.
+    const int64_t min_rows = std::max<int64_t>(1, kChunkWork / per_row);
+    const int64_t rows = std::max(min_rows, (p.T + 4 * threads - 1) / (4 * threads));
+    const int64_t chunks = (p.T + rows - 1) / rows;
+    std::atomic<int64_t> count{0};
+    parallel_for(chunks, threads, [&](int64_t c) {
+      const int64_t t0 = c * rows, t1 = std::min(p.T, t0 + rows);
+      const int64_t n = stage_rows(a, p, t0, t1);
+      if (n != 0) count.fetch_add(n, std::memory_order_relaxed);
+    });
+    add_count(count.load());
   }
-  // A worker's exception (std::bad_alloc of its row buffers) must reach the caller, not
-  // std::terminate: each worker keeps its own and the first one is rethrown after the join.
-  const int64_t per = (p.T + n - 1) / n;
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<int64_t> counts(n, 0);
-  std::vector<std::thread> pool;
-  auto run = [&](unsigned i) {
-    const int64_t t0 = std::min<int64_t>(p.T, i * per), t1 = std::min<int64_t>(p.T, t0 + per);
-    try {
-      if (t0 < t1) counts[i] = stage_rows(a, p, t0, t1);
-    } catch (...) {
-      errors[i] = std::current_exception();
-    }
-  };
-  try {
-    for (unsigned i = 1; i < n; ++i) pool.emplace_back(run, i);
-  } catch (...) {
-    for (auto& th : pool) th.join();
-    throw;
-  }
-  run(0);
-  for (auto& th : pool) th.join();
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  add_count(total);
   repack_topk(topk_io(a), p);
 }
 
