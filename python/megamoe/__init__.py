@@ -1,13 +1,18 @@
 """megamoe: MegaMoE input staging for DeepSeek-V4-style MoE inference.
 
-Quantizes hidden states to fp8 e4m3 with UE8M0 or fp32 group scales and repacks the
-router's top-k ids/weights into the buffers DeepGEMM's MegaMoE kernels read, in one call
-(CPU backend always; CUDA backend when built with nvcc). Bit-exact with DeepGEMM's
-``per_token_cast_to_fp8`` run by PyTorch on the GPU.
+Quantizes hidden states (fp8 e4m3 with UE8M0 or fp32 group scales, MXFP4, NVFP4 static or
+per-token) and repacks the router's top-k ids/weights into the buffers DeepGEMM's MegaMoE
+kernels read, in one call (CPU backend always; CUDA backend when built with nvcc).
+Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
+PyTorch on the GPU. Drop-ins: vLLM's ``prepare_megamoe_inputs`` and
+``stage_megamoe_routing``, DeepGEMM's ``mega_moe_pre_dispatch`` /
+``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
-Works with PyTorch tensors (custom op ``torch.ops.megamoe.prepare_inputs``, registered on
-import when torch is installed; torch.compile and CUDA graph capture safe), NumPy arrays
-and any DLPack / buffer-protocol array. Importing megamoe never requires torch.
+Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs`` and
+``torch.ops.megamoe.stage_routing``, registered on import when torch is installed;
+torch.compile and CUDA graph capture safe), NumPy arrays and any DLPack / buffer-protocol
+array. Importing megamoe never requires torch, and with torch costs little more than
+``import torch``.
 """
 
 from __future__ import annotations
@@ -15,9 +20,21 @@ from __future__ import annotations
 import importlib.util as _importlib_util
 
 from . import _C
-from ._C import QuantElem, QuantScheme, ScaleType, check_scheme, has_cuda_backend
-from ._ops import StagedInputs, dequantize, prepare_megamoe_inputs, stage
-from ._scheme import FP8_FP32_G32, FP8_FP32_G128, FP8_UE8M0_G128, MXFP8, as_scheme
+from ._C import QuantElem, QuantScheme, Rounding, Scale2, ScaleType, check_scheme, has_cuda_backend
+from ._entry import explain, prepare_megamoe_inputs, stage_megamoe_routing
+from ._ops import OutputShapes, StagedInputs, TensorSpec, dequantize, output_shapes, stage
+from ._scheme import (
+    FP8_FP32_G32,
+    FP8_FP32_G128,
+    FP8_UE8M0_G128,
+    MXFP4,
+    MXFP4_RNE,
+    MXFP8,
+    NVFP4_PER_TOKEN,
+    NVFP4_STATIC,
+    as_scheme,
+)
+from ._sglang import mega_moe_pre_dispatch, mega_moe_pre_dispatch_sm90
 
 __version__: str = _C.version()
 
@@ -29,16 +46,29 @@ def version() -> str:
 
 __all__ = [
     "prepare_megamoe_inputs",
+    "stage_megamoe_routing",
+    "mega_moe_pre_dispatch",
+    "mega_moe_pre_dispatch_sm90",
     "stage",
     "dequantize",
+    "output_shapes",
+    "explain",
     "StagedInputs",
+    "OutputShapes",
+    "TensorSpec",
     "QuantScheme",
     "QuantElem",
     "ScaleType",
+    "Scale2",
+    "Rounding",
     "MXFP8",
     "FP8_UE8M0_G128",
     "FP8_FP32_G128",
     "FP8_FP32_G32",
+    "MXFP4",
+    "MXFP4_RNE",
+    "NVFP4_STATIC",
+    "NVFP4_PER_TOKEN",
     "as_scheme",
     "check_scheme",
     "has_cuda_backend",
@@ -46,7 +76,14 @@ __all__ = [
     "__version__",
 ]
 
-# With torch installed, register torch.ops.megamoe.prepare_inputs now so that code calling
-# the op directly (or tracing it) finds it. Without torch nothing is imported.
+# The CPU backend's thread count (megamoe::set_cpu_threads / cpu_threads), where the
+# library has it.
+if hasattr(_C, "set_cpu_threads"):
+    from ._C import cpu_threads, set_cpu_threads  # noqa: F401
+
+    __all__ += ["set_cpu_threads", "cpu_threads"]
+
+# With torch installed, register the custom ops now so that code calling them directly (or
+# tracing them) finds them. Without torch nothing is imported.
 if _importlib_util.find_spec("torch") is not None:
     from . import _torch  # noqa: F401

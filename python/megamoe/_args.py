@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Optional
+from typing import Any
 
-__all__ = ["no_tokens", "optional_int"]
+from ._signature import optional_float, optional_int, stream_int
+
+__all__ = ["no_tokens", "optional_int", "optional_float", "stream_int", "shape_of"]
 
 
 def no_tokens(hidden_states: Any) -> bool:
     """True when ``hidden_states`` is an array of shape ``[0, H]``.
 
     The reference reads ``num_tokens = hidden_states.shape[0]`` and returns at 0 before it
-    looks at any other argument, so such a call must not fail on the others. Only objects
+    looks at any other argument, so such a call must not fail on the others (callers ask
+    this only outside full-buffer mode, whose top-k tail is filled even then). Only objects
     that export an array (DLPack or NumPy's array interface) count: anything else is left
     to the binding, which raises the TypeError for it.
     """
@@ -25,14 +27,10 @@ def no_tokens(hidden_states: Any) -> bool:
         return False
 
 
-def optional_int(value: Any, name: str, what: str = "an int") -> Optional[int]:
-    """``value`` as an int (anything with ``__index__``), or None; TypeError naming ``name``
-    otherwise (no ``int()``: it would turn "12" or 3.7 into a number)."""
-    if value is None or type(value) is int:
-        return value
+def shape_of(x: Any) -> tuple:
+    """``x.shape`` as a tuple of ints, or () for objects without a usable shape (the
+    library reports what is wrong with them)."""
     try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"megamoe: {name}: expected {what} or None, got {type(value).__name__}"
-        ) from None
+        return tuple(int(n) for n in x.shape)
+    except Exception:
+        return ()

@@ -1,17 +1,23 @@
-"""Framework-neutral entry points: prepare_megamoe_inputs, stage, dequantize."""
+"""Framework-neutral implementations: the staging calls behind the generated entry points
+(megamoe._entry), output_shapes, stage and dequantize."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any, NamedTuple, Optional
 
-from . import _C
-from ._args import no_tokens, optional_int
+from . import _C, _dequant
+from ._args import no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
+from ._signature import PREPARE, ROUTING, _as_bool
 
-__all__ = ["prepare_megamoe_inputs", "stage", "dequantize", "StagedInputs"]
+__all__ = ["output_shapes", "OutputShapes", "TensorSpec", "stage", "StagedInputs", "dequantize"]
 
 _torch_glue: Any = None  # megamoe._torch once loaded
+
+_P_FULL = PREPARE.index("full_buffer")
+_R_FULL = ROUTING.index("full_buffer")
+_NOTHING = "nothing to do: hidden_states has no rows (T == 0)"
 
 
 def _torch_for(x: Any) -> Any:
@@ -27,115 +33,115 @@ def _torch_for(x: Any) -> Any:
     return _torch_glue
 
 
-def prepare_megamoe_inputs(
-    hidden_states: Any,
-    topk_weights: Any,
-    topk_ids: Any,
-    x_fp8: Any,
-    x_sf: Any,
-    topk_idx_out: Any,
-    topk_weights_out: Any,
-    is_padding: Any = None,
-    shared_x_sf: Any = None,
-    shared_block_m: Optional[int] = None,
-    hidden_quant: Any = MXFP8,
-    *,
-    stream: Optional[int] = None,
-    enable_pdl: bool = False,
-) -> None:
-    """Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE.
+# ---------------------------------------------------------------------------------------
+# Behind the generated entry points (arguments in the order of megamoe._signature)
 
-    Drop-in replacement of vLLM's ``prepare_megamoe_inputs`` (same parameters, defaults
-    and ``ValueError`` messages). Works on PyTorch tensors (CPU or CUDA; through the
-    custom op ``torch.ops.megamoe.prepare_inputs`` under ``torch.compile``), NumPy arrays
-    and any other DLPack / buffer-protocol array. Nothing is allocated; outputs are
-    written in place; the host never synchronizes with the device.
 
-    Args:
-        hidden_states: ``[T, H]`` activations, bf16/fp16/fp32, any strides, H % 128 == 0.
-        topk_weights: ``[T, K]`` router weights, fp32/bf16/fp16.
-        topk_ids: ``[T, K]`` router expert ids, int32/int64.
-        x_fp8: out ``[T, H]`` fp8 e4m3fn values (torch.float8_e4m3fn, or uint8 bytes).
-        x_sf: out scales: UE8M0 schemes ``[T, H/(4G)]`` int32 (four exponent bytes per
-            word, little-endian in group order); fp32 schemes ``[T, H/G]`` float32
-            (a transposed / MN-major view is fine).
-        topk_idx_out: out ``[T, K]`` int64 ids, -1 for padded tokens.
-        topk_weights_out: out ``[T, K]`` float32 weights, +0.0 for padded tokens.
-        is_padding: optional ``[T]`` bool/uint8 mask, nonzero = padded token.
-        shared_x_sf: optional out ``[R, H/128]`` int32, the shared expert's permuted copy
-            of the UE8M0 scales; given exactly when ``shared_block_m`` is.
-        shared_block_m: block M of the MoE scheduler used to lay out ``shared_x_sf``.
-        hidden_quant: a :class:`QuantScheme` (``MXFP8`` default, ``FP8_UE8M0_G128``,
-            ``FP8_FP32_G128``, ``FP8_FP32_G32``) or a vLLM ``QuantKey``.
-        stream: CUDA stream as an int (``cudaStream_t``). Default: for torch tensors the
-            current torch stream of their device, otherwise 0 (legacy default stream).
-            Leave it None inside torch.compile regions.
-        enable_pdl: launch with programmatic dependent launch (sm_90+, CUDA only).
+def prepare_impl(*a: Any) -> None:
+    glue = _torch_for(a[0])
+    if glue is not None:  # the scheme is converted there (traceable by torch.compile)
+        glue.prepare(a)
+        return
+    if not _as_bool(a[_P_FULL], "full_buffer") and no_tokens(a[0]):
+        return
+    _C.prepare_inputs(*PREPARE.native_args(a, as_scheme))
 
-    Like the reference, a call whose ``hidden_states`` is a 2-D array with no rows returns
-    at once, whatever the other arguments are.
+
+def explain_impl(*a: Any) -> str:
+    if not _as_bool(a[_P_FULL], "full_buffer") and no_tokens(a[0]):
+        return _NOTHING
+    if not hasattr(_C, "explain"):  # pragma: no cover - a library without plan.h
+        raise NotImplementedError("megamoe.explain: this build of megamoe has no megamoe::explain")
+    glue = _torch_for(a[0])
+    if glue is not None:
+        return glue.explain(a)
+    return _C.explain(*PREPARE.native_args(a, as_scheme))
+
+
+def routing_impl(*a: Any) -> None:
+    glue = _torch_for(a[1]) or _torch_for(a[0])
+    if glue is not None:
+        glue.stage_routing(a)
+        return
+    if not _as_bool(a[_R_FULL], "full_buffer") and no_tokens(a[1]):
+        return
+    _C.stage_routing(*ROUTING.native_args(a, None))
+
+
+# ---------------------------------------------------------------------------------------
+# output_shapes
+
+
+class TensorSpec(NamedTuple):
+    """Shape and dtype name (as torch and NumPy spell it) of one staging tensor."""
+
+    shape: tuple
+    dtype: str
+
+
+class OutputShapes(NamedTuple):
+    """What a staging call with given sizes and scheme writes (megamoe::output_shapes).
+    Absent tensors are None; ``global_scale`` is the input NVFP4 static needs."""
+
+    x_fp8: TensorSpec
+    """``[T, H]`` float8_e4m3fn (uint8 also accepted), or ``[T, H/2]`` uint8 packed fp4."""
+    x_sf: TensorSpec
+    """``[T, H/(4G)]`` int32 packed scale bytes, or ``[T, H/G]`` float32."""
+    topk_idx_out: TensorSpec
+    topk_weights_out: TensorSpec
+    shared_x_sf: Optional[TensorSpec]
+    """The minimum ``[ceil(T/bm)*align(bm, 128), H/(4G)]`` int32, when shared_block_m is given."""
+    x_scales: Optional[TensorSpec]
+    """``[T]`` float32 per-token scales (NVFP4 per-token)."""
+    global_scale: Optional[TensorSpec]
+    """``[1]`` float32 input (NVFP4 static)."""
+
+
+def _int(v: Any, name: str) -> int:
+    i = optional_int(v, name)
+    if i is None:
+        raise TypeError(f"megamoe.output_shapes: {name}: expected an int, got None")
+    return i
+
+
+def output_shapes(T: int, H: int, K: int, scheme: Any = MXFP8, shared_block_m: Optional[int] = None) -> OutputShapes:
+    """Shapes and dtypes of every output (and of NVFP4 static's ``global_scale`` input) of
+    staging ``T`` tokens of hidden size ``H`` with top-``K`` routing under ``scheme`` (a
+    QuantScheme or a vLLM QuantKey), and of the shared-expert scale copy for
+    ``shared_block_m``. It is the rule the library's validator applies (C++
+    ``megamoe::output_shapes``). In full-buffer mode pass the buffers' row count as ``T``.
 
     Raises:
-        TypeError: an array argument that is no array (a list, a number, None, ...), a
-            ``hidden_quant`` that is no scheme, or a non-integer ``shared_block_m`` /
-            ``stream``.
-        ValueError: an invalid argument (shape, dtype, device, overlap, scheme, ...;
-            also arrays megamoe cannot take: big-endian, structured or object dtypes,
-            byte strides that are not whole elements); nothing was written.
-        RuntimeError: a CUDA failure, or CUDA tensors given to a build without CUDA.
+        ValueError: a rejected scheme, H not a multiple of 128, whole scale words missing,
+            negative sizes, shared staging without UE8M0 scales or with shared_block_m <= 0.
+        TypeError: a size that is no int, or a scheme that is no scheme.
     """
-    glue = _torch_for(hidden_states)
-    if glue is not None:  # the scheme is converted there (traceable by torch.compile)
-        glue.prepare(
-            hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out,
-            topk_weights_out, is_padding, shared_x_sf, shared_block_m, hidden_quant,
-            stream, enable_pdl,
-        )  # fmt: skip
-        return
-    if no_tokens(hidden_states):
-        return
-    scheme = as_scheme(hidden_quant)
-    _C.prepare_inputs(
-        hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out,
-        is_padding, shared_x_sf, optional_int(shared_block_m, "shared_block_m"), scheme,
-        _stream_int(stream), bool(enable_pdl),
-    )  # fmt: skip
+    d = _C.output_shapes(_int(T, "T"), _int(H, "H"), _int(K, "K"), as_scheme(scheme),
+                         optional_int(shared_block_m, "shared_block_m"))  # fmt: skip
+    return OutputShapes(**{k: None if v is None else TensorSpec(tuple(v[0]), v[1]) for k, v in d.items()})
 
 
-def _stream_int(stream: Any) -> int:
-    """The ``stream`` argument as the binding's int (None: 0, the legacy default stream)."""
-    s = optional_int(stream, "stream", "an int (a cudaStream_t)")
-    return 0 if s is None else s
+# ---------------------------------------------------------------------------------------
+# stage()
 
 
 class StagedInputs(NamedTuple):
     """The outputs of :func:`stage`, allocated in the input's framework and device."""
 
     x_fp8: Any
-    """``[T, H]`` fp8 values (torch.float8_e4m3fn; uint8 bytes for NumPy)."""
+    """``[T, H]`` fp8 values (torch.float8_e4m3fn; uint8 bytes for NumPy), or ``[T, H/2]``
+    uint8 packed fp4 (low nibble = even column)."""
     x_sf: Any
-    """Scales: ``[T, H/(4G)]`` int32 packed UE8M0, or ``[T, H/G]`` float32."""
+    """Scales: ``[T, H/(4G)]`` int32 packed UE8M0 / e4m3 bytes, or ``[T, H/G]`` float32."""
     topk_idx: Any
-    """``[T, K]`` int64 expert ids, -1 for padded tokens."""
+    """``[T, K]`` int64 expert ids, -1 for padded tokens (and the full-buffer tail)."""
     topk_weights: Any
-    """``[T, K]`` float32 weights, 0 for padded tokens."""
-    shared_x_sf: Any
-    """``[ceil(T/bm)*align(bm,128), H/128]`` int32 permuted scales (zero where no token
+    """``[T, K]`` float32 weights, 0 for padded tokens (and the full-buffer tail)."""
+    shared_x_sf: Any = None
+    """``[ceil(T/bm)*align(bm,128), H/(4G)]`` int32 permuted scales (zero where no token
     maps), or None when ``shared_block_m`` was not given."""
-
-
-def _dim(x: Any, i: int) -> int:
-    """Size ``i`` of a 2-D array; 0 for other ranks and non-arrays (the library reports them)."""
-    try:
-        shape = tuple(x.shape)
-        return int(shape[i]) if len(shape) == 2 else 0
-    except Exception:
-        return 0
-
-
-def _sf_cols(H: int, scheme: _C.QuantScheme) -> int:
-    G = scheme.group_k
-    return H // (4 * G) if scheme.ue8m0 else H // G
+    x_scales: Any = None
+    """``[T]`` float32 per-token second-level scales (NVFP4 per-token), else None."""
 
 
 def _is_ndarray(x: Any) -> bool:
@@ -143,57 +149,75 @@ def _is_ndarray(x: Any) -> bool:
     return np is not None and isinstance(x, np.ndarray)
 
 
-def _allocate(
-    glue: Any, hidden_states: Any, T: int, H: int, K: int, sf_cols: int, ue8m0: bool, rows: int
-) -> tuple:
-    """stage()'s outputs, in the framework and on the device of ``hidden_states``."""
-    if glue is not None:
-        return glue.allocate(hidden_states, T, H, K, sf_cols, ue8m0, rows)
+def _numpy_dtype(name: str) -> Any:
     import numpy as np
 
-    return (
-        np.empty((T, H), np.uint8),
-        np.empty((T, sf_cols), np.int32 if ue8m0 else np.float32),
-        np.empty((T, K), np.int64),
-        np.empty((T, K), np.float32),
-        np.zeros((rows, sf_cols), np.int32),
-    )
+    return np.uint8 if name == "float8_e4m3fn" else np.dtype(name)  # NumPy has no fp8
 
 
-def _empty_stage(glue: Any, hidden_states: Any, topk_ids: Any, hidden_quant: Any,
-                 shared_block_m: Any) -> StagedInputs:  # fmt: skip
-    """stage() for T == 0: empty outputs, as wide as the other arguments say where they say
-    it (the reference reads none of them then, so none of them may fail the call)."""
-    H, K = _dim(hidden_states, 1), _dim(topk_ids, 1)
+def _alloc(glue: Any, like: Any, spec: TensorSpec, zero: bool = False) -> Any:
+    if glue is not None:
+        return glue.allocate(like, spec, zero)
+    import numpy as np
+
+    return (np.zeros if zero else np.empty)(spec.shape, _numpy_dtype(spec.dtype))
+
+
+def _dims(x: Any) -> tuple:
+    s = shape_of(x)
+    return s if len(s) == 2 else (0, 0)
+
+
+def _empty_stage(glue: Any, hidden: Any, topk_ids: Any, scheme: Any, shared_block_m: Any) -> StagedInputs:
+    """stage() for T == 0 outside full-buffer mode: empty outputs, as wide as the other
+    arguments say where they say it (the reference reads none of them then, so none of
+    them may fail the call)."""
+    H, K = _dims(hidden)[1], _dims(topk_ids)[1]
     try:
-        scheme = as_scheme(hidden_quant)
-        _C.check_scheme(scheme)
-        ue8m0, sf_cols = scheme.ue8m0, _sf_cols(H, scheme)
+        shapes = output_shapes(0, H, K, scheme)
     except (TypeError, ValueError):
-        ue8m0, sf_cols = True, 0
-    out = _allocate(glue, hidden_states, 0, H, K, sf_cols, ue8m0, 0)
-    return StagedInputs(out[0], out[1], out[2], out[3], None if shared_block_m is None else out[4])
+        shapes = OutputShapes(TensorSpec((0, H), "float8_e4m3fn"), TensorSpec((0, 0), "int32"),
+                              TensorSpec((0, K), "int64"), TensorSpec((0, K), "float32"), None, None, None)  # fmt: skip
+    out = [_alloc(glue, hidden, spec) for spec in shapes[:4]]
+    shared = None if shared_block_m is None else _alloc(glue, hidden, TensorSpec((0, shapes.x_sf.shape[1]), "int32"))
+    x_scales = None if shapes.x_scales is None else _alloc(glue, hidden, shapes.x_scales)
+    return StagedInputs(*out, shared, x_scales)
 
 
 def stage(
     hidden_states: Any,
     topk_weights: Any,
     topk_ids: Any,
-    *,
     is_padding: Any = None,
-    hidden_quant: Any = MXFP8,
+    *,
+    scheme: Any = MXFP8,
     shared_block_m: Optional[int] = None,
+    max_tokens: Optional[int] = None,
+    global_scale: Any = None,
+    routed_scaling_factor: Optional[float] = None,
+    nonfinite_count: Any = None,
+    hidden_quant: Any = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> StagedInputs:
-    """Allocate the outputs and run :func:`prepare_megamoe_inputs` into them.
+    """Allocate the outputs (shapes from :func:`output_shapes`) and stage into them.
 
-    Outputs are created with the framework of ``hidden_states`` (torch: same device,
-    ``x_fp8`` as torch.float8_e4m3fn; NumPy: ``x_fp8`` as uint8). ``shared_x_sf`` is
-    allocated (zero-filled) only when ``shared_block_m`` is given. Same errors as
-    :func:`prepare_megamoe_inputs`. An eager-mode convenience (not for torch.compile
-    regions or CUDA graph capture, since it allocates). A ``hidden_states`` without rows
-    gives empty outputs at once, whatever the other arguments are.
+    Every format: ``scheme`` is a QuantScheme (``MXFP8`` default, ``FP8_*``, ``MXFP4``,
+    ``MXFP4_RNE``, ``NVFP4_STATIC`` with ``global_scale=`` a [1] float32 array,
+    ``NVFP4_PER_TOKEN``, whose per-token scales come back as ``x_scales``) or a vLLM
+    QuantKey; ``hidden_quant=`` is the same argument under prepare_megamoe_inputs' name.
+    Outputs are created with the framework of ``hidden_states`` (torch: same device, fp8
+    as torch.float8_e4m3fn, packed fp4 as uint8; NumPy: uint8 bytes). ``shared_x_sf`` is
+    allocated (zero-filled) only when ``shared_block_m`` is given. With ``max_tokens``
+    (>= T) the outputs have ``max_tokens`` rows in full-buffer mode: rows T.. of the top-k
+    outputs become -1 / 0, those of x_fp8 / x_sf / x_scales are allocated but not written.
+    ``routed_scaling_factor`` multiplies the kept weights; ``nonfinite_count`` (a [1] int64
+    array on the same device) gets the count of NaN / Inf inputs added.
+
+    Same errors as :func:`prepare_megamoe_inputs`. An eager-mode convenience (not for
+    torch.compile regions or CUDA graph capture, since it allocates). A ``hidden_states``
+    without rows gives empty outputs at once, whatever the other arguments are (unless
+    ``max_tokens`` asks for the full-buffer tail).
     """
     glue = _torch_for(hidden_states)
     if glue is None and not _is_ndarray(hidden_states):
@@ -202,118 +226,59 @@ def stage(
             f"got {type(hidden_states).__name__} (allocate the outputs yourself and "
             "call prepare_megamoe_inputs)"
         )
-    if no_tokens(hidden_states):
-        return _empty_stage(glue, hidden_states, topk_ids, hidden_quant, shared_block_m)
-    scheme = as_scheme(hidden_quant)
-    _C.check_scheme(scheme)
+    if hidden_quant is not None:
+        if scheme is not MXFP8:
+            raise TypeError("megamoe.stage: give scheme= or hidden_quant= (the same argument), not both")
+        scheme = hidden_quant
+    M = optional_int(max_tokens, "max_tokens")
+    full = M is not None
+    if not full and no_tokens(hidden_states):
+        return _empty_stage(glue, hidden_states, topk_ids, scheme, shared_block_m)
+    s = as_scheme(scheme)
+    _C.check_scheme(s)
     bm = optional_int(shared_block_m, "shared_block_m")
-    T, H, K = _dim(hidden_states, 0), _dim(hidden_states, 1), _dim(topk_ids, 1)
-    sf_cols = _sf_cols(H, scheme)
-    rows = 0
-    if bm is not None and bm > 0:
-        rows = -(-T // bm) * (-(-bm // 128) * 128)  # ceil(T / bm) * align(bm, 128)
-    out = _allocate(glue, hidden_states, T, H, K, sf_cols, scheme.ue8m0, rows)
-    shared = out[4] if bm is not None else None
-    prepare_megamoe_inputs(
-        hidden_states, topk_weights, topk_ids, out[0], out[1], out[2], out[3],
-        is_padding, shared, bm, scheme, stream=stream, enable_pdl=enable_pdl,
+    h_shape, ids_shape = shape_of(hidden_states), shape_of(topk_ids)
+    if len(h_shape) != 2 or len(ids_shape) != 2:
+        # No shapes to allocate: the library says what is wrong with the ranks.
+        dummy = [_alloc(glue, hidden_states, TensorSpec((0, 0), d)) for d in ("uint8", "int32", "int64", "float32")]
+        prepare_impl(hidden_states, topk_weights, topk_ids, *dummy, is_padding, None, None, s,
+                     None, None, None, False, None, stream, enable_pdl)  # fmt: skip
+        raise AssertionError("unreachable: the library rejects these ranks")  # pragma: no cover
+    T, H = h_shape
+    K = ids_shape[1]
+    shapes = output_shapes(M if full else T, H, K, s)
+    out = [_alloc(glue, hidden_states, spec) for spec in shapes[:4]]
+    shared = None
+    if bm is not None:
+        shared = _alloc(glue, hidden_states, output_shapes(T, H, K, s, bm).shared_x_sf, zero=True)
+    x_scales = None if shapes.x_scales is None else _alloc(glue, hidden_states, shapes.x_scales)
+    prepare_impl(
+        hidden_states, topk_weights, topk_ids, *out, is_padding, shared, bm, s, global_scale,
+        x_scales, nonfinite_count, full, routed_scaling_factor, stream, enable_pdl,
     )  # fmt: skip
-    return StagedInputs(out[0], out[1], out[2], out[3], shared)
+    return StagedInputs(*out, shared, x_scales)
 
 
-def _fp8_e4m3fn_table() -> Any:
-    """float32 value of each of the 256 fp8 e4m3fn bytes (NumPy)."""
-    import numpy as np
-
-    b = np.arange(256, dtype=np.int64)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    exp, man = (b >> 3) & 0xF, b & 0x7
-    mag = np.where(exp == 0, man * 2.0**-9, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
-    mag = np.where((exp == 15) & (man == 7), np.nan, mag)
-    return (sign * mag).astype(np.float32)
+# ---------------------------------------------------------------------------------------
+# dequantize()
 
 
-def _as_numpy(x: Any, name: str) -> Any:
-    """``x`` as a NumPy array without a copy where NumPy can view it; TypeError for
-    objects that are no array."""
-    import numpy as np
+def dequantize(x_q: Any, x_sf: Any, scheme: Any = MXFP8, *, x_scales: Any = None, global_scale: Any = None) -> Any:
+    """Expand staged values and scales back to float32 (for checks and debugging).
 
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
-        return np.asarray(x)
-    if hasattr(x, "__dlpack__"):
-        return np.from_dlpack(x)
-    raise TypeError(
-        f"megamoe.dequantize: {name}: expected a torch.Tensor or numpy.ndarray, "
-        f"got {type(x).__name__}"
-    )
-
-
-def _dequantize_shape(q_shape: tuple, sf_shape: tuple, scheme: _C.QuantScheme) -> tuple:
-    """(T, H) of a dequantize call; ValueError naming the argument of the wrong shape."""
-    if len(q_shape) != 2:
-        raise ValueError(f"megamoe.dequantize: x_fp8: expected a 2-D array, got shape {q_shape}")
-    T, H = (int(n) for n in q_shape)
-    words = 4 * scheme.group_k if scheme.ue8m0 else scheme.group_k  # hidden columns per scale
-    if H % words != 0:
-        raise ValueError(
-            f"megamoe.dequantize: x_fp8: expected a width that is a multiple of {words}, "
-            f"got shape {q_shape}"
-        )
-    want = (T, H // words)
-    if sf_shape != want:
-        raise ValueError(f"megamoe.dequantize: x_sf: expected shape {want}, got shape {sf_shape}")
-    return T, H
-
-
-def dequantize(x_fp8: Any, x_sf: Any, hidden_quant: Any = MXFP8) -> Any:
-    """Expand staged fp8 values and scales back to float32 (for checks and debugging).
-
-    Returns ``[T, H]`` float32 in the framework of ``x_fp8`` (torch tensor on its device,
-    or a NumPy array): each value is ``fp8_value * scale`` of its group, with UE8M0
-    exponent ``e`` meaning ``2**(e - 127)``. ``x_fp8`` may be fp8 or uint8 (or int8)
-    bytes. An eager-mode helper for tests and debugging, for the fp8 schemes.
+    Every format: fp8 (``x_q`` [T, H] fp8 / uint8 / int8 bytes) and packed fp4 (``x_q``
+    [T, H/2] uint8 / int8 / torch.float4_e2m1fn_x2, low nibble = even column); scales as
+    staged: packed UE8M0 (2**(e-127), 0xFF NaN), fp32, or NVFP4's packed e4m3 bytes times
+    the second-level scale (``global_scale`` for NVFP4_STATIC, ``x_scales`` [T] for
+    NVFP4_PER_TOKEN). With the default scheme, packed bytes whose x_sf is as wide as MXFP4's
+    are read as MXFP4 (staging's drop-in rule). Returns ``[T, H]`` float32 in the framework
+    of ``x_q`` (torch tensor on its device, or a NumPy array). Each value is
+    ``fl(element * scale)`` of its group (exact but for NVFP4's second-level product).
 
     Raises:
-        TypeError: ``x_fp8`` or ``x_sf`` is no array, or ``hidden_quant`` no scheme.
-        ValueError: a scheme that is not an accepted fp8 one, or arrays of the wrong
-            rank, shape or dtype for it.
+        TypeError: an argument that is no array (or, for torch ``x_q``, no torch.Tensor), or
+            ``scheme`` no scheme.
+        ValueError: a scheme staging rejects, or arrays of the wrong rank, shape or dtype
+            for it, or a second-level scale missing or given where the format has none.
     """
-    scheme = as_scheme(hidden_quant)
-    _C.check_scheme(scheme)
-    if scheme.elem != _C.QuantElem.FLOAT8_E4M3:
-        raise ValueError(f"megamoe.dequantize: hidden_quant: expected an fp8 scheme, got {scheme!r}")
-    glue = _torch_for(x_fp8)
-    if glue is not None:
-        if not isinstance(x_sf, sys.modules["torch"].Tensor):
-            raise TypeError(
-                f"megamoe.dequantize: x_sf: expected a torch.Tensor, got {type(x_sf).__name__}"
-            )
-        _dequantize_shape(tuple(x_fp8.shape), tuple(x_sf.shape), scheme)
-        return glue.dequantize(x_fp8, x_sf, scheme.group_k, scheme.ue8m0)
-    import numpy as np
-
-    q, sf = _as_numpy(x_fp8, "x_fp8"), _as_numpy(x_sf, "x_sf")
-    T, H = _dequantize_shape(q.shape, sf.shape, scheme)
-    plain_bytes = q.dtype in (np.dtype(np.uint8), np.dtype(np.int8))
-    if not (plain_bytes or (q.dtype.name == "float8_e4m3fn" and q.dtype.itemsize == 1)):
-        raise ValueError(
-            f"megamoe.dequantize: x_fp8: expected dtype uint8 or float8_e4m3fn, got dtype {q.dtype}"
-        )
-    if scheme.ue8m0 and not (sf.dtype.kind in "iu" and sf.dtype.itemsize == 4):
-        raise ValueError(
-            f"megamoe.dequantize: x_sf: expected dtype int32 (packed UE8M0), got dtype {sf.dtype}"
-        )
-    if not scheme.ue8m0 and sf.dtype.kind != "f":
-        raise ValueError(f"megamoe.dequantize: x_sf: expected dtype float32, got dtype {sf.dtype}")
-    values = _fp8_e4m3fn_table()[q.view(np.uint8)]
-    if scheme.ue8m0:
-        words = sf.astype(np.int64) & 0xFFFFFFFF
-        exps = ((words[:, :, None] >> np.array([0, 8, 16, 24])) & 0xFF).reshape(T, -1)
-        scales = np.ldexp(1.0, exps - 127).astype(np.float32)  # exact, 2**-127 included
-        scales[exps == 255] = np.nan  # E8M0 0xFF is NaN
-    else:
-        scales = sf.astype(np.float32)
-    G = scheme.group_k
-    return (values.reshape(T, H // G, G) * scales[:, :, None]).reshape(T, H)
+    return _dequant.dequantize(x_q, x_sf, scheme, x_scales, global_scale)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._C import QuantElem, QuantScheme, ScaleType
+from ._C import QuantElem, QuantScheme, Rounding, Scale2, ScaleType
 
 __all__ = [
     "MXFP8",
     "FP8_UE8M0_G128",
     "FP8_FP32_G128",
     "FP8_FP32_G32",
+    "MXFP4",
+    "MXFP4_RNE",
+    "NVFP4_STATIC",
+    "NVFP4_PER_TOKEN",
     "as_scheme",
 ]
 
@@ -22,22 +26,35 @@ FP8_UE8M0_G128: QuantScheme = QuantScheme.fp8_ue8m0_g128()
 FP8_FP32_G128: QuantScheme = QuantScheme.fp8_fp32_g128()
 #: fp8 e4m3 values with fp32 scales, groups of 32.
 FP8_FP32_G32: QuantScheme = QuantScheme.fp8_fp32_g32()
+#: fp4 e2m1 values (two per byte) with UE8M0 scales, groups of 32, ties toward zero
+#: (DeepGEMM's per_token_cast_to_fp4).
+MXFP4: QuantScheme = QuantScheme.mxfp4()
+#: MXFP4 with ties to the even code (PTX cvt.rn.satfinite.e2m1x2.f32).
+MXFP4_RNE: QuantScheme = QuantScheme.mxfp4(Rounding.NEAREST_EVEN)
+#: NVFP4: e2m1 values, e4m3 scales over 16 columns, a static fp32 global scale (global_scale=).
+NVFP4_STATIC: QuantScheme = QuantScheme.nvfp4_static()
+#: NVFP4 with a per-token fp32 second-level scale written to x_scales= (SGLang nvfp4xnvfp4).
+NVFP4_PER_TOKEN: QuantScheme = QuantScheme.nvfp4_per_token()
 
-# dtype name -> element type. Anything not listed is not fp8 e4m3fn; it becomes INT8, a
-# rejected element type, so that the library's check raises the reference's ValueError.
+# dtype name -> element type. Anything not listed becomes INT8, a rejected element type, so
+# that the library's check raises the reference's ValueError. vLLM stores packed fp4 as
+# uint8 (two e2m1 values per byte); PyTorch has float4_e2m1fn_x2 for the same bytes.
 _ELEMS = {
     "float8_e4m3fn": QuantElem.FLOAT8_E4M3,
     "float8_e5m2": QuantElem.FLOAT8_E5M2,
     "int8": QuantElem.INT8,
     "float4_e2m1fn_x2": QuantElem.FLOAT4_E2M1,
-    "uint8": QuantElem.FLOAT4_E2M1,  # vLLM's packed-fp4 dtype
+    "float4_e2m1fn": QuantElem.FLOAT4_E2M1,
+    "uint8": QuantElem.FLOAT4_E2M1,
 }
 # scale dtype name -> scale type; unknown names become FLOAT16, a rejected scale type.
+# NVFP4's block scales are e4m3 bytes (vLLM: scale dtype float8_e4m3fn).
 _SCALES = {
     "float8_e8m0fnu": ScaleType.UE8M0,
     "uint8": ScaleType.UE8M0,  # E8M0 exponents stored as raw bytes
     "float32": ScaleType.FLOAT32,
     "float16": ScaleType.FLOAT16,
+    "float8_e4m3fn": ScaleType.FLOAT8_E4M3,
 }
 
 
@@ -52,9 +69,9 @@ def _dtype_name(dtype: Any) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def key_fields(key: Any) -> tuple:
-    """The QuantScheme fields (elem, scale, group_m, group_k, is_static, symmetric,
-    has_scale2) of a vLLM-style ``QuantKey`` (plain Python, so torch.compile traces it)."""
+def key_fields(key: Any) -> dict:
+    """The QuantScheme fields of a vLLM-style ``QuantKey`` as constructor keywords (plain
+    Python, so torch.compile traces it)."""
     try:
         scale = key.scale
         group_shape = scale.group_shape
@@ -71,22 +88,51 @@ def key_fields(key: Any) -> tuple:
     is_per_group = getattr(group_shape, "is_per_group", None)
     if is_per_group is not None and not is_per_group() and row == 1 and col >= 1:
         col = -1  # the key says "not per group": make the scheme say so too
-    return (
-        _ELEMS.get(elem_name, QuantElem.INT8),
-        _SCALES.get(scale_name, ScaleType.FLOAT16),
-        row,
-        col,
-        is_static,
-        bool(getattr(key, "symmetric", True)),
-        getattr(key, "scale2", None) is not None,
+    elem = _ELEMS.get(elem_name, QuantElem.INT8)
+    # A second-level scale (vLLM: scale2) is static when its ScaleDesc says so (NVFP4's
+    # global scale), otherwise computed per token. A scale2 without `static` is static.
+    scale2 = getattr(key, "scale2", None)
+    if scale2 is None:
+        s2 = Scale2.NONE
+    else:
+        s2 = Scale2.STATIC if bool(getattr(scale2, "static", True)) else Scale2.PER_TOKEN
+    return dict(
+        elem=elem,
+        scale=_SCALES.get(scale_name, ScaleType.FLOAT16),
+        group_m=row,
+        group_k=col,
+        is_static=is_static,
+        symmetric=bool(getattr(key, "symmetric", True)),
+        scale2=s2,
+        # fp4 keys mean DeepGEMM's rule (the presets say it explicitly, so that
+        # as_scheme(key) == MXFP4 / NVFP4_*); fp8 keys the codec's own.
+        rounding=Rounding.TIES_TOWARD_ZERO if elem == QuantElem.FLOAT4_E2M1 else Rounding.DEFAULT,
     )
 
 
 def scheme_fields(scheme: QuantScheme) -> tuple:
-    """The fields of a QuantScheme, in constructor order."""
+    """Every field of a QuantScheme, in the order of megamoe._signature.SCHEME_FIELDS."""
     return (
         scheme.elem, scheme.scale, scheme.group_m, scheme.group_k, scheme.is_static,
-        scheme.symmetric, scheme.has_scale2,
+        scheme.symmetric, scheme.scale2, scheme.rounding, scheme.amax_floor,
+    )  # fmt: skip
+
+
+def scheme_from_plain(f: tuple) -> QuantScheme:
+    """The QuantScheme of the plain values the custom op carries (enums as ints)."""
+    return QuantScheme(
+        QuantElem(f[0]), ScaleType(f[1]), f[2], f[3], f[4], f[5],
+        scale2=Scale2(f[6]), rounding=Rounding(f[7]), amax_floor=f[8],
+    )  # fmt: skip
+
+
+def plain_key_fields(key: Any) -> tuple:
+    """A QuantKey's scheme as the custom op's plain values (no QuantScheme built, so that
+    torch.compile can trace it)."""
+    k = key_fields(key)
+    return (
+        k["elem"].value, k["scale"].value, k["group_m"], k["group_k"], k["is_static"],
+        k["symmetric"], k["scale2"].value, k["rounding"].value, 1e-4,
     )  # fmt: skip
 
 
@@ -96,10 +142,20 @@ def as_scheme(hidden_quant: Any) -> QuantScheme:
     A :class:`QuantScheme` is returned as is. Anything shaped like vLLM's ``QuantKey``
     (attributes ``dtype``, ``scale`` with ``dtype``, ``group_shape`` (``row``/``col``,
     optionally ``is_per_group()``) and ``static``, plus ``symmetric`` and ``scale2``) is
-    converted field by field; dtypes are matched by name (``float8_e4m3fn`` elements;
-    ``float8_e8m0fnu`` or ``uint8`` scales are UE8M0, ``float32`` fp32), so torch, NumPy
-    and ml_dtypes dtypes all work. Anything else becomes a rejected element / scale type.
-    The result is not checked here: staging rejects an unsupported scheme with the
+    converted field by field; dtypes are matched by name, so torch, NumPy and ml_dtypes
+    dtypes all work:
+
+    * elements: ``float8_e4m3fn`` is fp8; ``float4_e2m1fn_x2`` and ``uint8`` (vLLM's
+      packed-fp4 dtype) are fp4 e2m1 (ties toward zero, DeepGEMM's rule);
+    * scales: ``float8_e8m0fnu`` or ``uint8`` are UE8M0, ``float32`` fp32,
+      ``float8_e4m3fn`` e4m3 bytes (NVFP4);
+    * ``scale2``: a static one is ``Scale2.STATIC`` (NVFP4's global scale, global_scale=),
+      a dynamic one ``Scale2.PER_TOKEN`` (x_scales=).
+
+    So vLLM's MXFP8 / fp8 block keys give MXFP8 / FP8_*, its MXFP4 key (uint8 elements,
+    uint8 scales, groups of 32) MXFP4 and its NVFP4 key (uint8, float8_e4m3fn scales of 16,
+    static float32 scale2) NVFP4_STATIC. Anything else becomes a rejected element / scale
+    type. The result is not checked here: staging rejects an unsupported scheme with the
     reference's ``ValueError`` (see :func:`megamoe.check_scheme`).
 
     Raises:
@@ -107,4 +163,4 @@ def as_scheme(hidden_quant: Any) -> QuantScheme:
     """
     if isinstance(hidden_quant, QuantScheme):
         return hidden_quant
-    return QuantScheme(*key_fields(hidden_quant))
+    return QuantScheme(**key_fields(hidden_quant))

@@ -1,28 +1,47 @@
 """PyTorch integration, loaded only when torch is installed.
 
-Registers the custom op ``torch.ops.megamoe.prepare_inputs`` (CPU and CUDA kernels, a
-fake implementation for FakeTensor / torch.compile tracing) and provides the torch paths
-of :func:`megamoe.prepare_megamoe_inputs`, :func:`megamoe.stage` and
-:func:`megamoe.dequantize`. Tensors reach the library as DLPack capsules
-(``torch.utils.dlpack.to_dlpack``: no stream synchronization, so it is safe inside CUDA
-graph capture); CUDA work goes to the current torch stream of the tensors' device.
+Registers the custom ops ``torch.ops.megamoe.prepare_inputs`` and
+``torch.ops.megamoe.stage_routing`` (CPU and CUDA kernels, fake implementations for
+FakeTensor / torch.compile tracing; schema, mutated arguments, kernel and fake all derived
+from megamoe._signature) and provides the torch paths of the public functions. Tensors
+reach the library as DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream
+synchronization, so it is safe inside CUDA graph capture); CUDA work goes to the current
+torch stream of the tensors' device.
+
+Importing this module costs no more than ``import torch``: ``torch.library.custom_op``
+does not load torch._dynamo, and nothing here does (see ``_scheme_ints``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
-from ._args import optional_int
-from ._scheme import as_scheme, key_fields, scheme_fields
+from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
+from ._signature import PREPARE, ROUTING, _as_bool
 
-__all__ = ["prepare", "prepare_inputs_op", "allocate", "dequantize"]
+__all__ = [
+    "prepare",
+    "explain",
+    "stage_routing",
+    "prepare_inputs_op",
+    "stage_routing_op",
+    "allocate",
+    "dequantize",
+]
 
 _Tensor = torch.Tensor
 _FP8 = torch.float8_e4m3fn
+# Packed fp4 pairs: the library calls the same bytes uint8.
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+_P_FULL = PREPARE.index("full_buffer")
+_P_STREAM = PREPARE.index("stream")
+_R_FULL = ROUTING.index("full_buffer")
+_R_STREAM = ROUTING.index("stream")
 
 
 def _fp8_exports_through_dlpack() -> bool:
@@ -43,17 +62,18 @@ except AttributeError:  # pragma: no cover - other torch builds
         return torch.cuda.current_stream(index).cuda_stream
 
 
-def _stream_of(t: _Tensor) -> int:
+def _stream_of(t: Any) -> int:
     """cudaStream_t (as int) of the current torch stream of ``t``'s device; 0 on CPU."""
-    return _raw_stream(t.device.index) if t.is_cuda else 0
+    return _raw_stream(t.device.index) if isinstance(t, _Tensor) and t.is_cuda else 0
 
 
 def _cap(t: Any, name: str) -> Any:
     """A DLPack capsule for a tensor (None and non-tensors pass through: the binding names
-    what is wrong with them)."""
+    what is wrong with them). float4_e2m1fn_x2 (and float8 where DLPack has no code for it)
+    travel as their bytes."""
     if not isinstance(t, _Tensor):
         return t
-    if t.dtype == _FP8 and not _FP8_DLPACK:
+    if (t.dtype == _FP8 and not _FP8_DLPACK) or (_FP4X2 is not None and t.dtype == _FP4X2):
         t = t.view(torch.uint8)
     try:
         return _to_dlpack(t)
@@ -65,46 +85,31 @@ def _cap(t: Any, name: str) -> Any:
 
 
 def _no_tokens(t: Any) -> bool:
-    """``t`` (hidden_states) is a 2-D tensor of 0 rows: the reference returns before reading
-    any other argument. Only a row count known now counts; a symbolic one (torch.compile
-    with dynamic shapes) is decided when the op runs."""
+    """``t`` is a 2-D tensor of 0 rows: the reference returns before reading any other
+    argument. Only a row count known now counts; a symbolic one (torch.compile with dynamic
+    shapes) is decided when the op runs."""
     if not isinstance(t, _Tensor) or t.dim() != 2:
         return False
     rows = t.shape[0]
     return isinstance(rows, int) and rows == 0
 
 
-def _run(
-    hidden_states: Any, topk_weights: Any, topk_ids: Any, x_fp8: Any, x_sf: Any,
-    topk_idx_out: Any, topk_weights_out: Any, is_padding: Any, shared_x_sf: Any,
-    shared_block_m: Optional[int], scheme: _C.QuantScheme, stream: int, enable_pdl: bool,
-) -> None:  # fmt: skip
-    if _no_tokens(hidden_states):
-        return
-    _C.prepare_inputs(
-        _cap(hidden_states, "hidden_states"), _cap(topk_weights, "topk_weights"),
-        _cap(topk_ids, "topk_ids"), _cap(x_fp8, "x_fp8"), _cap(x_sf, "x_sf"),
-        _cap(topk_idx_out, "topk_idx_out"), _cap(topk_weights_out, "topk_weights_out"),
-        _cap(is_padding, "is_padding"), _cap(shared_x_sf, "shared_x_sf"),
-        shared_block_m, scheme, stream, enable_pdl,
-    )  # fmt: skip
-
-
 # QuantScheme objects are compile-time constants for torch.compile: Dynamo guards on them
-# with __eq__ and reads their fields at trace time (it cannot trace the native getters).
+# with __eq__ and runs _scheme_ints at trace time (it cannot trace the native getters).
 # (Mutating a scheme in place after compiling is not noticed; build a new one instead.)
-def _plain(f: tuple) -> tuple:
-    return (f[0].value, f[1].value, f[2], f[3], f[4], f[5], f[6])
-
-
 def _scheme_ints(scheme: _C.QuantScheme) -> tuple:
-    return _plain(scheme_fields(scheme))
+    f = scheme_fields(scheme)
+    return (f[0].value, f[1].value, f[2], f[3], f[4], f[5], f[6].value, f[7].value, f[8])
 
 
+# torch.compiler.assume_constant_result(fn) imports torch._dynamo (a second or more) and
+# then only sets this attribute, which Dynamo reads when it meets the call; setting it here
+# keeps `import megamoe` as cheap as `import torch` (test_torch_cpu.py checks that the two
+# agree).
+_scheme_ints._dynamo_marked_constant = True  # type: ignore[attr-defined]
 try:
     torch.utils._pytree.register_constant(_C.QuantScheme)
-    _scheme_ints = torch.compiler.assume_constant_result(_scheme_ints)
-except (AttributeError, ValueError):  # pragma: no cover - older torch
+except (AttributeError, ValueError, TypeError):  # pragma: no cover - older torch
     pass
 
 
@@ -112,54 +117,32 @@ def _op_scheme_args(hidden_quant: Any) -> tuple:
     """The scheme as the op's plain arguments (its schema cannot take a QuantScheme)."""
     if isinstance(hidden_quant, _C.QuantScheme):
         return _scheme_ints(hidden_quant)
-    return _plain(key_fields(hidden_quant))
+    return plain_key_fields(hidden_quant)
 
 
-@torch.library.custom_op(
-    "megamoe::prepare_inputs",
-    mutates_args=("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf"),
-    device_types=("cuda", "cpu"),
-)
-def prepare_inputs_op(
-    hidden_states: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    x_fp8: torch.Tensor,
-    x_sf: torch.Tensor,
-    topk_idx_out: torch.Tensor,
-    topk_weights_out: torch.Tensor,
-    is_padding: Optional[torch.Tensor],
-    shared_x_sf: Optional[torch.Tensor],
-    shared_block_m: Optional[int],
-    quant_elem: int,
-    quant_scale: int,
-    group_m: int,
-    group_k: int,
-    is_static: bool,
-    symmetric: bool,
-    has_scale2: bool,
-    enable_pdl: bool,
-) -> None:
-    """``torch.ops.megamoe.prepare_inputs``: MegaMoE input staging as a PyTorch op.
-
-    Same tensors as :func:`megamoe.prepare_megamoe_inputs`; the scheme is spelled out as
-    ``QuantElem``/``ScaleType`` values and the remaining QuantScheme fields. Runs on the
-    current stream of the tensors' CUDA device (or on the CPU for CPU tensors).
-    """
-    scheme = _C.QuantScheme(
-        _C.QuantElem(quant_elem), _C.ScaleType(quant_scale), group_m, group_k, is_static,
-        symmetric, has_scale2,
-    )  # fmt: skip
-    _run(
-        hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out,
-        is_padding, shared_x_sf, shared_block_m, scheme, _stream_of(hidden_states), enable_pdl,
-    )  # fmt: skip
+# ---------------------------------------------------------------------------------------
+# Direct calls
 
 
-@prepare_inputs_op.register_fake
-def _prepare_inputs_fake(*args: Any, **kwargs: Any) -> None:
-    """Nothing to compute: the op only writes its (already allocated) outputs."""
-    return None
+def _run_prepare(a: Sequence[Any]) -> None:
+    """Call the library with the arguments of prepare_megamoe_inputs (table order; the
+    stream already resolved)."""
+    if not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
+        return
+    _C.prepare_inputs(*PREPARE.native_args(a, as_scheme, _cap))
+
+
+def _run_routing(a: Sequence[Any]) -> None:
+    if not _as_bool(a[_R_FULL], "full_buffer") and _no_tokens(a[1]):
+        return
+    _C.stage_routing(*ROUTING.native_args(a, None, _cap))
+
+
+def _with_stream(a: Sequence[Any], i: int, device_of: Any) -> list:
+    a = list(a)
+    if a[i] is None:
+        a[i] = _stream_of(device_of)
+    return a
 
 
 def _eager_ok(t: Any) -> bool:
@@ -173,69 +156,136 @@ def _eager_ok(t: Any) -> bool:
     )
 
 
-def prepare(
-    hidden_states: Any, topk_weights: Any, topk_ids: Any, x_fp8: Any, x_sf: Any,
-    topk_idx_out: Any, topk_weights_out: Any, is_padding: Any, shared_x_sf: Any,
-    shared_block_m: Optional[int], hidden_quant: Any, stream: Optional[int],
-    enable_pdl: bool,
-) -> None:  # fmt: skip
-    """Torch path of prepare_megamoe_inputs: a direct library call in plain eager mode
-    (lowest host overhead), the custom op when tracing (torch.compile, FakeTensor, modes).
-    An explicit ``stream`` always takes the direct path."""
-    if _no_tokens(hidden_states):
+def prepare(a: Sequence[Any]) -> None:
+    """Torch path of prepare_megamoe_inputs (``a``: its arguments in table order): a direct
+    library call in plain eager mode (lowest host overhead), the custom op when tracing
+    (torch.compile, FakeTensor, modes). An explicit ``stream`` always takes the direct path."""
+    if not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
         return
-    bm = optional_int(shared_block_m, "shared_block_m")
-    if stream is not None or _eager_ok(hidden_states):
-        s = optional_int(stream, "stream", "an int (a cudaStream_t)")
-        _run(
-            hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out,
-            topk_weights_out, is_padding, shared_x_sf, bm, as_scheme(hidden_quant),
-            _stream_of(hidden_states) if s is None else s, bool(enable_pdl),
-        )  # fmt: skip
+    if a[_P_STREAM] is not None or _eager_ok(a[0]):
+        _run_prepare(_with_stream(a, _P_STREAM, a[0]))
         return
-    torch.ops.megamoe.prepare_inputs(
-        hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out,
-        is_padding, shared_x_sf, bm, *_op_scheme_args(hidden_quant), bool(enable_pdl),
-    )  # fmt: skip
+    torch.ops.megamoe.prepare_inputs(*PREPARE.op_values(a, _op_scheme_args))
 
 
-def allocate(
-    hidden_states: _Tensor, T: int, H: int, K: int, sf_cols: int, ue8m0: bool, rows: int
-) -> tuple:
-    """Outputs of megamoe.stage on the device of ``hidden_states``."""
-    dev = hidden_states.device
-    return (
-        torch.empty((T, H), dtype=_FP8, device=dev),
-        torch.empty((T, sf_cols), dtype=torch.int32 if ue8m0 else torch.float32, device=dev),
-        torch.empty((T, K), dtype=torch.int64, device=dev),
-        torch.empty((T, K), dtype=torch.float32, device=dev),
-        torch.zeros((rows, sf_cols), dtype=torch.int32, device=dev),
+def explain(a: Sequence[Any]) -> str:
+    """Torch path of megamoe.explain."""
+    return _C.explain(*PREPARE.native_args(_with_stream(a, _P_STREAM, a[0]), as_scheme, _cap))
+
+
+def stage_routing(a: Sequence[Any]) -> None:
+    """Torch path of stage_megamoe_routing (``a``: its arguments in table order)."""
+    if not _as_bool(a[_R_FULL], "full_buffer") and _no_tokens(a[1]):
+        return
+    if a[_R_STREAM] is not None or _eager_ok(a[1]):
+        _run_routing(_with_stream(a, _R_STREAM, a[1]))
+        return
+    torch.ops.megamoe.stage_routing(*ROUTING.op_values(a, _op_scheme_args))
+
+
+# ---------------------------------------------------------------------------------------
+# The custom ops: schema, mutated arguments, kernel and fake from the one table
+
+
+def _prepare_kernel(*op_args: Any) -> None:
+    _run_prepare(PREPARE.from_op_values(op_args, scheme_from_plain, _stream_of(op_args[0])))
+
+
+def _routing_kernel(*op_args: Any) -> None:
+    _run_routing(ROUTING.from_op_values(op_args, None, _stream_of(op_args[1])))
+
+
+def _fake(*op_args: Any) -> None:
+    """Nothing to compute: the ops only write their (already allocated) outputs, whose
+    shapes, dtypes and devices do not change; argument errors surface when the op runs."""
+    return None
+
+
+_PREPARE_DOC = """``torch.ops.megamoe.prepare_inputs``: MegaMoE input staging as a PyTorch op.
+
+Same tensors and options as :func:`megamoe.prepare_megamoe_inputs` (no stream: it runs on
+the current stream of the tensors' CUDA device, or on the CPU); the scheme is spelled out
+as the QuantScheme fields (enums as their integer values)."""
+
+_ROUTING_DOC = """``torch.ops.megamoe.stage_routing``: routing-only staging as a PyTorch op
+(the arguments of :func:`megamoe.stage_megamoe_routing` but the stream)."""
+
+def _register(spec: Any, name: str, kernel: Any, doc: str) -> Any:
+    op = torch.library.custom_op(
+        f"megamoe::{name}",
+        spec.make_op_function(name, kernel, doc),
+        mutates_args=spec.mutates_args(),
+        device_types=("cuda", "cpu"),
+        schema=spec.op_schema(),
     )
+    op.register_fake(spec.make_op_function(f"{name}_fake", _fake, _fake.__doc__))
+    return op
 
 
-def dequantize(x_fp8: _Tensor, x_sf: _Tensor, group_k: int, ue8m0: bool) -> _Tensor:
-    """Torch path of megamoe.dequantize (float32 on the device of ``x_fp8``); shapes are
-    already checked."""
-    if x_fp8.dtype not in (_FP8, torch.uint8, torch.int8):
-        raise ValueError(
-            f"megamoe.dequantize: x_fp8: expected dtype float8_e4m3fn or uint8, got {x_fp8.dtype}"
-        )
-    integral = not (x_sf.is_floating_point() or x_sf.is_complex())
-    if ue8m0 and not (integral and x_sf.element_size() == 4):
-        raise ValueError(
-            f"megamoe.dequantize: x_sf: expected dtype int32 (packed UE8M0), got {x_sf.dtype}"
-        )
-    if not ue8m0 and not x_sf.is_floating_point():
-        raise ValueError(f"megamoe.dequantize: x_sf: expected dtype float32, got {x_sf.dtype}")
-    q = x_fp8 if x_fp8.dtype == _FP8 else x_fp8.view(_FP8)
-    values = q.float()
+prepare_inputs_op = _register(PREPARE, "prepare_inputs", _prepare_kernel, _PREPARE_DOC)
+stage_routing_op = _register(ROUTING, "stage_routing", _routing_kernel, _ROUTING_DOC)
+
+
+# ---------------------------------------------------------------------------------------
+# stage() and dequantize()
+
+_TORCH_DTYPES = {
+    "float8_e4m3fn": _FP8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float32": torch.float32,
+}
+
+
+def allocate(hidden_states: _Tensor, spec: Any, zero: bool = False) -> _Tensor:
+    """One output of megamoe.stage ((shape, dtype name)) on the device of ``hidden_states``."""
+    shape, dtype = spec
+    make = torch.zeros if zero else torch.empty
+    return make(shape, dtype=_TORCH_DTYPES[dtype], device=hidden_states.device)
+
+
+def _values_fp8(q: _Tensor) -> _Tensor:
+    """float32 value of fp8 e4m3fn bytes (uint8 / int8 / float8 tensors)."""
+    return (q if q.dtype == _FP8 else q.view(torch.uint8).view(_FP8)).float()
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _values_fp4(q: _Tensor) -> _Tensor:
+    """[T, 2W] float32 values of [T, W] packed e2m1 bytes (low nibble = even column)."""
+    b = q.view(torch.uint8).to(torch.int32)
+    mag = torch.tensor(_E2M1 + _E2M1, dtype=torch.float32, device=q.device)
+    sign = torch.tensor([1.0] * 8 + [-1.0] * 8, dtype=torch.float32, device=q.device)
+    codes = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(b.shape[0], -1).long()
+    return mag[codes] * sign[codes]  # -0.0 for the code 0x8
+
+
+def _bytes_of_words(sf: _Tensor) -> _Tensor:
+    """[T, 4W] int32 bytes (little-endian order) of [T, W] 32-bit words."""
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=sf.device)
+    return ((sf.to(torch.int32).unsqueeze(-1) >> shifts) & 0xFF).reshape(sf.shape[0], -1)
+
+
+def dequantize(x_q: _Tensor, x_sf: _Tensor, fmt: Any, x_scales: Optional[_Tensor],
+               global_scale: Optional[_Tensor]) -> _Tensor:  # fmt: skip
+    """Torch path of megamoe.dequantize (float32 on the device of ``x_q``); dtypes and
+    shapes are already checked. ``fmt``: megamoe._dequant.Format."""
+    values = _values_fp4(x_q) if fmt.fp4 else _values_fp8(x_q)
     T, H = values.shape
-    if ue8m0:
-        shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=x_sf.device)
-        exps = ((x_sf.to(torch.int32).unsqueeze(-1) >> shifts) & 0xFF).reshape(T, -1)
+    if fmt.sf == "ue8m0":
+        exps = _bytes_of_words(x_sf)
         bits = torch.where(exps == 0, 0x400000, exps << 23)  # 2**(e-127); e=0: 2**-127
         bits = torch.where(exps == 255, 0x7FC00000, bits)  # E8M0 0xFF is NaN
         scales = bits.to(torch.int32).view(torch.float32)
+    elif fmt.sf == "e4m3":
+        scales = _bytes_of_words(x_sf).to(torch.uint8).view(_FP8).float()
     else:
         scales = x_sf.float()
-    return (values.reshape(T, H // group_k, group_k) * scales.unsqueeze(-1)).reshape(T, H)
+    if global_scale is not None:
+        scales = scales * global_scale.reshape(()).float()
+    if x_scales is not None:
+        scales = scales * x_scales.float().unsqueeze(1)
+    G = fmt.G
+    return (values.reshape(T, H // G, G) * scales.unsqueeze(-1)).reshape(T, H)

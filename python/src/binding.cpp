@@ -18,13 +18,29 @@
 #include <nanobind/stl/string.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "megamoe/megamoe.h"
+
+// Pieces of the C++ API that land separately: bound when their headers are there.
+#if __has_include("megamoe/plan.h")
+#include "megamoe/plan.h"
+#define MEGAMOE_HAS_EXPLAIN 1
+#else
+#define MEGAMOE_HAS_EXPLAIN 0
+#endif
+#if __has_include("megamoe/cpu.h")
+#include "megamoe/cpu.h"
+#define MEGAMOE_HAS_CPU_THREADS 1
+#else
+#define MEGAMOE_HAS_CPU_THREADS 0
+#endif
 
 namespace nb = nanobind;
 using megamoe::DType;
@@ -182,13 +198,14 @@ struct Unrepresented {
 /// a tensor accepts is the library's knowledge (it may depend on the scheme and shapes), so
 /// the library is asked: each such tensor is given a placeholder dtype that it rejects
 /// (every tensor rejects bool or int64), and the library's message about the placeholder
-/// is reworded to name the real dtype. Only validation runs; nothing is staged.
-[[noreturn]] void raise_unrepresented(megamoe::StageArgs& args,
-                                      const std::vector<Unrepresented>& bad) {
+/// is reworded to name the real dtype. @p check runs the library's checks only; it must
+/// never stage anything.
+template <typename Check>
+[[noreturn]] void raise_unrepresented(const std::vector<Unrepresented>& bad, Check&& check) {
   for (DType placeholder : {DType::kBool, DType::kInt64}) {
     for (const Unrepresented& b : bad) b.field->dtype = placeholder;
     try {
-      megamoe::validate(args);
+      check();
     } catch (const Error& e) {
       const std::string msg = python_names(e.what());
       const std::string tail = std::string(", got dtype ") + megamoe::dtype_name(placeholder);
@@ -436,37 +453,149 @@ class Arrays {
   std::vector<Unrepresented> bad_;
 };
 
-void prepare_inputs(nb::handle hidden_states, nb::handle topk_weights, nb::handle topk_ids,
-                    nb::handle x_fp8, nb::handle x_sf, nb::handle topk_idx_out,
-                    nb::handle topk_weights_out, nb::handle is_padding, nb::handle shared_x_sf,
-                    std::optional<int64_t> shared_block_m, const QuantScheme& hidden_quant,
-                    uintptr_t stream, bool enable_pdl) {
+/// The Python handles of one staging call, in the order of megamoe._signature.PREPARE.
+struct StageHandles {
+  nb::handle hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out;
+  nb::handle is_padding, shared_x_sf;
+  std::optional<int64_t> shared_block_m;
+  QuantScheme hidden_quant;
+  nb::handle global_scale, x_scales, nonfinite_count;
+  bool full_buffer = false;
+  std::optional<double> routed_scaling_factor;
+  bool enable_pdl = false;
+};
+
+/// A Python float as the library's fp32 factor (round to nearest, as DeepGEMM's SM90
+/// pre-dispatch casts its double argument).
+std::optional<float> as_float(const std::optional<double>& v) {
+  if (!v) return std::nullopt;
+  return static_cast<float>(*v);
+}
+
+/// Imports the arrays of @p h into @p args. Returns false when the call has nothing to do:
+/// a 2-D hidden_states without rows (the reference reads num_tokens and returns before
+/// looking at anything else), except in full-buffer mode, whose top-k tail is filled even
+/// then (so every argument is read and checked).
+bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args) {
+  if (arrays.input(h.hidden_states, "hidden_states", args.hidden_states, !h.full_buffer)) return false;
+  arrays.input(h.topk_weights, "topk_weights", args.topk_weights);
+  arrays.input(h.topk_ids, "topk_ids", args.topk_ids);
+  if (!h.is_padding.is_none()) arrays.input(h.is_padding, "is_padding", args.is_padding.emplace());
+  arrays.output(h.x_fp8, "x_fp8", args.x_q);
+  arrays.output(h.x_sf, "x_sf", args.x_sf);
+  arrays.output(h.topk_idx_out, "topk_idx_out", args.topk_idx_out);
+  arrays.output(h.topk_weights_out, "topk_weights_out", args.topk_weights_out);
+  if (!h.shared_x_sf.is_none()) arrays.output(h.shared_x_sf, "shared_x_sf", args.shared_x_sf.emplace());
+  if (!h.global_scale.is_none()) arrays.input(h.global_scale, "global_scale", args.global_scale.emplace());
+  if (!h.x_scales.is_none()) arrays.output(h.x_scales, "x_scales", args.x_scales.emplace());
+  if (!h.nonfinite_count.is_none()) {
+    arrays.output(h.nonfinite_count, "nonfinite_count", args.nonfinite_count.emplace());
+  }
+  args.shared_block_m = h.shared_block_m;
+  args.hidden_quant = h.hidden_quant;
+  args.full_buffer = h.full_buffer;
+  args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+  args.enable_pdl = h.enable_pdl;
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate(args); });
+  }
+  return true;
+}
+
+void prepare_inputs(const StageHandles& h, uintptr_t stream) {
   Arrays arrays;
   megamoe::StageArgs args;
-  // The reference reads num_tokens = hidden_states.shape[0] and returns when it is 0
-  // before looking at anything else; so does this call.
-  if (arrays.input(hidden_states, "hidden_states", args.hidden_states, true)) return;
-  arrays.input(topk_weights, "topk_weights", args.topk_weights);
-  arrays.input(topk_ids, "topk_ids", args.topk_ids);
-  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", args.is_padding.emplace());
-  arrays.output(x_fp8, "x_fp8", args.x_q);
-  arrays.output(x_sf, "x_sf", args.x_sf);
-  arrays.output(topk_idx_out, "topk_idx_out", args.topk_idx_out);
-  arrays.output(topk_weights_out, "topk_weights_out", args.topk_weights_out);
-  if (!shared_x_sf.is_none()) arrays.output(shared_x_sf, "shared_x_sf", args.shared_x_sf.emplace());
-  args.shared_block_m = shared_block_m;
-  args.hidden_quant = hidden_quant;
-  args.enable_pdl = enable_pdl;
-  if (!arrays.unrepresented().empty()) raise_unrepresented(args, arrays.unrepresented());
-
+  if (!load_stage(arrays, h, args)) return;
   nb::gil_scoped_release release;
   megamoe::prepare_inputs(args, reinterpret_cast<megamoe::Stream>(stream));
 }
 
-/// Python's QuantScheme says only whether a second-level scale exists (vLLM's QuantKey has
-/// scale2 or not); one that exists is a static one, the kind a QuantKey describes.
-megamoe::Scale2 scale2_of(bool has_scale2) {
-  return has_scale2 ? megamoe::Scale2::kStatic : megamoe::Scale2::kNone;
+#if MEGAMOE_HAS_EXPLAIN
+std::string explain(const StageHandles& h) {
+  Arrays arrays;
+  megamoe::StageArgs args;
+  if (!load_stage(arrays, h, args)) return "nothing to do: hidden_states has no rows (T == 0)";
+  return megamoe::explain(args);
+}
+#endif
+
+void stage_routing(nb::handle topk_weights, nb::handle topk_ids, nb::handle topk_idx_out,
+                   nb::handle topk_weights_out, nb::handle is_padding, bool full_buffer,
+                   std::optional<double> routed_scaling_factor, uintptr_t stream, bool enable_pdl) {
+  Arrays arrays;
+  megamoe::RoutingArgs args;
+  // T is topk_ids.shape[0], as in the library; without rows (and outside full-buffer mode)
+  // nothing else is read.
+  if (arrays.input(topk_ids, "topk_ids", args.topk_ids, !full_buffer)) return;
+  arrays.input(topk_weights, "topk_weights", args.topk_weights);
+  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", args.is_padding.emplace());
+  arrays.output(topk_idx_out, "topk_idx_out", args.topk_idx_out);
+  arrays.output(topk_weights_out, "topk_weights_out", args.topk_weights_out);
+  args.full_buffer = full_buffer;
+  args.routed_scaling_factor = as_float(routed_scaling_factor);
+  args.enable_pdl = enable_pdl;
+  if (!arrays.unrepresented().empty()) {
+    // There is no validate-only entry for routing calls: the copy without output pointers
+    // fails the library's last check (non-null data) if it passes every other, so nothing
+    // is ever written.
+    raise_unrepresented(arrays.unrepresented(), [&] {
+      megamoe::RoutingArgs probe = args;
+      probe.topk_idx_out.data = nullptr;
+      probe.topk_weights_out.data = nullptr;
+      megamoe::stage_routing(probe);
+    });
+  }
+  nb::gil_scoped_release release;
+  megamoe::stage_routing(args, reinterpret_cast<megamoe::Stream>(stream));
+}
+
+/// One TensorSpec as Python's (shape, dtype name).
+nb::object spec_tuple(const megamoe::TensorSpec& t) {
+  nb::object shape = t.ndim == 1 ? nb::object(nb::make_tuple(t.shape[0]))
+                                 : nb::object(nb::make_tuple(t.shape[0], t.shape[1]));
+  return nb::make_tuple(shape, megamoe::dtype_name(t.dtype));
+}
+
+nb::dict output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& scheme,
+                       std::optional<int64_t> shared_block_m) {
+  const megamoe::OutputShapes o = megamoe::output_shapes(T, H, K, scheme, shared_block_m);
+  auto opt = [](const std::optional<megamoe::TensorSpec>& t) {
+    return t ? spec_tuple(*t) : nb::none();
+  };
+  nb::dict d;
+  d["x_fp8"] = spec_tuple(o.x_q);
+  d["x_sf"] = spec_tuple(o.x_sf);
+  d["topk_idx_out"] = spec_tuple(o.topk_idx_out);
+  d["topk_weights_out"] = spec_tuple(o.topk_weights_out);
+  d["shared_x_sf"] = opt(o.shared_x_sf);
+  d["x_scales"] = opt(o.x_scales);
+  d["global_scale"] = opt(o.global_scale);
+  return d;
+}
+
+/// Python's QuantScheme(has_scale2=True) without scale2 is a static second-level scale
+/// (vLLM's QuantKey has a scale2 or not; one that exists is usually the static global scale).
+megamoe::Scale2 resolve_scale2(bool has_scale2, std::optional<megamoe::Scale2> scale2) {
+  if (!scale2) return has_scale2 ? megamoe::Scale2::kStatic : megamoe::Scale2::kNone;
+  if (has_scale2 && *scale2 == megamoe::Scale2::kNone) {
+    throw nb::value_error("megamoe: QuantScheme: has_scale2=True contradicts scale2=Scale2.NONE");
+  }
+  return *scale2;
+}
+
+/// The amax floor's bits for hashing, with the values operator== equates mapped together
+/// (+0.0 and -0.0; every NaN).
+uint32_t floor_key(float f) {
+  if (f == 0.0f) return 0;
+  if (std::isnan(f)) return 0x7FC00000u;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+nb::tuple scheme_state(const QuantScheme& q) {
+  return nb::make_tuple(q.elem, q.scale, q.group_m, q.group_k, q.is_static, q.symmetric, q.scale2,
+                        q.rounding, q.amax_floor);
 }
 
 void translate_error(const std::exception_ptr& p, void*) {
@@ -489,34 +618,58 @@ NB_MODULE(_C, m) {
   nb::set_leak_warnings(false);
 
   nb::enum_<QuantElem>(m, "QuantElem", "Element type of the quantized values.")
-      .value("FLOAT8_E4M3", QuantElem::kFloat8E4M3, "fp8 e4m3fn (the one staging accepts)")
+      .value("FLOAT8_E4M3", QuantElem::kFloat8E4M3, "fp8 e4m3fn, one byte per value")
       .value("FLOAT8_E5M2", QuantElem::kFloat8E5M2, "fp8 e5m2 (rejected)")
       .value("INT8", QuantElem::kInt8, "int8 (rejected)")
-      .value("FLOAT4_E2M1", QuantElem::kFloat4E2M1, "fp4 e2m1 (rejected)");
+      .value("FLOAT4_E2M1", QuantElem::kFloat4E2M1,
+             "fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)");
 
   nb::enum_<ScaleType>(m, "ScaleType", "Type of the per-group scale factor.")
       .value("UE8M0", ScaleType::kUE8M0, "power-of-two exponent byte, packed 4 per int32")
       .value("FLOAT32", ScaleType::kFloat32, "plain fp32 scale")
-      .value("FLOAT16", ScaleType::kFloat16, "fp16 scale (rejected)");
+      .value("FLOAT16", ScaleType::kFloat16, "fp16 scale (rejected)")
+      .value("FLOAT8_E4M3", ScaleType::kFloat8E4M3, "fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)");
+
+  nb::enum_<megamoe::Scale2>(m, "Scale2", "The second-level scale of a scheme.")
+      .value("NONE", megamoe::Scale2::kNone, "none (fp8, MXFP4)")
+      .value("STATIC", megamoe::Scale2::kStatic,
+             "a caller-given fp32 scalar, global_scale= (NVFP4 static)")
+      .value("PER_TOKEN", megamoe::Scale2::kPerToken,
+             "one fp32 per token, written to x_scales= (NVFP4 per-token)");
+
+  nb::enum_<megamoe::Rounding>(m, "Rounding", "How a value exactly between two codes is rounded.")
+      .value("DEFAULT", megamoe::Rounding::kDefault,
+             "the element codec's reference rule: e4m3 nearest even, e2m1 toward zero")
+      .value("NEAREST_EVEN", megamoe::Rounding::kNearestEven, "to the even code (IEEE, PTX cvt.rn)")
+      .value("TIES_TOWARD_ZERO", megamoe::Rounding::kTiesTowardZero,
+             "to the smaller magnitude (DeepGEMM's fp4 reference)");
 
   nb::class_<QuantScheme>(
       m, "QuantScheme",
-      "A hidden-state quantization scheme, shaped like vLLM's QuantKey.\n\n"
-      "Staging accepts: elem FLOAT8_E4M3, scale UE8M0 or FLOAT32, group_m 1, group_k\n"
-      "dividing 128, dynamic, symmetric, no second-level scale. Presets: mxfp8(),\n"
-      "fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32().")
+      "A hidden-state quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.\n\n"
+      "Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP4 (UE8M0, G = 32,\n"
+      "either tie rule) and NVFP4 (e4m3 scales, G = 16, static or per-token second-level\n"
+      "scale), dynamic, symmetric, with a finite positive amax floor. Presets: mxfp8(),\n"
+      "fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(), mxfp4(), nvfp4_static(),\n"
+      "nvfp4_per_token(); with_amax_floor() changes the floor.")
       .def(
           "__init__",
           [](QuantScheme* self, QuantElem elem, ScaleType scale, int64_t group_m, int64_t group_k,
-             bool is_static, bool symmetric, bool has_scale2) {
-            new (self) QuantScheme{elem,      scale,     group_m,
-                                   group_k,   is_static, symmetric,
-                                   scale2_of(has_scale2)};
+             bool is_static, bool symmetric, bool has_scale2, std::optional<megamoe::Scale2> scale2,
+             megamoe::Rounding rounding, double amax_floor) {
+            QuantScheme q{elem, scale, group_m, group_k, is_static, symmetric,
+                          resolve_scale2(has_scale2, scale2)};
+            q.rounding = rounding;
+            q.amax_floor = static_cast<float>(amax_floor);
+            new (self) QuantScheme(q);
           },
           nb::arg("elem") = QuantElem::kFloat8E4M3, nb::arg("scale") = ScaleType::kUE8M0,
           nb::arg("group_m") = 1, nb::arg("group_k") = 32, nb::arg("is_static") = false,
-          nb::arg("symmetric") = true, nb::arg("has_scale2") = false,
-          "Build a scheme; the defaults give MXFP8 (fp8 e4m3, UE8M0 scales, groups of 1x32).")
+          nb::arg("symmetric") = true, nb::arg("has_scale2") = false, nb::kw_only(),
+          nb::arg("scale2").none() = nb::none(), nb::arg("rounding") = megamoe::Rounding::kDefault,
+          nb::arg("amax_floor") = 1e-4,
+          "Build a scheme; the defaults give MXFP8 (fp8 e4m3, UE8M0 scales, groups of 1x32).\n"
+          "scale2 (keyword) overrides has_scale2, which alone means Scale2.STATIC.")
       .def_rw("elem", &QuantScheme::elem, "Quantized element type (QuantElem).")
       .def_rw("scale", &QuantScheme::scale, "Scale type (ScaleType).")
       .def_rw("group_m", &QuantScheme::group_m, "Group rows (1 = per token).")
@@ -524,15 +677,37 @@ NB_MODULE(_C, m) {
               "Group columns G along the hidden dimension (<= 0: per tensor / per token).")
       .def_rw("is_static", &QuantScheme::is_static, "Static (precomputed) scales.")
       .def_rw("symmetric", &QuantScheme::symmetric, "Symmetric quantization (no zero point).")
+      .def_rw("scale2", &QuantScheme::scale2, "Second-level scale (Scale2).")
+      .def_rw("rounding", &QuantScheme::rounding, "Tie rule of the element encoding (Rounding).")
+      .def_prop_rw(
+          "amax_floor", [](const QuantScheme& q) { return q.amax_floor; },
+          [](QuantScheme& q, double v) { q.amax_floor = static_cast<float>(v); },
+          "Lower bound of a group's amax (fp32; 1e-4 by default, 1e-10 for SM90 / SGLang).")
       .def_prop_rw(
           "has_scale2", [](const QuantScheme& q) { return q.scale2 != megamoe::Scale2::kNone; },
-          [](QuantScheme& q, bool v) { q.scale2 = scale2_of(v); }, "A second-level scale exists.")
+          [](QuantScheme& q, bool v) {
+            if (!v) q.scale2 = megamoe::Scale2::kNone;
+            else if (q.scale2 == megamoe::Scale2::kNone) q.scale2 = megamoe::Scale2::kStatic;
+          },
+          "A second-level scale exists (setting True keeps a per-token one, else makes it static).")
       .def_prop_ro("ue8m0", &QuantScheme::ue8m0, "True for UE8M0 scales.")
+      .def_prop_ro("name", [](const QuantScheme& q) { return megamoe::scheme_name(q); },
+                   "Short name (\"mxfp8\", \"mxfp4_rne\", \"nvfp4_static\", ...; \"unsupported\").")
       .def_static("mxfp8", &QuantScheme::mxfp8, "fp8 e4m3 + UE8M0 scales, G = 32 (the default).")
       .def_static("fp8_ue8m0_g128", &QuantScheme::fp8_ue8m0_g128, "fp8 e4m3 + UE8M0 scales, G = 128.")
       .def_static("fp8_fp32_g128", &QuantScheme::fp8_fp32_g128,
                   "fp8 e4m3 + fp32 scales, G = 128 (Hopper / DeepGEMM SM90).")
       .def_static("fp8_fp32_g32", &QuantScheme::fp8_fp32_g32, "fp8 e4m3 + fp32 scales, G = 32.")
+      .def_static("mxfp4", &QuantScheme::mxfp4, nb::arg("rounding") = megamoe::Rounding::kTiesTowardZero,
+                  "fp4 e2m1 + UE8M0 scales, G = 32; ties toward zero (DeepGEMM) unless rounding says.")
+      .def_static("nvfp4_static", &QuantScheme::nvfp4_static,
+                  "NVFP4 (e4m3 scales, G = 16) with a static global scale (global_scale=).")
+      .def_static("nvfp4_per_token", &QuantScheme::nvfp4_per_token,
+                  "NVFP4 (e4m3 scales, G = 16) with per-token second-level scales (x_scales=).")
+      .def(
+          "with_amax_floor",
+          [](const QuantScheme& q, double floor) { return q.with_amax_floor(static_cast<float>(floor)); },
+          nb::arg("floor"), "This scheme with another amax floor (e.g. 1e-10 for the SM90 pre-dispatch).")
       .def(nb::self == nb::self, "Field-wise equality.")
       .def(
           "__ne__", [](const QuantScheme& a, const QuantScheme& b) { return !(a == b); },
@@ -542,25 +717,27 @@ NB_MODULE(_C, m) {
           [](const QuantScheme& q) {
             return nb::hash(nb::make_tuple(static_cast<int>(q.elem), static_cast<int>(q.scale),
                                            q.group_m, q.group_k, q.is_static, q.symmetric,
-                                           q.scale2 != megamoe::Scale2::kNone));
+                                           static_cast<int>(q.scale2), static_cast<int>(q.rounding),
+                                           floor_key(q.amax_floor)));
           },
-          "Hash of the fields.")
+          "Hash of the fields (consistent with ==).")
       .def("__repr__", [](const QuantScheme& q) { return megamoe::to_string(q); },
            "Text naming every field, as used in error messages.")
-      .def(
-          "__getstate__",
-          [](const QuantScheme& q) {
-            return nb::make_tuple(q.elem, q.scale, q.group_m, q.group_k, q.is_static,
-                                  q.symmetric, q.scale2 != megamoe::Scale2::kNone);
-          },
-          "Pickle support.")
+      .def("__getstate__", &scheme_state, "Pickle support.")
       .def(
           "__setstate__",
           [](QuantScheme& q, const nb::tuple& s) {
-            new (&q) QuantScheme{nb::cast<QuantElem>(s[0]), nb::cast<ScaleType>(s[1]),
-                                 nb::cast<int64_t>(s[2]),   nb::cast<int64_t>(s[3]),
-                                 nb::cast<bool>(s[4]),      nb::cast<bool>(s[5]),
-                                 scale2_of(nb::cast<bool>(s[6]))};
+            // 7 fields: pickles of megamoe 0.2 (a has_scale2 bool); 9: every field.
+            if (s.size() != 7 && s.size() != 9) throw nb::value_error("megamoe: QuantScheme: bad pickle state");
+            const bool old = s.size() == 7;
+            QuantScheme r{nb::cast<QuantElem>(s[0]), nb::cast<ScaleType>(s[1]), nb::cast<int64_t>(s[2]),
+                          nb::cast<int64_t>(s[3]),   nb::cast<bool>(s[4]),      nb::cast<bool>(s[5])};
+            r.scale2 = old ? resolve_scale2(nb::cast<bool>(s[6]), std::nullopt) : nb::cast<megamoe::Scale2>(s[6]);
+            if (!old) {
+              r.rounding = nb::cast<megamoe::Rounding>(s[7]);
+              r.amax_floor = nb::cast<float>(s[8]);
+            }
+            new (&q) QuantScheme(r);
           },
           "Pickle support.");
 
@@ -569,22 +746,63 @@ NB_MODULE(_C, m) {
   m.def("has_cuda_backend", &megamoe::has_cuda_backend,
         "True when this build contains the CUDA backend.");
   m.def("version", &megamoe::version, "Library version, \"MAJOR.MINOR.PATCH\".");
-
-  // Array parameters accept None so that a missing one gets the TypeError naming it (and
-  // so that T == 0 returns whatever they are).
-  m.def("prepare_inputs", &prepare_inputs, nb::arg("hidden_states").none(),
-        nb::arg("topk_weights").none(), nb::arg("topk_ids").none(), nb::arg("x_fp8").none(),
-        nb::arg("x_sf").none(), nb::arg("topk_idx_out").none(),
-        nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
-        nb::arg("shared_x_sf").none() = nb::none(),
+  m.def("output_shapes", &output_shapes, nb::arg("T"), nb::arg("H"), nb::arg("K"), nb::arg("scheme"),
         nb::arg("shared_block_m").none() = nb::none(),
-        nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("stream") = 0,
+        "megamoe::output_shapes as {name: (shape, dtype name) or None} (see megamoe.output_shapes).");
+
+  // The staging entry points take their arguments in the order of megamoe._signature.PREPARE
+  // (tests/python/test_signature.py checks it). Array parameters accept None so that a
+  // missing one gets the TypeError naming it (and so that T == 0 returns whatever they are).
+  auto stage_entry = [&m](const char* name, auto fn, const char* doc) {
+    m.def(
+        name,
+        [fn](nb::handle hidden_states, nb::handle topk_weights, nb::handle topk_ids, nb::handle x_fp8,
+             nb::handle x_sf, nb::handle topk_idx_out, nb::handle topk_weights_out, nb::handle is_padding,
+             nb::handle shared_x_sf, std::optional<int64_t> shared_block_m, const QuantScheme& hidden_quant,
+             nb::handle global_scale, nb::handle x_scales, nb::handle nonfinite_count, bool full_buffer,
+             std::optional<double> routed_scaling_factor, uintptr_t stream, bool enable_pdl) {
+          StageHandles h{hidden_states, topk_weights, topk_ids,       x_fp8,           x_sf,
+                         topk_idx_out,  topk_weights_out, is_padding, shared_x_sf,     shared_block_m,
+                         hidden_quant,  global_scale, x_scales,     nonfinite_count, full_buffer,
+                         routed_scaling_factor, enable_pdl};
+          return fn(h, stream);
+        },
+        nb::arg("hidden_states").none(), nb::arg("topk_weights").none(), nb::arg("topk_ids").none(),
+        nb::arg("x_fp8").none(), nb::arg("x_sf").none(), nb::arg("topk_idx_out").none(),
+        nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
+        nb::arg("shared_x_sf").none() = nb::none(), nb::arg("shared_block_m").none() = nb::none(),
+        nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("global_scale").none() = nb::none(),
+        nb::arg("x_scales").none() = nb::none(), nb::arg("nonfinite_count").none() = nb::none(),
+        nb::arg("full_buffer") = false, nb::arg("routed_scaling_factor").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("enable_pdl") = false, doc);
+  };
+  stage_entry(
+      "prepare_inputs", [](const StageHandles& h, uintptr_t stream) { prepare_inputs(h, stream); },
+      "Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).\n\n"
+      "Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,\n"
+      "outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`\n"
+      "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.\n"
+      "A 2-D hidden_states without rows returns at once, before any other argument is read,\n"
+      "unless full_buffer is set (the top-k tail is filled then).\n"
+      "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
+      "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
+#if MEGAMOE_HAS_EXPLAIN
+  stage_entry(
+      "explain", [](const StageHandles& h, uintptr_t) { return explain(h); },
+      "What prepare_inputs would launch for these arguments, as text (validated, nothing run;\n"
+      "stream is ignored).");
+#endif
+  m.def("stage_routing", &stage_routing, nb::arg("topk_weights").none(), nb::arg("topk_ids").none(),
+        nb::arg("topk_idx_out").none(), nb::arg("topk_weights_out").none(),
+        nb::arg("is_padding").none() = nb::none(), nb::arg("full_buffer") = false,
+        nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("stream") = 0,
         nb::arg("enable_pdl") = false,
-        "Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).\n\n"
-        "Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,\n"
-        "outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`\n"
-        "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.\n"
-        "A 2-D hidden_states without rows returns at once, before any other argument is read.\n"
-        "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
-        "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
+        "Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,\n"
+        "full-buffer tail and routed scaling; topk_ids without rows returns at once unless\n"
+        "full_buffer is set.");
+#if MEGAMOE_HAS_CPU_THREADS
+  m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
+        "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
+  m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");
+#endif
 }

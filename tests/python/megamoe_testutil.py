@@ -17,6 +17,15 @@ SCHEMES = {
     "FP8_FP32_G128": megamoe.FP8_FP32_G128,
     "FP8_FP32_G32": megamoe.FP8_FP32_G32,
 }
+# Every preset: the fp8 ones above plus MXFP4 (both tie rules) and NVFP4 (both second-level
+# scales).
+ALL_SCHEMES = {
+    **SCHEMES,
+    "MXFP4": megamoe.MXFP4,
+    "MXFP4_RNE": megamoe.MXFP4_RNE,
+    "NVFP4_STATIC": megamoe.NVFP4_STATIC,
+    "NVFP4_PER_TOKEN": megamoe.NVFP4_PER_TOKEN,
+}
 
 SEED_SCHEME = (
     "DeepSeek V4 MegaMoE input staging requires symmetric dynamic fp8 per-group "
@@ -78,9 +87,15 @@ class QuantKey:
         return f"QuantKey({self.dtype},{self.scale})"
 
 
-def key(elem="float8_e4m3fn", sdtype="float8_e8m0fnu", G=32, row=1, static=False, sym=True, scale2=False):
+def key(elem="float8_e4m3fn", sdtype="float8_e8m0fnu", G=32, row=1, static=False, sym=True, scale2=False,
+        scale2_static=None):  # fmt: skip
+    """A vLLM QuantKey look-alike; ``scale2`` adds a second-level ScaleDesc (the group scale's
+    own unless ``scale2_static`` says static (per tensor, float32) or not (per token))."""
     sc = ScaleDesc(sdtype, static, GroupShape(row, G))
-    return QuantKey(elem, sc, sc if scale2 else None, sym)
+    s2 = None
+    if scale2:
+        s2 = sc if scale2_static is None else ScaleDesc("float32", scale2_static, GroupShape(1 if not scale2_static else -1, -1))
+    return QuantKey(elem, sc, s2, sym)
 
 
 # ---------------------------------------------------------------------------------------

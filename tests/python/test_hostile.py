@@ -157,22 +157,43 @@ def test_dequantize_errors_name_the_argument():
     out = megamoe.stage(np.ones((2, 256), np.float32), np.ones((2, 4), np.float32), np.zeros((2, 4), np.int32))
     cases = [
         ((out.x_fp8, [1]), TypeError, "megamoe.dequantize: x_sf: expected a torch.Tensor or numpy.ndarray, got list"),
-        (([[1]], out.x_sf), TypeError, "megamoe.dequantize: x_fp8: expected a torch.Tensor or numpy.ndarray, got list"),
+        (([[1]], out.x_sf), TypeError, "megamoe.dequantize: x_q: expected a torch.Tensor or numpy.ndarray, got list"),
         ((out.x_fp8, None), TypeError, "megamoe.dequantize: x_sf: expected a torch.Tensor or numpy.ndarray, got NoneType"),
-        ((3, out.x_sf), TypeError, "megamoe.dequantize: x_fp8: expected a torch.Tensor or numpy.ndarray, got int"),
-        ((out.x_fp8[0], out.x_sf), ValueError, "megamoe.dequantize: x_fp8: expected a 2-D array, got shape (256,)"),
-        ((out.x_fp8.astype(np.float32), out.x_sf), ValueError, "megamoe.dequantize: x_fp8: expected dtype uint8 or float8_e4m3fn, got dtype float32"),
+        ((3, out.x_sf), TypeError, "megamoe.dequantize: x_q: expected a torch.Tensor or numpy.ndarray, got int"),
+        ((out.x_fp8[0], out.x_sf), ValueError, "megamoe.dequantize: x_q: expected a 2-D array, got shape (256,)"),
+        ((out.x_fp8.astype(np.float32), out.x_sf), ValueError, "megamoe.dequantize: x_q: expected dtype uint8 or int8 or float8_e4m3fn, got dtype float32"),
         ((out.x_fp8, out.x_sf[:, :1]), ValueError, "megamoe.dequantize: x_sf: expected shape (2, 2), got shape (2, 1)"),
         ((out.x_fp8, out.x_sf.astype(np.float32)), ValueError, "megamoe.dequantize: x_sf: expected dtype int32 (packed UE8M0), got dtype float32"),
-        ((out.x_fp8[:, :200], out.x_sf), ValueError, "megamoe.dequantize: x_fp8: expected a width that is a multiple of 128"),
+        ((out.x_fp8[:, :200], out.x_sf), ValueError, "megamoe.dequantize: x_q: expected a width that is a multiple of 128"),
         ((out.x_fp8, out.x_sf.astype(object)), ValueError, "megamoe.dequantize: x_sf: expected dtype int32 (packed UE8M0), got dtype object"),
+        ((out.x_fp8, out.x_sf, megamoe.QuantScheme(group_k=48)), ValueError, "DeepSeek V4 MegaMoE input staging requires"),
+        ((out.x_fp8, out.x_sf, "mxfp8"), TypeError, "megamoe: hidden_quant: expected a megamoe.QuantScheme or a vLLM-style QuantKey"),
     ]  # fmt: skip
     for args, exc, msg in cases:
         with pytest.raises(exc, match=re.escape(msg)):
             megamoe.dequantize(*args)
-    fp4 = megamoe.QuantScheme(elem=megamoe.QuantElem.FLOAT4_E2M1)
-    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: hidden_quant: expected an fp8 scheme")):
-        megamoe.dequantize(out.x_fp8, out.x_sf, fp4)
+    # fp4 and NVFP4: packed bytes half as wide, second-level scales named when missing or extra
+    fp4 = megamoe.stage(np.ones((2, 256), np.float32), np.ones((2, 4), np.float32), np.zeros((2, 4), np.int32),
+                        scheme=megamoe.MXFP4)  # fmt: skip
+    nv = megamoe.stage(np.ones((2, 256), np.float32), np.ones((2, 4), np.float32), np.zeros((2, 4), np.int32),
+                       scheme=megamoe.NVFP4_PER_TOKEN)  # fmt: skip
+    cases = [
+        ((fp4.x_fp8, fp4.x_sf[:, :1], megamoe.MXFP4), {}, "megamoe.dequantize: x_sf: expected shape (2, 2), got shape (2, 1)"),
+        ((fp4.x_fp8[:, :100], fp4.x_sf, megamoe.MXFP4), {}, "megamoe.dequantize: x_q: expected a width that is a multiple of 64"),
+        ((fp4.x_fp8.astype(np.float32), fp4.x_sf, megamoe.MXFP4), {}, "megamoe.dequantize: x_q: expected dtype uint8 or int8 or float4_e2m1fn_x2, got dtype float32"),
+        ((nv.x_fp8, nv.x_sf, megamoe.NVFP4_PER_TOKEN), {}, "megamoe.dequantize: x_scales: expected an array (nvfp4_per_token needs one), got none"),
+        ((nv.x_fp8, nv.x_sf, megamoe.NVFP4_PER_TOKEN), dict(x_scales=nv.x_scales[:1]), "megamoe.dequantize: x_scales: expected shape (2,), got shape (1,)"),
+        ((nv.x_fp8, nv.x_sf, megamoe.NVFP4_PER_TOKEN), dict(x_scales=nv.x_scales, global_scale=np.ones(1, np.float32)),
+         "megamoe.dequantize: global_scale: expected none (nvfp4_per_token has no global_scale), got an array"),
+        ((nv.x_fp8, nv.x_sf, megamoe.NVFP4_STATIC), dict(global_scale=np.ones(2, np.float32)), "megamoe.dequantize: global_scale: expected a one-element array, got shape (2,)"),
+        ((nv.x_fp8, nv.x_sf, megamoe.NVFP4_STATIC), dict(global_scale=np.ones(1, np.int32)), "megamoe.dequantize: global_scale: expected dtype float32, got dtype int32"),
+        ((out.x_fp8, out.x_sf), dict(x_scales=np.ones(2, np.float32)), "megamoe.dequantize: x_scales: expected none (mxfp8 has no x_scales), got an array"),
+    ]  # fmt: skip
+    for args, kw, msg in cases:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            megamoe.dequantize(*args, **kw)
+    with pytest.raises(TypeError, match=re.escape("megamoe.dequantize: x_scales: expected a torch.Tensor or numpy.ndarray, got list")):
+        megamoe.dequantize(nv.x_fp8, nv.x_sf, megamoe.NVFP4_PER_TOKEN, x_scales=[1.0, 2.0])
     assert_bitwise(megamoe.dequantize(out.x_fp8.view(np.int8), out.x_sf), megamoe.dequantize(out.x_fp8, out.x_sf), "int8 bytes")
 
 
@@ -408,5 +429,5 @@ def test_torch_zero_tokens_and_undlpackable_tensors():
     x = torch.zeros(T, H, dtype=torch.float8_e4m3fn)
     with pytest.raises(TypeError, match=re.escape("megamoe.dequantize: x_sf: expected a torch.Tensor, got list")):
         megamoe.dequantize(x, [[0]])
-    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: x_fp8: expected dtype float8_e4m3fn or uint8, got torch.float32")):
+    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: x_q: expected dtype uint8 or int8 or float8_e4m3fn, got dtype float32")):
         megamoe.dequantize(x.float(), args[4])

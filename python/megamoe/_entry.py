@@ -1,0 +1,117 @@
+"""The staging entry points, generated from megamoe._signature (their argument lists are
+written down there once; _entry.pyi, generated from the same table, gives their types)."""
+
+from __future__ import annotations
+
+from . import _ops
+from ._signature import PREPARE, ROUTING
+
+__all__ = ["prepare_megamoe_inputs", "explain", "stage_megamoe_routing"]
+
+_PREPARE_ARGS = """
+    Args:
+        hidden_states: ``[T, H]`` activations, bf16/fp16/fp32, any strides, H % 128 == 0.
+        topk_weights: ``[T, K]`` router weights, fp32/bf16/fp16.
+        topk_ids: ``[T, K]`` router expert ids, int32/int64.
+        x_fp8: out quantized values: fp8 schemes ``[T, H]`` float8_e4m3fn (or uint8
+            bytes); fp4 schemes ``[T, H/2]`` uint8 / int8 (torch.float4_e2m1fn_x2 too), two
+            e2m1 values per byte, low nibble = even column. With the default scheme a
+            uint8 / int8 ``x_fp8`` of width H/2 selects MXFP4 (vLLM's MXFP4 path).
+        x_sf: out scales: UE8M0 and NVFP4 schemes ``[T, H/(4G)]`` int32 (four scale bytes
+            per word, little-endian in group order); fp32 schemes ``[T, H/G]`` float32
+            (a transposed / MN-major view is fine).
+        topk_idx_out: out ``[T, K]`` int64 ids, -1 for padded tokens.
+        topk_weights_out: out ``[T, K]`` float32 weights, +0.0 for padded tokens.
+        is_padding: optional ``[T]`` bool/uint8 mask, nonzero = padded token.
+        shared_x_sf: optional out ``[R, H/(4G)]`` int32, the shared expert's permuted copy
+            of the UE8M0 scales; given exactly when ``shared_block_m`` is.
+        shared_block_m: block M of the MoE scheduler used to lay out ``shared_x_sf``.
+        hidden_quant: a :class:`QuantScheme` (``MXFP8`` default, ``FP8_UE8M0_G128``,
+            ``FP8_FP32_G128``, ``FP8_FP32_G32``, ``MXFP4``, ``MXFP4_RNE``,
+            ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, any with ``.with_amax_floor(f)``) or a
+            vLLM ``QuantKey``.
+        global_scale: NVFP4 static only (required there): ``[1]`` float32 on the tensors'
+            device, read by the kernel (it may change between CUDA graph replays).
+        x_scales: NVFP4 per-token only (required there): out ``[T]`` float32 per-token
+            second-level scales.
+        nonfinite_count: optional in/out ``[1]`` int64 on the tensors' device: the number
+            of NaN / +-Inf elements of hidden_states is added to it (device atomics on
+            CUDA, no host synchronization).
+        full_buffer: symmetric-memory mode: every output has ``M >= T`` rows (M =
+            topk_idx_out.shape[0]); rows T..M-1 of topk_idx_out / topk_weights_out become
+            -1 / +0.0 in the same call (also when T == 0); those rows of x_fp8 / x_sf /
+            x_scales are left untouched.
+        routed_scaling_factor: optional finite alpha: kept weights become fl(w * alpha)
+            (padded and tail rows stay +0.0).
+        stream: CUDA stream as an int (``cudaStream_t``). Default: for torch tensors the
+            current torch stream of their device, otherwise 0 (legacy default stream).
+            Leave it None inside torch.compile regions.
+        enable_pdl: launch with programmatic dependent launch (sm_90+, CUDA only).
+"""
+
+_PREPARE_DOC = (
+    """Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE.
+
+    Drop-in replacement of vLLM's ``prepare_megamoe_inputs`` (same positional parameters,
+    defaults and ``ValueError`` messages; megamoe's additions are keyword-only). Works on
+    PyTorch tensors (CPU or CUDA; through the custom op ``torch.ops.megamoe.prepare_inputs``
+    under ``torch.compile``), NumPy arrays and any other DLPack / buffer-protocol array.
+    Nothing is allocated; outputs are written in place; the host never synchronizes with
+    the device. Formats: fp8 e4m3 with UE8M0 or fp32 group scales, MXFP4 (either tie
+    rule), NVFP4 static and per-token (docs/CONTRACT.md has the bit-exact recipes).
+"""
+    + _PREPARE_ARGS
+    + """
+    Like the reference, a call whose ``hidden_states`` is a 2-D array with no rows returns
+    at once, whatever the other arguments are (except in full-buffer mode, which fills the
+    top-k tail then).
+
+    Raises:
+        TypeError: an array argument that is no array (a list, a number, None, ...), a
+            ``hidden_quant`` that is no scheme, or a non-integer ``shared_block_m`` /
+            ``stream``, a non-float ``routed_scaling_factor``, a non-bool flag.
+        ValueError: an invalid argument (shape, dtype, device, overlap, scheme, ...;
+            also arrays megamoe cannot take: big-endian, structured or object dtypes,
+            byte strides that are not whole elements); nothing was written.
+        RuntimeError: a CUDA failure, or CUDA tensors given to a build without CUDA (or
+            to a CUDA backend that does not stage that request yet).
+    """
+)
+
+_EXPLAIN_DOC = """What :func:`prepare_megamoe_inputs` would launch for these arguments, as text.
+
+    Validates the arguments exactly as staging would (same errors) and describes the plan
+    without running it: for CUDA tensors the kernel, grid, stores and vectorization the
+    CUDA backend would pick for them on their device, for CPU tensors the CPU backend's
+    loop; "nothing to do" for T == 0. For logs and bug reports: the wording may change
+    between versions. ``stream`` is ignored.
+"""
+
+_ROUTING_DOC = """Routing-only staging: vLLM's ``stage_megamoe_routing`` (same name and
+    argument order; megamoe's additions are keyword-only).
+
+    For activations that were already quantized by their producer (e.g. a fused mHC or
+    norm kernel wrote x_fp8 / x_sf): repacks the router's top-k into the buffers DeepGEMM's
+    MegaMoE kernels read. ``topk_idx_out[t]`` = the ids widened to int64, -1 for padded
+    tokens; ``topk_weights_out[t]`` = the weights as fp32 (times ``routed_scaling_factor``
+    when given), +0.0 for padded tokens. ``full_buffer``: the outputs have M >= T rows and
+    rows T..M-1 become -1 / +0.0 (also when T == 0). ``topk_ids`` without rows returns at
+    once outside full-buffer mode. Torch tensors under torch.compile go through
+    ``torch.ops.megamoe.stage_routing``.
+
+    Args:
+        topk_weights: ``[T, K]`` fp32 / bf16 / fp16.
+        topk_ids: ``[T, K]`` int32 / int64.
+        topk_idx_out: out ``[T, K]`` (full buffer: ``[M, K]``) int64.
+        topk_weights_out: out ``[T, K]`` (full buffer: ``[M, K]``) float32.
+        is_padding: optional ``[T]`` bool / uint8, nonzero = padded.
+        full_buffer, routed_scaling_factor, stream, enable_pdl: as for
+            :func:`prepare_megamoe_inputs`.
+
+    Raises:
+        TypeError / ValueError: as :func:`prepare_megamoe_inputs`; nothing was written.
+"""
+
+prepare_megamoe_inputs = PREPARE.make_function("prepare_megamoe_inputs", _ops.prepare_impl, _PREPARE_DOC)
+explain = PREPARE.make_function("explain", _ops.explain_impl, _EXPLAIN_DOC)
+stage_megamoe_routing = ROUTING.make_function("stage_megamoe_routing", _ops.routing_impl, _ROUTING_DOC)

@@ -1,0 +1,67 @@
+# Generated from megamoe/_signature.py; do not edit. Regenerate with
+#   python -c 'import megamoe._signature as s; print(s.stub_text(), end="")' > python/megamoe/_entry.pyi
+# (tests/python/test_signature.py checks that this file is that text).
+from typing import Any, Optional
+
+
+def prepare_megamoe_inputs(
+    hidden_states: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    x_fp8: Any,
+    x_sf: Any,
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Optional[Any] = None,
+    shared_x_sf: Optional[Any] = None,
+    shared_block_m: Optional[int] = None,
+    hidden_quant: Any = ...,
+    *,
+    global_scale: Optional[Any] = None,
+    x_scales: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    full_buffer: bool = False,
+    routed_scaling_factor: Optional[float] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> None:
+    """Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."""
+
+
+def explain(
+    hidden_states: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    x_fp8: Any,
+    x_sf: Any,
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Optional[Any] = None,
+    shared_x_sf: Optional[Any] = None,
+    shared_block_m: Optional[int] = None,
+    hidden_quant: Any = ...,
+    *,
+    global_scale: Optional[Any] = None,
+    x_scales: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    full_buffer: bool = False,
+    routed_scaling_factor: Optional[float] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> str:
+    """What prepare_megamoe_inputs would launch for these arguments, as text."""
+
+
+def stage_megamoe_routing(
+    topk_weights: Any,
+    topk_ids: Any,
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Optional[Any] = None,
+    *,
+    full_buffer: bool = False,
+    routed_scaling_factor: Optional[float] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> None:
+    """Routing-only staging (vLLM's stage_megamoe_routing)."""

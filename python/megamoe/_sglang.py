@@ -1,0 +1,195 @@
+"""SGLang drop-ins: DeepGEMM's ``mega_moe_pre_dispatch`` and ``mega_moe_pre_dispatch_sm90``
+(what SGLang's MegaMoE layer calls through ``deep_gemm``) with their names, parameters and
+defaults, staged by megamoe.
+
+Both write DeepGEMM's symmetric-buffer slots: the first ``num_tokens`` rows of ``x`` are
+quantized into ``buf_x`` / ``buf_x_sf`` (and ``buf_x_scales``), their routing into
+``buf_topk_idx`` / ``buf_topk_weights``, whose rows from ``num_tokens`` to the buffer's end
+become -1 / 0 (megamoe's full-buffer mode); other rows of ``buf_x`` / ``buf_x_sf`` are not
+touched. python/README-python.md ("SGLang drop-ins") lists where the results or the
+accepted arguments differ from DeepGEMM's kernels, and why.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import Any, Optional
+
+from ._args import shape_of
+from ._entry import prepare_megamoe_inputs, stage_megamoe_routing
+from ._scheme import FP8_FP32_G32, FP8_FP32_G128, MXFP4, NVFP4_PER_TOKEN, QuantScheme
+
+__all__ = ["mega_moe_pre_dispatch", "mega_moe_pre_dispatch_sm90"]
+
+_SM90_FLOOR = 1e-10  # DeepGEMM's SM90 pre-dispatch (and SGLang's own kernel) floor amax here
+
+
+def _num_tokens(num_tokens: Any, x: Any) -> int:
+    try:
+        n = operator.index(num_tokens)
+    except TypeError:
+        raise TypeError(f"megamoe: num_tokens: expected an int, got {type(num_tokens).__name__}") from None
+    rows = shape_of(x)[:1]
+    if n < 0 or (rows and n > rows[0]):
+        raise ValueError(f"megamoe: num_tokens: expected 0 <= num_tokens <= x.shape[0] = {rows[0] if rows else '?'}, got {n}")
+    return n
+
+
+def _scheme_of(mma_type: Any, group_size: int) -> QuantScheme:
+    """The scheme of DeepGEMM's (mma_type, group_size). A bool is the older API's
+    ``use_fp4_acts`` in the same position."""
+    if mma_type is True or mma_type is False:
+        mma_type = "mxf4xmxf4" if mma_type else "fp8xfp4"
+    G = operator.index(group_size)
+    if mma_type == "fp8xfp4":
+        if G not in (32, 64, 128):
+            raise ValueError(f"megamoe: group_size: expected 32, 64 or 128 for mma_type 'fp8xfp4', got {G}")
+        return QuantScheme(group_k=G)  # e4m3 + UE8M0, DeepGEMM's floor 1e-4
+    if mma_type == "mxf4xmxf4":
+        if G != 32:
+            raise ValueError(f"megamoe: group_size: expected 32 for mma_type 'mxf4xmxf4' (megamoe stages MXFP4 in groups of 32), got {G}")
+        return MXFP4
+    if mma_type == "nvfp4xnvfp4":
+        if G != 16:
+            raise ValueError(f"megamoe: group_size: expected 16 for mma_type 'nvfp4xnvfp4', got {G}")
+        return NVFP4_PER_TOKEN
+    raise ValueError(
+        f"megamoe: mma_type: expected 'fp8xfp4', 'mxf4xmxf4' or 'nvfp4xnvfp4' (or the older use_fp4_acts bool), got {mma_type!r}"
+    )
+
+
+def _as_bytes(buf: Any) -> Any:
+    """Packed-fp4 buffers as their bytes: DeepGEMM accepts any 1-byte view of the slot
+    (int8, uint8, float8_e4m3fn, float4_e2m1fn_x2), megamoe takes uint8 / int8."""
+    name = str(getattr(buf, "dtype", "")).rsplit(".", 1)[-1]
+    if name in ("float8_e4m3fn", "float4_e2m1fn_x2"):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(buf, torch.Tensor):
+            return buf.view(torch.uint8)
+        return buf.view("u1")
+    return buf
+
+
+def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
+    """``w[t, k] *= expert_scales[ids[t, k]]`` where the id is a valid expert (DeepGEMM skips
+    negative ids; ids past the table, which DeepGEMM would read out of bounds, are skipped
+    too), in place, one fp32 product each."""
+    torch = sys.modules.get("torch")
+    shape = shape_of(expert_scales)
+    name = str(getattr(expert_scales, "dtype", "")).rsplit(".", 1)[-1]
+    if len(shape) != 1 or name != "float32":
+        raise ValueError(
+            f"megamoe: expert_scales: expected a 1-D float32 array, got shape {shape} dtype {name or type(expert_scales).__name__}"
+        )
+    E = shape[0]
+    if torch is not None and isinstance(w, torch.Tensor):
+        valid = (ids >= 0) & (ids < E)
+        scale = expert_scales.to(w.device)[ids.clamp(0, max(E - 1, 0))] if E else torch.ones_like(w)
+        w.copy_(torch.where(valid, w * scale, w))
+        return
+    import numpy as np
+
+    valid = (ids >= 0) & (ids < E)
+    scale = expert_scales[np.clip(ids, 0, max(E - 1, 0))] if E else np.ones_like(w)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w[...] = np.where(valid, (w * scale).astype(np.float32), w)
+
+
+def mega_moe_pre_dispatch(
+    x: Any,
+    topk_idx: Any,
+    topk_weights: Any,
+    buf_x: Any,
+    buf_x_sf: Any,
+    buf_topk_idx: Any,
+    buf_topk_weights: Any,
+    num_tokens: int,
+    group_size: int = 32,
+    mma_type: str = "fp8xfp4",
+    buf_x_scales: Optional[Any] = None,
+    expert_scales: Optional[Any] = None,
+    *,
+    enable_pdl: bool = False,
+) -> None:
+    """DeepGEMM's SM100 ``mega_moe_pre_dispatch`` (as SGLang calls it), staged by megamoe.
+
+    ``mma_type``: ``'fp8xfp4'`` (e4m3 + UE8M0 scales, ``group_size`` 32 / 64 / 128),
+    ``'mxf4xmxf4'`` (MXFP4, group_size 32, ties toward zero as DeepGEMM's kernel) or
+    ``'nvfp4xnvfp4'`` (NVFP4 with per-token scales into ``buf_x_scales``, group_size 16);
+    a bool in that place is the older API's ``use_fp4_acts``. ``buf_x``: ``[P, H]`` fp8 or
+    ``[P, H/2]`` packed fp4 bytes; ``buf_x_sf``: ``[P, H/(4G)]`` int32; ``buf_topk_idx`` /
+    ``buf_topk_weights``: ``[P, K]`` int64 / float32. Rows ``num_tokens..P-1`` of the top-k
+    buffers become -1 / 0. ``expert_scales`` (float32 per expert) multiplies each kept
+    weight by its expert's scale, as DeepGEMM does. ``enable_pdl`` (keyword, megamoe's)
+    launches with programmatic dependent launch. Runs on the current torch stream.
+    """
+    n = _num_tokens(num_tokens, x)
+    scheme = _scheme_of(mma_type, group_size)
+    per_token = scheme == NVFP4_PER_TOKEN
+    if per_token and buf_x_scales is None:
+        raise ValueError("megamoe: buf_x_scales: expected a float32 buffer (nvfp4xnvfp4 writes per-token scales), got none")
+    if not per_token and buf_x_scales is not None:
+        raise ValueError(f"megamoe: buf_x_scales: expected none (mma_type {mma_type!r} has no per-token scales), got an array")
+    if scheme.elem == MXFP4.elem:
+        buf_x = _as_bytes(buf_x)
+    rows = (shape_of(buf_topk_idx) or (0,))[0]
+    xs = None if buf_x_scales is None else buf_x_scales.reshape(-1)
+    x_n, ids_n, w_n = x[:n], topk_idx[:n], topk_weights[:n]
+    if xs is not None and shape_of(xs)[0] < rows:
+        # DeepGEMM asks only num_tokens scales of buf_x_scales; megamoe's full-buffer mode
+        # wants one per buffer row, so a shorter one is staged in two calls: the tokens,
+        # then the top-k tail alone.
+        if shape_of(xs)[0] < n:
+            raise ValueError(f"megamoe: buf_x_scales: expected at least num_tokens = {n} elements, got {shape_of(xs)[0]}")
+        prepare_megamoe_inputs(
+            x_n, w_n, ids_n, buf_x[:n], buf_x_sf[:n], buf_topk_idx[:n], buf_topk_weights[:n],
+            hidden_quant=scheme, x_scales=xs[:n], enable_pdl=enable_pdl,
+        )  # fmt: skip
+        stage_megamoe_routing(w_n[:0], ids_n[:0], buf_topk_idx[n:], buf_topk_weights[n:], full_buffer=True,
+                              enable_pdl=enable_pdl)  # fmt: skip
+    else:
+        prepare_megamoe_inputs(
+            x_n, w_n, ids_n, buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights, hidden_quant=scheme,
+            x_scales=None if xs is None else xs[:rows], full_buffer=True, enable_pdl=enable_pdl,
+        )  # fmt: skip
+    if expert_scales is not None and n > 0:
+        _apply_expert_scales(buf_topk_idx[:n], buf_topk_weights[:n], expert_scales)
+
+
+def mega_moe_pre_dispatch_sm90(
+    x: Any,
+    topk_idx: Any,
+    topk_weights: Any,
+    buf_x: Any,
+    buf_x_sf: Any,
+    buf_topk_idx: Any,
+    buf_topk_weights: Any,
+    num_tokens: int,
+    group_size: int = 128,
+    routed_scaling_factor: float = 1.0,
+    *,
+    enable_pdl: bool = False,
+) -> None:
+    """DeepGEMM's ``mega_moe_pre_dispatch_sm90`` (Hopper; as SGLang calls it), staged by
+    megamoe.
+
+    e4m3 values with fp32 scales per ``group_size`` (32 or 128) columns, amax floored at
+    1e-10 as DeepGEMM's SM90 kernel does; ``buf_x``: ``[P, H]`` fp8, ``buf_x_sf``: ``[P,
+    H/G]`` float32, top-k buffers ``[P, K]``; kept weights are multiplied by
+    ``routed_scaling_factor`` (one fp32 product), rows ``num_tokens..P-1`` of the top-k
+    buffers become -1 / 0. ``enable_pdl`` (keyword, megamoe's) launches with programmatic
+    dependent launch. Runs on the current torch stream.
+    """
+    n = _num_tokens(num_tokens, x)
+    G = operator.index(group_size)
+    if G not in (32, 128):
+        raise ValueError(f"megamoe: group_size: expected 32 or 128 (DeepGEMM's SM90 pre-dispatch), got {G}")
+    scheme = (FP8_FP32_G128 if G == 128 else FP8_FP32_G32).with_amax_floor(_SM90_FLOOR)
+    alpha = float(routed_scaling_factor)
+    prepare_megamoe_inputs(
+        x[:n], topk_weights[:n], topk_idx[:n], buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights,
+        hidden_quant=scheme, full_buffer=True,
+        # alpha == 1 changes no weight: staged as a plain copy (bit-identical)
+        routed_scaling_factor=None if alpha == 1.0 else alpha, enable_pdl=enable_pdl,
+    )  # fmt: skip

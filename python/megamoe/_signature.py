@@ -1,0 +1,338 @@
+"""The one description of every staging entry point's arguments.
+
+``PREPARE`` (prepare_megamoe_inputs, explain, torch.ops.megamoe.prepare_inputs,
+megamoe._C.prepare_inputs) and ``ROUTING`` (stage_megamoe_routing,
+torch.ops.megamoe.stage_routing, megamoe._C.stage_routing) list each argument once: name,
+kind, default, whether the call writes it, whether it is keyword-only. Everything that
+spells an argument list is derived from them here:
+
+* the public functions (generated with their real signatures, like dataclasses'
+  ``__init__``, so ``help()``, ``inspect`` and keyword calls behave as hand-written ones),
+* the argument conversion for the native module (whose parameter order is this order),
+* the custom op's schema string, its ``mutates_args``, kernel and fake,
+* the type stub ``_entry.pyi`` (``stub_text()`` returns it; a test checks that the
+  committed file is that text).
+
+Kinds: ``tensor`` (required array), ``tensor?`` (optional array), ``int?``, ``float?``,
+``bool``, ``scheme`` (a QuantScheme or a vLLM QuantKey; the custom op spells it out as
+``SCHEME_FIELDS``) and ``stream`` (a cudaStream_t as int; not an op argument: the op runs
+on the current stream).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["Param", "Spec", "PREPARE", "ROUTING", "SCHEME_FIELDS", "stub_text"]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    mutable: bool = False  # the call writes it (an output)
+    keyword_only: bool = False
+
+
+# How the custom op spells a QuantScheme: (field, schema type). Enum fields travel as their
+# integer values, the floor as a float (a double that holds the fp32 value exactly).
+SCHEME_FIELDS = (
+    ("quant_elem", "int"),
+    ("quant_scale", "int"),
+    ("group_m", "int"),
+    ("group_k", "int"),
+    ("is_static", "bool"),
+    ("symmetric", "bool"),
+    ("scale2", "int"),
+    ("rounding", "int"),
+    ("amax_floor", "float"),
+)
+
+_SCHEMA_TYPES = {"tensor": "Tensor", "tensor?": "Tensor?", "int?": "int?", "float?": "float?", "bool": "bool"}
+_STUB_TYPES = {
+    "tensor": "Any",
+    "tensor?": "Optional[Any]",
+    "int?": "Optional[int]",
+    "float?": "Optional[float]",
+    "bool": "bool",
+    "scheme": "Any",
+    "stream": "Optional[int]",
+}
+_TENSOR_KINDS = ("tensor", "tensor?")
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    """A bool argument: Python or NumPy bools, the ints 0 and 1, one-element tensors."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if hasattr(value, "dtype"):
+        try:
+            return bool(value)
+        except Exception:  # several elements, or no truth value: reported below
+            pass
+    raise TypeError(f"megamoe: {name}: expected a bool, got {type(value).__name__}")
+
+
+def optional_int(value: Any, name: str, what: str = "an int") -> Optional[int]:
+    """``value`` as an int (anything with ``__index__``), or None; TypeError naming ``name``
+    otherwise (no ``int()``: it would turn "12" or 3.7 into a number)."""
+    if value is None or type(value) is int:
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"megamoe: {name}: expected {what} or None, got {type(value).__name__}") from None
+
+
+def optional_float(value: Any, name: str) -> Optional[float]:
+    """``value`` as a Python float (ints and NumPy / 0-D tensor reals too), or None."""
+    if value is None or type(value) is float:
+        return value
+    if isinstance(value, (str, bytes, bool)) or not hasattr(value, "__float__"):
+        raise TypeError(f"megamoe: {name}: expected a float or None, got {type(value).__name__}")
+    return float(value)
+
+
+def stream_int(value: Any) -> int:
+    """The ``stream`` argument as the native module's int (None: 0, the legacy default stream)."""
+    s = optional_int(value, "stream", "an int (a cudaStream_t)")
+    return 0 if s is None else s
+
+
+class Spec:
+    """One entry point's argument table and what derives from it."""
+
+    def __init__(self, name: str, params: Sequence[Param]) -> None:
+        self.name = name
+        self.params = tuple(params)
+        self.names = tuple(p.name for p in self.params)
+        self._index = {n: i for i, n in enumerate(self.names)}
+
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    # -- Python signatures ---------------------------------------------------------------
+
+    def signature(self) -> inspect.Signature:
+        """The public function's signature (what ``inspect.signature`` of it returns)."""
+        out = []
+        for p in self.params:
+            kind = inspect.Parameter.KEYWORD_ONLY if p.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+            default = inspect.Parameter.empty if p.default is REQUIRED else p.default
+            out.append(inspect.Parameter(p.name, kind, default=default))
+        return inspect.Signature(out)
+
+    def make_function(self, name: str, impl: Callable[..., Any], doc: str, module: str = "megamoe") -> Callable[..., Any]:
+        """A function called ``name`` with exactly this signature that passes its arguments,
+        in table order, to ``impl`` (generated source, as dataclasses do: a real signature at
+        the cost of one call)."""
+        return _generate(name, self.params, impl, doc, module, keyword_only=True)
+
+    # -- The native module -----------------------------------------------------------------
+
+    def native_args(self, values: Sequence[Any], scheme: Callable[[Any], Any], tensor: Callable[[Any, str], Any] = None) -> list:
+        """``values`` (table order) converted for megamoe._C: ints, floats, bools and the
+        stream checked, the scheme through ``scheme``, arrays through ``tensor`` (or as they
+        are: the binding names what is wrong with them)."""
+        out = list(values)
+        for i, p in enumerate(self.params):
+            v = out[i]
+            if p.kind in _TENSOR_KINDS:
+                if tensor is not None:
+                    out[i] = tensor(v, p.name)
+            elif p.kind == "int?":
+                out[i] = optional_int(v, p.name)
+            elif p.kind == "float?":
+                out[i] = optional_float(v, p.name)
+            elif p.kind == "bool":
+                out[i] = _as_bool(v, p.name)
+            elif p.kind == "scheme":
+                out[i] = scheme(v)
+            elif p.kind == "stream":
+                out[i] = stream_int(v)
+        return out
+
+    # -- The custom op ----------------------------------------------------------------------
+
+    def op_params(self) -> list:
+        """(name, schema type) of the op's arguments, in order: the stream dropped, the
+        scheme spelled out, mutable tensors given alias annotations."""
+        out, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+        for p in self.params:
+            if p.kind == "stream":
+                continue
+            if p.kind == "scheme":
+                out.extend(SCHEME_FIELDS)
+                continue
+            t = _SCHEMA_TYPES[p.kind]
+            if p.mutable:
+                t = f"Tensor({next(alias)}!)" + ("?" if p.kind == "tensor?" else "")
+            out.append((p.name, t))
+        return out
+
+    def op_schema(self) -> str:
+        """The schema of ``torch.ops.megamoe.<name>`` (every argument positional, returns
+        nothing: the outputs are written in place)."""
+        return "(" + ", ".join(f"{t} {n}" for n, t in self.op_params()) + ") -> ()"
+
+    def mutates_args(self) -> tuple:
+        return tuple(p.name for p in self.params if p.mutable)
+
+    def op_names(self) -> tuple:
+        return tuple(n for n, _ in self.op_params())
+
+    def make_op_function(self, name: str, impl: Callable[..., Any], doc: str) -> Callable[..., Any]:
+        """A function of the op's arguments (positional) passing them on to ``impl``."""
+        params = [Param(n, "op") for n in self.op_names()]
+        return _generate(name, params, impl, doc, "megamoe._torch", keyword_only=False)
+
+    def op_values(self, values: Sequence[Any], scheme_fields: Callable[[Any], tuple], convert: bool = True) -> list:
+        """``values`` (table order) as the op's arguments."""
+        out = []
+        for p, v in zip(self.params, values):
+            if p.kind == "stream":
+                continue
+            if p.kind == "scheme":
+                out.extend(scheme_fields(v))
+            elif not convert or p.kind in _TENSOR_KINDS:
+                out.append(v)
+            elif p.kind == "int?":
+                out.append(optional_int(v, p.name))
+            elif p.kind == "float?":
+                out.append(optional_float(v, p.name))
+            elif p.kind == "bool":
+                out.append(_as_bool(v, p.name))
+        return out
+
+    def from_op_values(self, values: Sequence[Any], scheme: Callable[[tuple], Any], stream: int) -> list:
+        """The op's arguments back in table order (the scheme rebuilt, the given stream)."""
+        out, it = [], iter(values)
+        for p in self.params:
+            if p.kind == "stream":
+                out.append(stream)
+            elif p.kind == "scheme":
+                out.append(scheme(tuple(next(it) for _ in SCHEME_FIELDS)))
+            else:
+                out.append(next(it))
+        return out
+
+    # -- The stub -------------------------------------------------------------------------------
+
+    def stub(self, name: str, doc: str) -> str:
+        parts, star = [], False
+        for p in self.params:
+            if p.keyword_only and not star:
+                parts.append("*")
+                star = True
+            ann = _STUB_TYPES[p.kind]
+            if p.default is REQUIRED:
+                parts.append(f"{p.name}: {ann}")
+            else:
+                default = "..." if p.kind == "scheme" else repr(p.default)
+                parts.append(f"{p.name}: {ann} = {default}")
+        head = f"def {name}(\n" + "".join(f"    {a},\n" for a in parts) + f") -> {'str' if name == 'explain' else 'None'}:"
+        return head + f'\n    """{doc}"""\n'
+
+
+def _generate(name: str, params: Sequence[Param], impl: Callable[..., Any], doc: str, module: str,
+              keyword_only: bool) -> Callable[..., Any]:  # fmt: skip
+    namespace: dict = {"__impl": impl}
+    args, star = [], False
+    for p in params:
+        if keyword_only and p.keyword_only and not star:
+            args.append("*")
+            star = True
+        if p.default is REQUIRED:
+            args.append(p.name)
+        else:
+            namespace[f"__default_{p.name}"] = p.default
+            args.append(f"{p.name}=__default_{p.name}")
+    call = ", ".join(p.name for p in params)
+    source = f"def {name}({', '.join(args)}):\n    return __impl({call})\n"
+    exec(compile(source, f"<megamoe {name}>", "exec"), namespace)  # noqa: S102 - our own text
+    fn = namespace[name]
+    fn.__doc__ = doc
+    fn.__module__ = module
+    fn.__qualname__ = name
+    return fn
+
+
+def _scheme_default() -> Any:
+    from ._C import QuantScheme
+
+    return QuantScheme.mxfp8()
+
+
+PREPARE = Spec(
+    "prepare_inputs",
+    [
+        # vLLM's prepare_megamoe_inputs, positional order and defaults unchanged
+        Param("hidden_states", "tensor"),
+        Param("topk_weights", "tensor"),
+        Param("topk_ids", "tensor"),
+        Param("x_fp8", "tensor", mutable=True),
+        Param("x_sf", "tensor", mutable=True),
+        Param("topk_idx_out", "tensor", mutable=True),
+        Param("topk_weights_out", "tensor", mutable=True),
+        Param("is_padding", "tensor?", None),
+        Param("shared_x_sf", "tensor?", None, mutable=True),
+        Param("shared_block_m", "int?", None),
+        Param("hidden_quant", "scheme", _scheme_default()),
+        # megamoe's additions, keyword-only
+        Param("global_scale", "tensor?", None, keyword_only=True),
+        Param("x_scales", "tensor?", None, mutable=True, keyword_only=True),
+        Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
+        Param("full_buffer", "bool", False, keyword_only=True),
+        Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("stream", "stream", None, keyword_only=True),
+        Param("enable_pdl", "bool", False, keyword_only=True),
+    ],
+)
+
+ROUTING = Spec(
+    "stage_routing",
+    [
+        Param("topk_weights", "tensor"),
+        Param("topk_ids", "tensor"),
+        Param("topk_idx_out", "tensor", mutable=True),
+        Param("topk_weights_out", "tensor", mutable=True),
+        Param("is_padding", "tensor?", None),
+        Param("full_buffer", "bool", False, keyword_only=True),
+        Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("stream", "stream", None, keyword_only=True),
+        Param("enable_pdl", "bool", False, keyword_only=True),
+    ],
+)
+
+# (public name, spec, one-line doc) of the generated functions; _entry.pyi describes them.
+ENTRY_POINTS = (
+    ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
+    ("explain", PREPARE, "What prepare_megamoe_inputs would launch for these arguments, as text."),
+    ("stage_megamoe_routing", ROUTING, "Routing-only staging (vLLM's stage_megamoe_routing)."),
+)
+
+
+def stub_text() -> str:
+    """The text of python/megamoe/_entry.pyi."""
+    head = (
+        "# Generated from megamoe/_signature.py; do not edit. Regenerate with\n"
+        "#   python -c 'import megamoe._signature as s; print(s.stub_text(), end=\"\")' > python/megamoe/_entry.pyi\n"
+        "# (tests/python/test_signature.py checks that this file is that text).\n"
+        "from typing import Any, Optional\n"
+    )
+    return head + "".join("\n\n" + spec.stub(name, doc) for name, spec, doc in ENTRY_POINTS)
+
