@@ -52,6 +52,9 @@ bool enabled() noexcept;
 
 /// fp8 e4m3 bytes of in[i] (core::fp8_e4m3_from_float_sw).
 void encode_e4m3(const float* in, uint8_t* out, size_t n);
+/// The same for inputs with 2^-6 <= |x| (Inf included) and no NaN only: the encoder of
+/// groups whose every value is an e4m3 normal or saturates.
+void encode_e4m3_normal(const float* in, uint8_t* out, size_t n);
 /// e2m1 nibbles (one per byte) of in[i], ties toward zero or to nearest even.
 void encode_e2m1(const float* in, uint8_t* out, size_t n, bool ttz);
 /// Exact widening of n bf16 / fp16 / fp32 elements to fp32 bit patterns.

@@ -67,13 +67,12 @@ HWY_INLINE VU WidenBf16(const uint8_t* p) {
   return hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p))));
 }
 
-/// IEEE binary16 -> fp32 bits, as core::half_to_float (payloads of NaNs kept, unquieted).
-HWY_INLINE VU WidenFp16(const uint8_t* p) {
+/// IEEE binary16 bits (in the low half of each lane) -> fp32 bits, as core::half_to_float
+/// (NaN payloads kept, signalling NaNs not quieted).
+HWY_INLINE VU HalfBits(VU h) {
   const DF df;
   const DU du;
   const DI di;
-  const hn::Rebind<uint16_t, DU> d16;
-  const VU h = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p)));
   const VU sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
   const VU mag = hn::And(h, hn::Set(du, 0x7FFFu));
   const VU e = hn::ShiftRight<10>(mag);
@@ -85,6 +84,11 @@ HWY_INLINE VU WidenFp16(const uint8_t* p) {
   const VU tiny = hn::Sub(hn::BitCast(du, hn::ConvertTo(df, hn::BitCast(di, mag))), hn::Set(du, 24u << 23));
   const VU small = hn::IfThenZeroElse(hn::Eq(mag, hn::Zero(du)), tiny);
   return hn::Or(hn::IfThenElse(hn::Eq(e, hn::Zero(du)), small, normal), sign);
+}
+
+HWY_INLINE VU WidenFp16(const uint8_t* p) {
+  const hn::Rebind<uint16_t, DU> d16;
+  return HalfBits(hn::PromoteTo(DU(), hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p))));
 }
 
 HWY_INLINE VU LoadFp32(const uint8_t* p) {
@@ -100,6 +104,28 @@ HWY_INLINE VU LoadBits(const uint8_t* row, size_t i) {
 }
 template <In kIn>
 constexpr size_t kElemBytes = kIn == In::kFp32 ? 4 : 2;
+
+/// The unit a group is processed in. Pairs (2-byte inputs): 2L consecutive elements read as
+/// L u32 lanes and split into the even elements (v0) and the odd ones (v1), so widening
+/// needs no lane shuffles and the two code vectors interleave back by a shift and an or.
+/// Otherwise L consecutive elements in v0.
+template <In kIn, bool kPairs>
+HWY_INLINE void LoadUnit(const uint8_t* row, size_t i, VU& v0, VU& v1) {
+  if constexpr (kPairs) {
+    const DU du;
+    const VU w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(row + 2 * i));
+    if constexpr (kIn == In::kBf16) {
+      v0 = hn::ShiftLeft<16>(w);
+      v1 = hn::And(w, hn::Set(du, 0xFFFF0000u));
+    } else {
+      v0 = HalfBits(hn::And(w, hn::Set(du, 0xFFFFu)));
+      v1 = HalfBits(hn::ShiftRight<16>(w));
+    }
+  } else {
+    v0 = LoadBits<kIn>(row, i);
+    v1 = v0;
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Scalar rules of src/core, lane by lane.
@@ -138,29 +164,43 @@ HWY_INLINE VF Ue8m0InvScale(VU e) {
   return hn::BitCast(df, hn::IfThenElse(hn::Eq(e, hn::Set(du, 254u)), hn::Set(du, 0x00400000u), normal));
 }
 
-/// core::fp8_e4m3_from_float_sw lane by lane: RNE on the 24-bit significand, shifted by
-/// 20 for e4m3 normals and by 141 - exponent (21..24) for e4m3 subnormals; a shift of 25
-/// makes everything below half the smallest subnormal, fp32 zeros and subnormals included,
-/// round to 0. The exponent is added to the rounded significand, so a carry moves it up
-/// one binade; finite overflow and Inf saturate to 0x7E, NaN gives 0x7F (no sign).
+/// core::fp8_e4m3_from_float_sw lane by lane. With e = min(fp32 exponent field, 121), the
+/// word X = |y| bits + 2^23 - e * 2^23 is, for e4m3 normals (field >= 121), the fp32 bits
+/// rebased by 120 binades, whose top bits above bit 20 are the e4m3 code; below, the 24-bit
+/// significand, of which 141 - field bits are dropped for an e4m3 subnormal (shift clamped
+/// at 25, where everything, fp32 zeros and subnormals included, rounds to 0). Rounding
+/// to nearest even adds half - 1 plus the kept lowest bit, so a carry moves the code up a
+/// binade. Finite overflow and Inf saturate to 0x7E; NaN gives 0x7F (no sign).
 HWY_INLINE VU E4m3Encode(VF y) {
   const DU du;
   const DI di;
   const VU b = hn::BitCast(du, y);
-  const VU sign = hn::And(hn::ShiftRight<24>(b), hn::Set(du, 0x80u));
   const VI a = hn::BitCast(di, hn::And(b, hn::Set(du, 0x7FFFFFFFu)));
-  const VI exp = hn::ShiftRight<23>(a);
-  const VU m24 = hn::Or(hn::And(b, hn::Set(du, 0x7FFFFFu)), hn::Set(du, 0x800000u));
-  const VI shift_i = hn::Min(hn::Max(hn::Sub(hn::Set(di, 141), exp), hn::Set(di, 20)), hn::Set(di, 25));
-  const VU shift = hn::BitCast(du, shift_i);
+  const VI e = hn::Min(hn::ShiftRight<23>(a), hn::Set(di, 121));
+  const VU x = hn::BitCast(du, hn::Sub(hn::Add(a, hn::Set(di, 0x800000)), hn::ShiftLeft<23>(e)));
+  const VU shift = hn::BitCast(du, hn::Min(hn::Sub(hn::Set(di, 141), e), hn::Set(di, 25)));
   const VU half_minus_1 = hn::Set(du, 0xFFFFFFu) >> hn::Sub(hn::Set(du, 25u), shift);  // 2^(shift-1) - 1
-  const VU odd = hn::And(m24 >> shift, hn::Set(du, 1u));
-  const VU q = hn::Add(hn::Add(m24, half_minus_1), odd) >> shift;
-  const VI base = hn::ShiftLeft<3>(hn::Max(hn::Sub(exp, hn::Set(di, 121)), hn::Zero(di)));
-  const VI code = hn::Min(hn::Add(base, hn::BitCast(di, q)), hn::Set(di, core::kFp8Max));
-  const VU r = hn::Or(hn::BitCast(du, code), sign);
+  const VU odd = hn::And(x >> shift, hn::Set(du, 1u));
+  const VU q = hn::Add(hn::Add(x, half_minus_1), odd) >> shift;
+  const VI code = hn::Min(hn::BitCast(di, q), hn::Set(di, core::kFp8Max));
+  const VU r = hn::Or(hn::BitCast(du, code), hn::And(hn::ShiftRight<24>(b), hn::Set(du, 0x80u)));
   return hn::IfThenElse(hn::RebindMask(du, hn::Gt(a, hn::Set(di, 0x7F800000))), hn::Set(du, core::kFp8NaN), r);
 }
+
+/// E4m3Encode for lanes with 2^-6 <= |y| (e4m3 normals, saturation, Inf) and no NaN, where
+/// the shift is always 20 and X the fp32 bits rebased by 120 binades: half the work. A group
+/// takes it when its smallest |y| = fl(min |x| * m) is in range and it holds no NaN.
+HWY_INLINE VU E4m3EncodeNormal(VF y) {
+  const DU du;
+  const DI di;
+  const VU b = hn::BitCast(du, y);
+  const VU a = hn::And(b, hn::Set(du, 0x7FFFFFFFu));
+  const VU odd = hn::And(hn::ShiftRight<20>(a), hn::Set(du, 1u));
+  const VU q = hn::ShiftRight<20>(hn::Add(hn::Add(a, hn::Set(du, 0x7FFFFu - (120u << 23))), odd));
+  const VI code = hn::Min(hn::BitCast(di, q), hn::Set(di, core::kFp8Max));
+  return hn::Or(hn::BitCast(du, code), hn::And(hn::ShiftRight<24>(b), hn::Set(du, 0x80u)));
+}
+constexpr float kE4m3MinNormal = 0.015625f;  ///< 2^-6
 
 /// core::e4m3_to_float.
 HWY_INLINE VF E4m3Decode(VU c) {
@@ -215,9 +255,10 @@ HWY_INLINE VU E2m1Rne(VF v) {
   return hn::Or(hn::BitCast(du, code), kept);
 }
 
-template <core::Format F>
+template <core::Format F, bool kNormal = false>
 HWY_INLINE VU EncodeElem(VF x, VF m) {
   if constexpr (core::elem_of(F) == core::Elem::kE4M3) {
+    if constexpr (kNormal) return E4m3EncodeNormal(hn::Mul(x, m));
     return E4m3Encode(hn::Mul(x, m));
   } else {
     const VF v = F == core::Format::kNvfp4Static ? hn::Div(x, m) : hn::Mul(x, m);
@@ -276,33 +317,102 @@ HWY_INLINE void StoreCodes(VU code, uint8_t* HWY_RESTRICT out) {
   }
 }
 
-/// Max |x| bits (NaN ignored) of G elements at element i0 of row, NaN/Inf counted into cnt.
-template <In kIn, bool kScratch>
-HWY_INLINE int32_t GroupAmax(const uint8_t* row, size_t i0, size_t G, bool count, VI& cnt,
-                             uint32_t* HWY_RESTRICT scratch) {
+/// Stores the codes of a pair unit: 2L e4m3 bytes, or L bytes of two e2m1 nibbles.
+template <core::Format F>
+HWY_INLINE void StorePair(VU even, VU odd, uint8_t* HWY_RESTRICT out) {
+  if constexpr (core::values_per_byte(F) == 1) {
+    const hn::Rebind<uint16_t, DU> d16;
+    hn::StoreU(hn::TruncateTo(d16, hn::Or(even, hn::ShiftLeft<8>(odd))), d16, reinterpret_cast<uint16_t*>(out));
+  } else {
+    const hn::Rebind<uint8_t, DU> d8;
+    hn::StoreU(hn::TruncateTo(d8, hn::Or(even, hn::ShiftLeft<4>(odd))), d8, out);
+  }
+}
+
+/// What pass A finds in a group.
+struct GroupScan {
+  int32_t amax;    ///< max |x| bits, NaN ignored
+  bool nan;        ///< the group holds a NaN
+  int32_t minabs;  ///< min |x| bits (NaN patterns are larger than every number)
+};
+
+/// Scans G elements at element i0 of row, NaN/Inf counted into cnt, the widened bits kept in
+/// scratch when kScratch. The maximum is taken over the raw |x| bits, where a NaN would
+/// win; only a group that holds one is gone over again with NaN patterns as 0 (they are
+/// rare, and the check is one compare per group).
+template <In kIn, bool kPairs, bool kScratch>
+HWY_INLINE GroupScan ScanGroup(const uint8_t* row, size_t i0, size_t G, bool count, VI& cnt,
+                               uint32_t* HWY_RESTRICT scratch) {
   const DU du;
   const DI di;
   const size_t L = hn::Lanes(du);
+  const size_t unit = kPairs ? 2 * L : L;
+  const VU abs_mask = hn::Set(du, 0x7FFFFFFFu);
   VI acc = hn::Zero(di);
-  for (size_t i = 0; i < G; i += L) {
-    const VU b = LoadBits<kIn>(row, i0 + i);
-    if constexpr (kScratch) hn::StoreU(b, du, scratch + i);
-    const VI a = AbsOrZero(b);
-    acc = hn::Max(acc, a);
-    if (count) {
-      // NaN patterns were zeroed in a; look at the bits themselves.
-      const VI abs = hn::BitCast(di, hn::And(b, hn::Set(du, 0x7FFFFFFFu)));
-      cnt = hn::Sub(cnt, hn::VecFromMask(di, hn::Gt(abs, hn::Set(di, 0x7F7FFFFF))));
+  VI lo = hn::Set(di, 0x7FFFFFFF);
+  for (size_t i = 0; i < G; i += unit) {
+    VU v0, v1;
+    LoadUnit<kIn, kPairs>(row, i0 + i, v0, v1);
+    if constexpr (kScratch) {
+      hn::StoreU(v0, du, scratch + i);
+      if constexpr (kPairs) hn::StoreU(v1, du, scratch + i + L);
+    }
+    const VI a0 = hn::BitCast(di, hn::And(v0, abs_mask));
+    acc = hn::Max(acc, a0);
+    lo = hn::Min(lo, a0);
+    if (count) cnt = hn::Sub(cnt, hn::VecFromMask(di, hn::Gt(a0, hn::Set(di, 0x7F7FFFFF))));
+    if constexpr (kPairs) {
+      const VI a1 = hn::BitCast(di, hn::And(v1, abs_mask));
+      acc = hn::Max(acc, a1);
+      lo = hn::Min(lo, a1);
+      if (count) cnt = hn::Sub(cnt, hn::VecFromMask(di, hn::Gt(a1, hn::Set(di, 0x7F7FFFFF))));
     }
   }
-  return hn::GetLane(hn::MaxOfLanes(di, acc));
+  GroupScan g{hn::GetLane(hn::MaxOfLanes(di, acc)), false, hn::GetLane(hn::MinOfLanes(di, lo))};
+  if (HWY_UNLIKELY(g.amax > 0x7F800000)) {
+    g.nan = true;
+    acc = hn::Zero(di);
+    for (size_t i = 0; i < G; i += unit) {
+      VU v0, v1;
+      LoadUnit<kIn, kPairs>(row, i0 + i, v0, v1);
+      acc = hn::Max(acc, hn::Max(AbsOrZero(v0), AbsOrZero(v1)));
+    }
+    g.amax = hn::GetLane(hn::MaxOfLanes(di, acc));
+  }
+  return g;
+}
+
+/// Pass B of one group: multiply, encode, store.
+template <core::Format F, In kIn, bool kPairs, bool kScratch, bool kNormal>
+HWY_INLINE void EncodeGroup(const uint8_t* row, size_t i0, size_t G, VF m, const uint32_t* HWY_RESTRICT scratch,
+                            uint8_t* HWY_RESTRICT xq) {
+  const DF df;
+  const DU du;
+  const size_t L = hn::Lanes(du);
+  const size_t unit = kPairs ? 2 * L : L;
+  constexpr size_t kPerByte = core::values_per_byte(F);
+  for (size_t i = 0; i < G; i += unit) {
+    VU v0, v1;
+    if constexpr (kScratch) {
+      v0 = hn::LoadU(du, scratch + i);
+      v1 = kPairs ? hn::LoadU(du, scratch + i + L) : v0;
+    } else {
+      LoadUnit<kIn, kPairs>(row, i0 + i, v0, v1);
+    }
+    const VU c0 = EncodeElem<F, kNormal>(hn::BitCast(df, v0), m);
+    if constexpr (kPairs) {
+      StorePair<F>(c0, EncodeElem<F, kNormal>(hn::BitCast(df, v1), m), xq + (i0 + i) / kPerByte);
+    } else {
+      StoreCodes<F>(c0, xq + (i0 + i) / kPerByte);
+    }
+  }
 }
 
 HWY_INLINE void StoreWord(void* base, int64_t elem, uint32_t v) {
   std::memcpy(static_cast<uint8_t*>(base) + elem * 4, &v, 4);
 }
 
-template <core::Format F, In kIn>
+template <core::Format F, In kIn, bool kPairs>
 int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
   constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
   constexpr bool kScratch = kIn == In::kFp16;
@@ -310,9 +420,12 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
   const DF df;
   const DI di;
   const size_t L = hn::Lanes(df);
+  const size_t unit = kPairs ? 2 * L : L;
   const size_t G = static_cast<size_t>(r.G);
-  const size_t groups = static_cast<size_t>(r.H) / G;
+  const size_t H = static_cast<size_t>(r.H);
+  const size_t groups = H / G;
   HWY_ALIGN int32_t amax[kMaxLanes];
+  GroupScan scan[kMaxLanes];
   HWY_ALIGN uint32_t sf[kMaxLanes];
   HWY_ALIGN float mult[kMaxLanes];
   // Widened fp16 bits of one batch (L groups of G <= 128).
@@ -323,14 +436,13 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
     uint8_t* xq = r.xq + t * r.xq_row;
     float s2 = r.gs;
     if constexpr (F == core::Format::kNvfp4PerToken) {
-      VI acc0 = hn::Zero(di), acc1 = hn::Zero(di);
-      size_t i = 0;
-      for (; i + 2 * L <= static_cast<size_t>(r.H); i += 2 * L) {
-        acc0 = hn::Max(acc0, AbsOrZero(LoadBits<kIn>(row, i)));
-        acc1 = hn::Max(acc1, AbsOrZero(LoadBits<kIn>(row, i + L)));
+      VI acc = hn::Zero(di);
+      for (size_t i = 0; i < H; i += unit) {
+        VU v0, v1;
+        LoadUnit<kIn, kPairs>(row, i, v0, v1);
+        acc = hn::Max(acc, hn::Max(AbsOrZero(v0), AbsOrZero(v1)));
       }
-      if (i < static_cast<size_t>(r.H)) acc0 = hn::Max(acc0, AbsOrZero(LoadBits<kIn>(row, i)));
-      const int32_t row_amax = hn::GetLane(hn::MaxOfLanes(di, hn::Max(acc0, acc1)));
+      const int32_t row_amax = hn::GetLane(hn::MaxOfLanes(di, acc));
       s2 = core::per_token_scale(core::bits_float(static_cast<uint32_t>(row_amax)), r.floor);
       std::memcpy(static_cast<float*>(r.x_scales) + t * r.xs_s0, &s2, sizeof s2);
     }
@@ -338,19 +450,23 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
     for (size_t g0 = 0; g0 < groups; g0 += L) {
       const size_t nb = std::min(L, groups - g0);
       for (size_t j = 0; j < nb; ++j) {
-        amax[j] = GroupAmax<kIn, kScratch>(row, (g0 + j) * G, G, r.count_nonfinite, cnt, scratch + j * G);
+        scan[j] = ScanGroup<kIn, kPairs, kScratch>(row, (g0 + j) * G, G, r.count_nonfinite, cnt, scratch + j * G);
+        amax[j] = scan[j].amax;
       }
       for (size_t j = nb; j < L; ++j) amax[j] = 0;
       GroupParams<F>(hn::BitCast(df, hn::LoadU(di, amax)), r.floor, s2, sf, mult);
       for (size_t j = 0; j < nb; ++j) {
         const VF m = hn::Set(df, mult[j]);
         const size_t i0 = (g0 + j) * G;
-        for (size_t i = 0; i < G; i += L) {
-          VU b;
-          if constexpr (kScratch) b = hn::LoadU(DU(), scratch + j * G + i);
-          else b = LoadBits<kIn>(row, i0 + i);
-          StoreCodes<F>(EncodeElem<F>(hn::BitCast(df, b), m), xq + (i0 + i) / core::values_per_byte(F));
+        const uint32_t* sc = scratch + j * G;
+        if constexpr (core::elem_of(F) == core::Elem::kE4M3) {
+          const float min_y = core::mul_rn(core::bits_float(static_cast<uint32_t>(scan[j].minabs)), mult[j]);
+          if (!scan[j].nan && min_y >= kE4m3MinNormal) {
+            EncodeGroup<F, kIn, kPairs, kScratch, true>(row, i0, G, m, sc, xq);
+            continue;
+          }
         }
+        EncodeGroup<F, kIn, kPairs, kScratch, false>(row, i0, G, m, sc, xq);
       }
       if constexpr (kPacked) {
         // nb is a multiple of 4: L is, and so is the group count of a packed format.
@@ -378,10 +494,14 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
 
 template <core::Format F>
 int64_t QuantizeRowsIn(const Rows& r, int64_t t0, int64_t t1) {
+  // Pair units need a group to hold whole pairs (G a multiple of 2L).
+  const bool pairs = static_cast<size_t>(r.G) % (2 * hn::Lanes(DF())) == 0;
   switch (r.in) {
-    case In::kBf16: return QuantizeRowsFor<F, In::kBf16>(r, t0, t1);
-    case In::kFp16: return QuantizeRowsFor<F, In::kFp16>(r, t0, t1);
-    default: return QuantizeRowsFor<F, In::kFp32>(r, t0, t1);
+    case In::kBf16:
+      return pairs ? QuantizeRowsFor<F, In::kBf16, true>(r, t0, t1) : QuantizeRowsFor<F, In::kBf16, false>(r, t0, t1);
+    case In::kFp16:
+      return pairs ? QuantizeRowsFor<F, In::kFp16, true>(r, t0, t1) : QuantizeRowsFor<F, In::kFp16, false>(r, t0, t1);
+    default: return QuantizeRowsFor<F, In::kFp32, false>(r, t0, t1);
   }
 }
 
@@ -418,23 +538,25 @@ HWY_INLINE void ForVectors(const In_* in, Out* out, size_t n, size_t in_per_lane
   }
 }
 
-void EncodeE4m3(const float* in, uint8_t* out, size_t n) {
+/// Codes encode(x) of n floats, one byte each.
+template <typename Encode>
+HWY_INLINE void EncodeBytes(const float* in, uint8_t* out, size_t n, Encode encode) {
   const DU du;
   ForVectors(in, out, n, 1, [&](const float* p, uint8_t* o) {
     HWY_ALIGN uint32_t c[kMaxLanes];
-    hn::StoreU(E4m3Encode(hn::LoadU(DF(), p)), du, c);
+    hn::StoreU(encode(hn::LoadU(DF(), p)), du, c);
     for (size_t k = 0; k < hn::Lanes(du); ++k) o[k] = static_cast<uint8_t>(c[k]);
   });
 }
 
+void EncodeE4m3(const float* in, uint8_t* out, size_t n) {
+  EncodeBytes(in, out, n, [](VF v) { return E4m3Encode(v); });
+}
+void EncodeE4m3Normal(const float* in, uint8_t* out, size_t n) {
+  EncodeBytes(in, out, n, [](VF v) { return E4m3EncodeNormal(v); });
+}
 void EncodeE2m1(const float* in, uint8_t* out, size_t n, bool ttz) {
-  const DU du;
-  ForVectors(in, out, n, 1, [&](const float* p, uint8_t* o) {
-    HWY_ALIGN uint32_t c[kMaxLanes];
-    const VF v = hn::LoadU(DF(), p);
-    hn::StoreU(ttz ? E2m1Ttz(v) : E2m1Rne(v), du, c);
-    for (size_t k = 0; k < hn::Lanes(du); ++k) o[k] = static_cast<uint8_t>(c[k]);
-  });
+  EncodeBytes(in, out, n, [ttz](VF v) { return ttz ? E2m1Ttz(v) : E2m1Rne(v); });
 }
 
 void Widen(In in, const void* src, uint32_t* out, size_t n) {
@@ -453,8 +575,8 @@ bool GroupAmaxes(const float* x, size_t groups, size_t G, float* out, int64_t* n
   VI cnt = hn::Zero(di);
   const uint8_t* row = reinterpret_cast<const uint8_t*>(x);
   for (size_t g = 0; g < groups; ++g) {
-    const int32_t a = GroupAmax<In::kFp32, false>(row, g * G, G, true, cnt, nullptr);
-    out[g] = core::bits_float(static_cast<uint32_t>(a));
+    const GroupScan a = ScanGroup<In::kFp32, false, false>(row, g * G, G, true, cnt, nullptr);
+    out[g] = core::bits_float(static_cast<uint32_t>(a.amax));
   }
   *nonfinite = hn::GetLane(hn::SumOfLanes(di, cnt));
   return true;
@@ -469,6 +591,7 @@ bool QuantizeRows(const Rows&, int64_t, int64_t, int64_t*) { return false; }
 void EncodeE4m3(const float* in, uint8_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = core::fp8_e4m3_from_float_sw(in[i]);
 }
+void EncodeE4m3Normal(const float* in, uint8_t* out, size_t n) { EncodeE4m3(in, out, n); }
 void EncodeE2m1(const float* in, uint8_t* out, size_t n, bool ttz) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(ttz ? core::e2m1_ttz(in[i]) : core::e2m1_rne(in[i]));
 }
@@ -511,6 +634,7 @@ namespace simd {
 
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(EncodeE4m3);
+HWY_EXPORT(EncodeE4m3Normal);
 HWY_EXPORT(EncodeE2m1);
 HWY_EXPORT(Widen);
 HWY_EXPORT(GroupAmaxes);
@@ -529,6 +653,9 @@ void set_enabled(bool on) noexcept { g_enabled.store(on, std::memory_order_relax
 bool enabled() noexcept { return g_enabled.load(std::memory_order_relaxed); }
 
 void encode_e4m3(const float* in, uint8_t* out, size_t n) { HWY_DYNAMIC_DISPATCH(EncodeE4m3)(in, out, n); }
+void encode_e4m3_normal(const float* in, uint8_t* out, size_t n) {
+  HWY_DYNAMIC_DISPATCH(EncodeE4m3Normal)(in, out, n);
+}
 void encode_e2m1(const float* in, uint8_t* out, size_t n, bool ttz) {
   HWY_DYNAMIC_DISPATCH(EncodeE2m1)(in, out, n, ttz);
 }

@@ -179,6 +179,31 @@ TEST_P(SimdTarget, E4m3EncodeEqualsScalarOnFp32Patterns) {
   EXPECT_EQ(bad_edges, 0u) << "first mismatch: fp32 bits 0x" << std::hex << first;
 }
 
+// The encoder of groups that hold only e4m3 normals and saturating values: every 3rd
+// pattern of its domain (2^-6 <= |x| <= Inf) on the best target, every 17th elsewhere.
+TEST_P(SimdTarget, E4m3NormalRangeEncodeEqualsScalar) {
+  const uint32_t lo = 0x3C800000u, hi = 0x7F800000u;
+  const uint32_t stride = FullSweepRequested() ? 1 : kSlowBuild ? 4099 : Best() ? 3 : 17;
+  const uint64_t per_sign = (hi - lo) / stride + 1;
+  uint32_t first = 0;
+  const uint64_t bad = Sweep(
+      2 * per_sign,
+      [&](uint64_t i) {
+        const uint32_t a = lo + static_cast<uint32_t>(i % per_sign) * stride;
+        return i < per_sign ? a : a | 0x80000000u;
+      },
+      simd::encode_e4m3_normal, [](float x) { return core::fp8_e4m3_from_float_sw(x); }, &first);
+  EXPECT_EQ(bad, 0u) << "first mismatch: fp32 bits 0x" << std::hex << first;
+  std::vector<uint32_t> edges;
+  for (uint32_t b : EdgePatterns()) {
+    if ((b & 0x7FFFFFFFu) >= lo && (b & 0x7FFFFFFFu) <= hi) edges.push_back(b);
+  }
+  const uint64_t bad_edges = Sweep(
+      edges.size(), [&](uint64_t i) { return edges[i]; }, simd::encode_e4m3_normal,
+      [](float x) { return core::fp8_e4m3_from_float_sw(x); }, &first);
+  EXPECT_EQ(bad_edges, 0u) << "first mismatch: fp32 bits 0x" << std::hex << first;
+}
+
 /// Patterns for the e2m1 encoders besides the strided sweep (see the file comment).
 std::vector<uint32_t> E2m1Classes() {
   std::vector<uint32_t> v = EdgePatterns();
