@@ -11,6 +11,9 @@ mkdir -p "$OUT"
 DEPS=/tmp/deps
 STEPS=${*:-info build test sanitize bench ncu python pybench}
 JOBS=$(nproc)
+# Debian packages carried in .deps (libhwy for the CPU backend, CLI11, nlohmann-json) are
+# unpacked under $DEPS; their shared libraries are found there at run time.
+export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 log() { echo "== $* ($(date +%T))"; }
@@ -36,6 +39,7 @@ if has build; then
   log build
   cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_ENABLE_CUDA=ON \
     -DMEGAMOE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DMEGAMOE_BUILD_BENCH=ON -DMEGAMOE_BUILD_TESTS=ON \
+    -DMEGAMOE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
     -DCMAKE_PREFIX_PATH="$DEPS;$DEPS/usr" >"$OUT/build.log" 2>&1 &&
     cmake --build build-dev -j"$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >>"$OUT/build.log" 2>&1
   echo "build rc=$?"; tail -5 "$OUT/build.log"
@@ -84,8 +88,14 @@ fi
 
 if has python; then
   log python
-  CMAKE_ARGS="-DMEGAMOE_CUDA_ARCHITECTURES=${ARCHS:-90}" python3 -m pip install --no-build-isolation --no-deps -q . >"$OUT/pip.log" 2>&1
-  echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  # The extension built by the build step (no second nvcc build through pip): the package
+  # sources plus build-dev's _C module, first on PYTHONPATH.
+  rm -rf /tmp/pypkg && mkdir -p /tmp/pypkg && cp -r python/megamoe /tmp/pypkg/ &&
+    cp build-dev/python/_C*.so /tmp/pypkg/megamoe/ && [ -x build-dev/tools/megamoe-stage ] &&
+    mkdir -p /tmp/pypkg/megamoe/bin && cp build-dev/tools/megamoe-stage /tmp/pypkg/megamoe/bin/ 2>/dev/null
+  export PYTHONPATH=/tmp/pypkg${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c 'import megamoe; print("megamoe", megamoe.__version__, "cuda", megamoe.has_cuda_backend())'
+  echo "python package rc=$?"
   [ -n "${SKIP_PYTEST:-}" ] || (cd tests/python && timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --durations=15 . >"$OUT/pytest.log" 2>&1)
   echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
 fi
