@@ -77,7 +77,7 @@ def _check(q: Any, sf: Any, s: QuantScheme, x_scales: Any, global_scale: Any) ->
     sf_shape = tuple(int(n) for n in sf.shape)
     if (
         s == QuantScheme.mxfp8().with_amax_floor(s.amax_floor)
-        and _dtype_name(q) in _BYTES
+        and _dtype_name(q) in _FP4_BYTES
         and W % 64 == 0
         and len(sf_shape) == 2
         and sf_shape[1] == W // 64

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ._args import shape_of
 from ._entry import prepare_megamoe_inputs, stage_megamoe_routing
-from ._scheme import FP8_FP32_G32, FP8_FP32_G128, MXFP4, NVFP4_PER_TOKEN, QuantScheme
+from ._scheme import FP8_FP32_G32, FP8_FP32_G128, FP8_UE8M0_G128, MXFP4, MXFP8, NVFP4_PER_TOKEN, QuantScheme
 
 __all__ = ["mega_moe_pre_dispatch", "mega_moe_pre_dispatch_sm90"]
 
@@ -36,27 +36,34 @@ def _num_tokens(num_tokens: Any, x: Any) -> int:
     return n
 
 
-def _scheme_of(mma_type: Any, group_size: int) -> QuantScheme:
-    """The scheme of DeepGEMM's (mma_type, group_size). A bool is the older API's
-    ``use_fp4_acts`` in the same position."""
+# The schemes of DeepGEMM's (mma_type, group_size), built once: torch.compile traces the
+# drop-ins, and a QuantScheme is a constant to it (it cannot trace building or reading one).
+# Values: (scheme, packed fp4, per-token scales).
+_SCHEMES = {
+    ("fp8xfp4", 32): (MXFP8, False, False),  # e4m3 + UE8M0, DeepGEMM's floor 1e-4
+    ("fp8xfp4", 64): (QuantScheme(group_k=64), False, False),
+    ("fp8xfp4", 128): (FP8_UE8M0_G128, False, False),
+    ("mxf4xmxf4", 32): (MXFP4, True, False),
+    ("nvfp4xnvfp4", 16): (NVFP4_PER_TOKEN, True, True),
+}
+_GROUPS = {"fp8xfp4": "32, 64 or 128", "mxf4xmxf4": "32 (megamoe stages MXFP4 in groups of 32)", "nvfp4xnvfp4": "16"}
+_SM90_SCHEMES = {G: s.with_amax_floor(_SM90_FLOOR) for G, s in ((128, FP8_FP32_G128), (32, FP8_FP32_G32))}
+
+
+def _scheme_of(mma_type: Any, group_size: int) -> tuple:
+    """(scheme, fp4, per_token) of DeepGEMM's (mma_type, group_size). A bool is the older
+    API's ``use_fp4_acts`` in the same position."""
     if mma_type is True or mma_type is False:
         mma_type = "mxf4xmxf4" if mma_type else "fp8xfp4"
     G = operator.index(group_size)
-    if mma_type == "fp8xfp4":
-        if G not in (32, 64, 128):
-            raise ValueError(f"megamoe: group_size: expected 32, 64 or 128 for mma_type 'fp8xfp4', got {G}")
-        return QuantScheme(group_k=G)  # e4m3 + UE8M0, DeepGEMM's floor 1e-4
-    if mma_type == "mxf4xmxf4":
-        if G != 32:
-            raise ValueError(f"megamoe: group_size: expected 32 for mma_type 'mxf4xmxf4' (megamoe stages MXFP4 in groups of 32), got {G}")
-        return MXFP4
-    if mma_type == "nvfp4xnvfp4":
-        if G != 16:
-            raise ValueError(f"megamoe: group_size: expected 16 for mma_type 'nvfp4xnvfp4', got {G}")
-        return NVFP4_PER_TOKEN
-    raise ValueError(
-        f"megamoe: mma_type: expected 'fp8xfp4', 'mxf4xmxf4' or 'nvfp4xnvfp4' (or the older use_fp4_acts bool), got {mma_type!r}"
-    )
+    if mma_type not in _GROUPS:
+        raise ValueError(
+            f"megamoe: mma_type: expected 'fp8xfp4', 'mxf4xmxf4' or 'nvfp4xnvfp4' (or the older use_fp4_acts bool), got {mma_type!r}"
+        )
+    found = _SCHEMES.get((mma_type, G))
+    if found is None:
+        raise ValueError(f"megamoe: group_size: expected {_GROUPS[mma_type]} for mma_type {mma_type!r}, got {G}")
+    return found
 
 
 def _as_bytes(buf: Any) -> Any:
@@ -125,13 +132,12 @@ def mega_moe_pre_dispatch(
     launches with programmatic dependent launch. Runs on the current torch stream.
     """
     n = _num_tokens(num_tokens, x)
-    scheme = _scheme_of(mma_type, group_size)
-    per_token = scheme == NVFP4_PER_TOKEN
+    scheme, fp4, per_token = _scheme_of(mma_type, group_size)
     if per_token and buf_x_scales is None:
         raise ValueError("megamoe: buf_x_scales: expected a float32 buffer (nvfp4xnvfp4 writes per-token scales), got none")
     if not per_token and buf_x_scales is not None:
         raise ValueError(f"megamoe: buf_x_scales: expected none (mma_type {mma_type!r} has no per-token scales), got an array")
-    if scheme.elem == MXFP4.elem:
+    if fp4:
         buf_x = _as_bytes(buf_x)
     rows = (shape_of(buf_topk_idx) or (0,))[0]
     xs = None if buf_x_scales is None else buf_x_scales.reshape(-1)
@@ -185,7 +191,7 @@ def mega_moe_pre_dispatch_sm90(
     G = operator.index(group_size)
     if G not in (32, 128):
         raise ValueError(f"megamoe: group_size: expected 32 or 128 (DeepGEMM's SM90 pre-dispatch), got {G}")
-    scheme = (FP8_FP32_G128 if G == 128 else FP8_FP32_G32).with_amax_floor(_SM90_FLOOR)
+    scheme = _SM90_SCHEMES[G]
     alpha = float(routed_scaling_factor)
     prepare_megamoe_inputs(
         x[:n], topk_weights[:n], topk_idx[:n], buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights,

@@ -1,0 +1,175 @@
+"""The one argument table (megamoe/_signature.py) and everything derived from it agree: the
+public functions' signatures (vLLM's positional order unchanged), the native module's
+parameter order, the committed stub _entry.pyi, the custom ops' schemas, mutated
+arguments and fakes (torch parts skip without torch); packaging: the CLI launcher and the
+cost of `import megamoe` next to `import torch`."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import megamoe
+from megamoe import _C, _signature
+from megamoe._signature import PREPARE, REQUIRED, ROUTING
+
+STUB = Path(megamoe.__file__).resolve().parent / "_entry.pyi"
+
+# vLLM's prepare_megamoe_inputs (positional order and defaults) and stage_megamoe_routing.
+VLLM_PREPARE = [
+    "hidden_states", "topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out",
+    "is_padding", "shared_x_sf", "shared_block_m", "hidden_quant",
+]  # fmt: skip
+VLLM_ROUTING = ["topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out", "is_padding"]
+
+
+def native_params(fn) -> list:
+    """Parameter names of a nanobind function, from its signature text."""
+    text = fn.__nb_signature__[0][0]
+    inside = text[text.index("(") + 1 : text.rindex(")")]
+    return [p.split(":")[0].strip() for p in inside.split(", ") if p.strip() and p.strip() not in ("*", "/")]
+
+
+@pytest.mark.parametrize(
+    "fn,spec,vllm",
+    [
+        (megamoe.prepare_megamoe_inputs, PREPARE, VLLM_PREPARE),
+        (megamoe.explain, PREPARE, VLLM_PREPARE),
+        (megamoe.stage_megamoe_routing, ROUTING, VLLM_ROUTING),
+    ],
+    ids=["prepare_megamoe_inputs", "explain", "stage_megamoe_routing"],
+)
+def test_public_signatures_are_the_table(fn, spec, vllm):
+    sig = inspect.signature(fn)
+    assert sig == spec.signature()
+    names = list(sig.parameters)
+    assert names[: len(vllm)] == vllm
+    for name, p in sig.parameters.items():
+        positional = name in vllm
+        assert (p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD) == positional, name
+        assert (p.default is inspect.Parameter.empty) == (spec.params[spec.index(name)].default is REQUIRED)
+    assert sig.parameters["hidden_quant" if spec is PREPARE else "is_padding"].default in (megamoe.MXFP8, None)
+    assert fn.__doc__ and fn.__module__ == "megamoe"
+
+
+def test_native_parameter_order_is_the_table():
+    assert native_params(_C.prepare_inputs) == list(PREPARE.names)
+    assert native_params(_C.explain) == list(PREPARE.names)
+    assert native_params(_C.stage_routing) == list(ROUTING.names)
+
+
+def test_committed_stub_is_the_generated_one():
+    assert STUB.read_text() == _signature.stub_text(), (
+        "python/megamoe/_entry.pyi is stale; regenerate it (see its first lines)"
+    )
+    ns: dict = {}
+    exec(compile(STUB.read_text(), str(STUB), "exec"), ns)  # the stub is valid Python with these signatures
+    for name, spec, _ in _signature.ENTRY_POINTS:
+        stub_sig = inspect.signature(ns[name])
+        assert list(stub_sig.parameters) == list(spec.names)
+        for p, q in zip(stub_sig.parameters.values(), spec.signature().parameters.values()):
+            assert p.kind == q.kind, name
+            assert (p.default is inspect.Parameter.empty) == (q.default is inspect.Parameter.empty), name
+
+
+def test_op_schema_text():
+    schema = PREPARE.op_schema()
+    assert schema.startswith("(Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, Tensor(a!) x_fp8, ")
+    assert "int quant_elem, int quant_scale, int group_m, int group_k, bool is_static, bool symmetric, " \
+           "int scale2, int rounding, float amax_floor" in schema  # fmt: skip
+    assert "Tensor(e!)? shared_x_sf" in schema and "Tensor? global_scale" in schema
+    assert "Tensor(f!)? x_scales, Tensor(g!)? nonfinite_count, bool full_buffer, float? routed_scaling_factor, bool enable_pdl" in schema
+    assert "stream" not in schema and schema.endswith(") -> ()")
+    assert PREPARE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count")
+    assert ROUTING.op_schema() == (
+        "(Tensor topk_weights, Tensor topk_ids, Tensor(a!) topk_idx_out, Tensor(b!) topk_weights_out, "
+        "Tensor? is_padding, bool full_buffer, float? routed_scaling_factor, bool enable_pdl) -> ()"
+    )
+    # every table argument but the stream reaches the op (the scheme as its fields)
+    op = PREPARE.op_names()
+    for p in PREPARE.params:
+        if p.kind == "scheme":
+            assert all(f in op for f, _ in _signature.SCHEME_FIELDS)
+        elif p.kind != "stream":
+            assert p.name in op
+
+
+def test_op_values_round_trip():
+    args = [f"a{i}" for i in range(len(PREPARE.names))]
+    args[PREPARE.index("hidden_quant")] = megamoe.NVFP4_PER_TOKEN.with_amax_floor(3.0)
+    for i, p in enumerate(PREPARE.params):
+        if p.kind in ("bool",):
+            args[i] = True
+        elif p.kind in ("int?", "float?", "stream"):
+            args[i] = None
+    from megamoe._scheme import scheme_fields, scheme_from_plain
+
+    def plain(s):
+        f = scheme_fields(s)
+        return (f[0].value, f[1].value, f[2], f[3], f[4], f[5], f[6].value, f[7].value, f[8])
+
+    op = PREPARE.op_values(args, plain)
+    assert len(op) == len(PREPARE.op_names())
+    back = PREPARE.from_op_values(op, scheme_from_plain, stream=7)
+    args[PREPARE.index("stream")] = 7
+    assert back == args
+
+
+# ---------------------------------------------------------------------------------------
+# Packaging
+
+
+def test_cli_launcher():
+    from megamoe.__main__ import cli_path
+
+    exe = cli_path()
+    if exe is None:
+        r = subprocess.run([sys.executable, "-m", "megamoe", "--version"], capture_output=True, text=True)
+        assert r.returncode == 2 and "no megamoe-stage CLI" in r.stderr
+        pytest.skip("this installation was built without the megamoe-stage CLI")
+    r = subprocess.run([sys.executable, "-m", "megamoe", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == megamoe.__version__, r.stderr
+    r = subprocess.run([sys.executable, "-m", "megamoe", "--tokens", "4", "--hidden", "256", "--iters", "1", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "reference: bit-exact match" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "megamoe", "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    script = Path(sys.executable).parent / "megamoe-stage"
+    if script.exists():  # the console script pip installs beside this interpreter
+        r = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == megamoe.__version__
+
+
+IMPORT_TIME = textwrap.dedent(
+    """
+    import sys, time
+    t0 = time.perf_counter()
+    import torch
+    t1 = time.perf_counter()
+    import megamoe
+    t2 = time.perf_counter()
+    assert 'megamoe._torch' in sys.modules, 'the custom ops are registered on import'
+    assert hasattr(torch.ops.megamoe, 'prepare_inputs') and hasattr(torch.ops.megamoe, 'stage_routing')
+    print(t1 - t0, t2 - t1, 'torch._dynamo' in sys.modules)
+    """
+)
+
+
+def test_import_megamoe_costs_little_more_than_torch():
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    runs = []
+    for _ in range(2):  # the first run may pay for cold caches
+        r = subprocess.run([sys.executable, "-c", IMPORT_TIME], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        t_torch, t_megamoe, dynamo = r.stdout.split()
+        runs.append((float(t_torch), float(t_megamoe), dynamo == "True"))
+    assert not any(d for _, _, d in runs), "import megamoe loaded torch._dynamo"
+    t_torch, t_megamoe = min(r[0] for r in runs), min(r[1] for r in runs)
+    assert t_megamoe < max(0.5, 0.25 * t_torch), f"import megamoe took {t_megamoe:.3f} s after torch's {t_torch:.3f} s"
