@@ -339,8 +339,9 @@ struct GroupScan {
 /// Scans G elements at element i0 of row, NaN/Inf counted into cnt, the widened bits kept in
 /// scratch when kScratch. The maximum is taken over the raw |x| bits, where a NaN would
 /// win; only a group that holds one is gone over again with NaN patterns as 0 (they are
-/// rare, and the check is one compare per group).
-template <In kIn, bool kPairs, bool kScratch>
+/// rare, and the check is one compare per group). The minimum only when kMin (the e4m3
+/// formats' choice of encoder).
+template <In kIn, bool kPairs, bool kScratch, bool kMin>
 HWY_INLINE GroupScan ScanGroup(const uint8_t* row, size_t i0, size_t G, bool count, VI& cnt,
                                uint32_t* HWY_RESTRICT scratch) {
   const DU du;
@@ -359,16 +360,16 @@ HWY_INLINE GroupScan ScanGroup(const uint8_t* row, size_t i0, size_t G, bool cou
     }
     const VI a0 = hn::BitCast(di, hn::And(v0, abs_mask));
     acc = hn::Max(acc, a0);
-    lo = hn::Min(lo, a0);
+    if constexpr (kMin) lo = hn::Min(lo, a0);
     if (count) cnt = hn::Sub(cnt, hn::VecFromMask(di, hn::Gt(a0, hn::Set(di, 0x7F7FFFFF))));
     if constexpr (kPairs) {
       const VI a1 = hn::BitCast(di, hn::And(v1, abs_mask));
       acc = hn::Max(acc, a1);
-      lo = hn::Min(lo, a1);
+      if constexpr (kMin) lo = hn::Min(lo, a1);
       if (count) cnt = hn::Sub(cnt, hn::VecFromMask(di, hn::Gt(a1, hn::Set(di, 0x7F7FFFFF))));
     }
   }
-  GroupScan g{hn::GetLane(hn::MaxOfLanes(di, acc)), false, hn::GetLane(hn::MinOfLanes(di, lo))};
+  GroupScan g{hn::GetLane(hn::MaxOfLanes(di, acc)), false, kMin ? hn::GetLane(hn::MinOfLanes(di, lo)) : 0};
   if (HWY_UNLIKELY(g.amax > 0x7F800000)) {
     g.nan = true;
     acc = hn::Zero(di);
@@ -450,7 +451,8 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
     for (size_t g0 = 0; g0 < groups; g0 += L) {
       const size_t nb = std::min(L, groups - g0);
       for (size_t j = 0; j < nb; ++j) {
-        scan[j] = ScanGroup<kIn, kPairs, kScratch>(row, (g0 + j) * G, G, r.count_nonfinite, cnt, scratch + j * G);
+        scan[j] = ScanGroup<kIn, kPairs, kScratch, core::elem_of(F) == core::Elem::kE4M3>(
+            row, (g0 + j) * G, G, r.count_nonfinite, cnt, scratch + j * G);
         amax[j] = scan[j].amax;
       }
       for (size_t j = nb; j < L; ++j) amax[j] = 0;
@@ -575,7 +577,7 @@ bool GroupAmaxes(const float* x, size_t groups, size_t G, float* out, int64_t* n
   VI cnt = hn::Zero(di);
   const uint8_t* row = reinterpret_cast<const uint8_t*>(x);
   for (size_t g = 0; g < groups; ++g) {
-    const GroupScan a = ScanGroup<In::kFp32, false, false>(row, g * G, G, true, cnt, nullptr);
+    const GroupScan a = ScanGroup<In::kFp32, false, false, true>(row, g * G, G, true, cnt, nullptr);
     out[g] = core::bits_float(static_cast<uint32_t>(a.amax));
   }
   *nonfinite = hn::GetLane(hn::SumOfLanes(di, cnt));
