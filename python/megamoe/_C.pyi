@@ -7,11 +7,17 @@ megamoe._C: native bindings of the megamoe C++ library (use the megamoe package)
 import enum
 
 
+class UnsupportedError(RuntimeError):
+    """
+    A valid request this build or backend cannot serve (e.g. CUDA tensors given to a build
+    without CUDA, or a mode the CUDA backend does not stage yet); a RuntimeError.
+    """
+
 class QuantElem(enum.Enum):
     """Element type of the quantized values."""
 
     FLOAT8_E4M3 = 0
-    """fp8 e4m3fn (the one staging accepts)"""
+    """fp8 e4m3fn, one byte per value"""
 
     FLOAT8_E5M2 = 1
     """fp8 e5m2 (rejected)"""
@@ -20,7 +26,7 @@ class QuantElem(enum.Enum):
     """int8 (rejected)"""
 
     FLOAT4_E2M1 = 3
-    """fp4 e2m1 (rejected)"""
+    """fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)"""
 
 class ScaleType(enum.Enum):
     """Type of the per-group scale factor."""
@@ -34,18 +40,50 @@ class ScaleType(enum.Enum):
     FLOAT16 = 2
     """fp16 scale (rejected)"""
 
+    FLOAT8_E4M3 = 3
+    """fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)"""
+
+class Scale2(enum.Enum):
+    """The second-level scale of a scheme."""
+
+    NONE = 0
+    """none (fp8, MXFP4)"""
+
+    STATIC = 1
+    """a caller-given fp32 scalar, global_scale= (NVFP4 static)"""
+
+    PER_TOKEN = 2
+    """one fp32 per token, written to x_scales= (NVFP4 per-token)"""
+
+class Rounding(enum.Enum):
+    """How a value exactly between two codes is rounded."""
+
+    DEFAULT = 0
+    """
+    the element codec's reference rule: e4m3 nearest even, e2m1 toward zero
+    """
+
+    NEAREST_EVEN = 1
+    """to the even code (IEEE, PTX cvt.rn)"""
+
+    TIES_TOWARD_ZERO = 2
+    """to the smaller magnitude (DeepGEMM's fp4 reference)"""
+
 class QuantScheme:
     """
-    A hidden-state quantization scheme, shaped like vLLM's QuantKey.
+    A hidden-state quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.
 
-    Staging accepts: elem FLOAT8_E4M3, scale UE8M0 or FLOAT32, group_m 1, group_k
-    dividing 128, dynamic, symmetric, no second-level scale. Presets: mxfp8(),
-    fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32().
+    Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP4 (UE8M0, G = 32,
+    either tie rule) and NVFP4 (e4m3 scales, G = 16, static or per-token second-level
+    scale), dynamic, symmetric, with a finite positive amax floor. Presets: mxfp8(),
+    fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(), mxfp4(), nvfp4_static(),
+    nvfp4_per_token(); with_amax_floor() changes the floor.
     """
 
-    def __init__(self, elem: QuantElem = QuantElem.FLOAT8_E4M3, scale: ScaleType = ScaleType.UE8M0, group_m: int = 1, group_k: int = 32, is_static: bool = False, symmetric: bool = True, has_scale2: bool = False) -> None:
+    def __init__(self, elem: QuantElem = QuantElem.FLOAT8_E4M3, scale: ScaleType = ScaleType.UE8M0, group_m: int = 1, group_k: int = 32, is_static: bool = False, symmetric: bool = True, has_scale2: bool = False, *, scale2: Scale2 | None = None, rounding: Rounding = Rounding.DEFAULT, amax_floor: float = 0.0001) -> None:
         """
         Build a scheme; the defaults give MXFP8 (fp8 e4m3, UE8M0 scales, groups of 1x32).
+        scale2 (keyword) overrides has_scale2, which alone means Scale2.STATIC.
         """
 
     @property
@@ -93,8 +131,33 @@ class QuantScheme:
     def symmetric(self, arg: bool, /) -> None: ...
 
     @property
+    def scale2(self) -> Scale2:
+        """Second-level scale (Scale2)."""
+
+    @scale2.setter
+    def scale2(self, arg: Scale2, /) -> None: ...
+
+    @property
+    def rounding(self) -> Rounding:
+        """Tie rule of the element encoding (Rounding)."""
+
+    @rounding.setter
+    def rounding(self, arg: Rounding, /) -> None: ...
+
+    @property
+    def amax_floor(self) -> float:
+        """
+        Lower bound of a group's amax (fp32; 1e-4 by default, 1e-10 for SM90 / SGLang).
+        """
+
+    @amax_floor.setter
+    def amax_floor(self, arg: float, /) -> None: ...
+
+    @property
     def has_scale2(self) -> bool:
-        """A second-level scale exists."""
+        """
+        A second-level scale exists (setting True keeps a per-token one, else makes it static).
+        """
 
     @has_scale2.setter
     def has_scale2(self, arg: bool, /) -> None: ...
@@ -102,6 +165,10 @@ class QuantScheme:
     @property
     def ue8m0(self) -> bool:
         """True for UE8M0 scales."""
+
+    @property
+    def name(self) -> str:
+        """Short name ("mxfp8", "mxfp4_rne", "nvfp4_static", ...; "unsupported")."""
 
     @staticmethod
     def mxfp8() -> QuantScheme:
@@ -119,6 +186,29 @@ class QuantScheme:
     def fp8_fp32_g32() -> QuantScheme:
         """fp8 e4m3 + fp32 scales, G = 32."""
 
+    @staticmethod
+    def mxfp4(rounding: Rounding = Rounding.TIES_TOWARD_ZERO) -> QuantScheme:
+        """
+        fp4 e2m1 + UE8M0 scales, G = 32; ties toward zero (DeepGEMM) unless rounding says.
+        """
+
+    @staticmethod
+    def nvfp4_static() -> QuantScheme:
+        """
+        NVFP4 (e4m3 scales, G = 16) with a static global scale (global_scale=).
+        """
+
+    @staticmethod
+    def nvfp4_per_token() -> QuantScheme:
+        """
+        NVFP4 (e4m3 scales, G = 16) with per-token second-level scales (x_scales=).
+        """
+
+    def with_amax_floor(self, floor: float) -> QuantScheme:
+        """
+        This scheme with another amax floor (e.g. 1e-10 for the SM90 pre-dispatch).
+        """
+
     def __eq__(self, other: object, /) -> bool:  # type: ignore[override]
         """Field-wise equality."""
 
@@ -126,7 +216,7 @@ class QuantScheme:
         """Field-wise inequality."""
 
     def __hash__(self) -> int:
-        """Hash of the fields."""
+        """Hash of the fields (consistent with ==)."""
 
     def __repr__(self) -> str:
         """Text naming every field, as used in error messages."""
@@ -146,14 +236,41 @@ def has_cuda_backend() -> bool:
 def version() -> str:
     """Library version, "MAJOR.MINOR.PATCH"."""
 
-def prepare_inputs(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., stream: int = 0, enable_pdl: bool = False) -> None:
+def output_shapes(T: int, H: int, K: int, scheme: QuantScheme, shared_block_m: int | None = None) -> dict:
+    """
+    megamoe::output_shapes as {name: (shape, dtype name) or None} (see megamoe.output_shapes).
+    """
+
+def prepare_inputs(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
     """
     Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).
 
     Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,
     outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`
     (a cudaStream_t as int, 0 = legacy default stream) with the GIL released.
-    A 2-D hidden_states without rows returns at once, before any other argument is read.
+    A 2-D hidden_states without rows returns at once, before any other argument is read,
+    unless full_buffer is set (the top-k tail is filled then).
     TypeError: an array argument is no array; ValueError: an invalid argument (including
     arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).
     """
+
+def explain(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What prepare_inputs would launch for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
+def stage_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,
+    full-buffer tail and routed scaling; topk_ids without rows returns at once unless
+    full_buffer is set.
+    """
+
+def set_cpu_threads(n: int) -> None:
+    """
+    Threads one CPU staging call may use, the caller included (0 = one per CPU).
+    """
+
+def cpu_threads() -> int:
+    """Threads a large CPU staging call uses now (>= 1)."""

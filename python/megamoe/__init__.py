@@ -20,7 +20,16 @@ from __future__ import annotations
 import importlib.util as _importlib_util
 
 from . import _C
-from ._C import QuantElem, QuantScheme, Rounding, Scale2, ScaleType, check_scheme, has_cuda_backend
+from ._C import (
+    QuantElem,
+    QuantScheme,
+    Rounding,
+    Scale2,
+    ScaleType,
+    UnsupportedError,
+    check_scheme,
+    has_cuda_backend,
+)
 from ._entry import explain, prepare_megamoe_inputs, stage_megamoe_routing
 from ._ops import OutputShapes, StagedInputs, TensorSpec, dequantize, output_shapes, stage
 from ._scheme import (
@@ -71,6 +80,7 @@ __all__ = [
     "NVFP4_PER_TOKEN",
     "as_scheme",
     "check_scheme",
+    "UnsupportedError",
     "has_cuda_backend",
     "version",
     "__version__",

@@ -20,6 +20,7 @@ import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
+from ._ops import call_prepare
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
 from ._signature import PREPARE, ROUTING, _as_bool
 
@@ -129,7 +130,7 @@ def _run_prepare(a: Sequence[Any]) -> None:
     stream already resolved)."""
     if not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
         return
-    _C.prepare_inputs(*PREPARE.native_args(a, as_scheme, _cap))
+    call_prepare(a, lambda v: _C.prepare_inputs(*PREPARE.native_args(v, as_scheme, _cap)), _run_routing)
 
 
 def _run_routing(a: Sequence[Any]) -> None:

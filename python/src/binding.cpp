@@ -598,13 +598,18 @@ nb::tuple scheme_state(const QuantScheme& q) {
                         q.rounding, q.amax_floor);
 }
 
+/// megamoe._C.UnsupportedError (a RuntimeError): a valid request this build or backend
+/// cannot serve (kUnsupported), so that callers can tell it from a failure and fall back.
+PyObject* g_unsupported = nullptr;
+
 void translate_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const Error& e) {
-    PyErr_SetString(e.code() == ErrorCode::kInvalidArgument ? PyExc_ValueError
-                                                             : PyExc_RuntimeError,
-                    python_names(e.what()).c_str());
+    PyObject* type = e.code() == ErrorCode::kInvalidArgument ? PyExc_ValueError
+                     : e.code() == ErrorCode::kUnsupported   ? g_unsupported
+                                                             : PyExc_RuntimeError;
+    PyErr_SetString(type, python_names(e.what()).c_str());
   }
 }
 
@@ -612,6 +617,13 @@ void translate_error(const std::exception_ptr& p, void*) {
 
 NB_MODULE(_C, m) {
   m.doc() = "megamoe._C: native bindings of the megamoe C++ library (use the megamoe package).";
+  g_unsupported = PyErr_NewExceptionWithDoc(
+      "megamoe._C.UnsupportedError",
+      "A valid request this build or backend cannot serve (e.g. CUDA tensors given to a build\n"
+      "without CUDA, or a mode the CUDA backend does not stage yet); a RuntimeError.",
+      PyExc_RuntimeError, nullptr);
+  if (g_unsupported == nullptr) throw nb::python_error();
+  m.attr("UnsupportedError") = nb::handle(g_unsupported);
   nb::register_exception_translator(&translate_error);
   // torch keeps QuantScheme (registered as a pytree constant) alive past interpreter
   // teardown; that is not a leak worth a warning at exit.

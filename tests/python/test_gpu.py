@@ -1,6 +1,7 @@
-"""GPU tests of the Python package: bitwise against a PyTorch rendering of DeepGEMM's
-``per_token_cast_to_fp8`` run by torch on the GPU, plus layouts, CUDA graphs, streams,
-torch.compile and opcheck.
+"""GPU tests of the Python package: bitwise against PyTorch renderings of DeepGEMM's
+``per_token_cast_to_fp8`` and ``per_token_cast_to_fp4`` run by torch on the GPU, every
+format bitwise against the CPU backend (eager and under CUDA graph capture), plus layouts,
+CUDA graphs, streams, torch.compile, opcheck and the SGLang drop-ins.
 
 Skipped unless torch.cuda.is_available() and megamoe was built with its CUDA backend.
 Run on a GPU machine:
@@ -33,6 +34,16 @@ ON_CUDA = DEVICE.startswith("cuda")
 cuda_only = pytest.mark.skipif(not ON_CUDA, reason="CUDA only")
 
 OP = torch.ops.megamoe.prepare_inputs.default
+
+
+def op_args(h, w, ids, outs, **given):
+    """The custom op's arguments through the one table (megamoe._signature.PREPARE)."""
+    from megamoe._signature import PREPARE
+    from megamoe._torch import _op_scheme_args
+
+    given.update(zip(("hidden_states", "topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out"),
+                     (h, w, ids, *outs)))  # fmt: skip
+    return tuple(PREPARE.op_values([given.get(p.name, p.default) for p in PREPARE.params], _op_scheme_args))
 T_LIST = [1, 2, 7, 63, 64, 65, 127, 128, 135, 434, 4096]
 H_LIST = [256, 4096, 7168]
 
@@ -475,20 +486,16 @@ def test_opcheck(name, padded):
         bm = 128
         shared = torch.zeros((npref.shared_rows_required(T, bm), sf_cols(H, s)), dtype=torch.int32,
                              device=DEVICE)  # fmt: skip
-    from megamoe._torch import _op_scheme_args
-
-    args = (h, w, ids, *outs, pad, shared, bm, *_op_scheme_args(s), False)
+    args = op_args(h, w, ids, outs, is_padding=pad, shared_x_sf=shared, shared_block_m=bm, hidden_quant=s)
     torch.library.opcheck(OP, args)
 
 
 def test_opcheck_fp8():
-    from megamoe._torch import _op_scheme_args
-
     T, H = 64, 4096
     h = hidden(T, H)
     w, ids = routing(T)
     outs = outputs(T, H, 8, megamoe.MXFP8)
-    args = (h, w, ids, *outs, None, None, None, *_op_scheme_args(megamoe.MXFP8), True)
+    args = op_args(h, w, ids, outs, enable_pdl=True)
     torch.library.opcheck(
         OP, args, test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     )
@@ -595,3 +602,211 @@ def test_device_mismatch_is_value_error():
         outs[2] = outs[3].to("cuda:1").long()
         with pytest.raises(ValueError, match="expected device cuda:0, got device cuda:1"):
             megamoe.prepare_megamoe_inputs(h, w, ids, *outs)
+
+
+# ---------------------------------------------------------------------------------------
+# Every format: CUDA against the CPU backend, MXFP4 against DeepGEMM's fp4 cast
+
+from megamoe_testutil import ALL_SCHEMES  # noqa: E402
+
+TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "uint8": torch.uint8, "int32": torch.int32,
+                "int64": torch.int64, "float32": torch.float32}  # fmt: skip
+GLOBAL_SCALE = 0.37
+
+
+def outputs_any(T, H, K, s, device, rows=None):
+    """Poisoned outputs (dict by argument name) of any format from megamoe.output_shapes."""
+    o = megamoe.output_shapes(T if rows is None else rows, H, K, s)
+    out = {}
+    for name in ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "x_scales"):
+        spec = getattr(o, name)
+        if spec is not None:
+            out[name] = torch.empty(spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=device)
+            out[name].view(torch.uint8).fill_(0xA5)
+    gs = torch.tensor([GLOBAL_SCALE], device=device) if o.global_scale is not None else None
+    return out, gs
+
+
+def stage_on(device, h, w, ids, s, pad=None, count=False, **kw):
+    T, H = h.shape
+    out, gs = outputs_any(T, H, w.shape[1], s, device, kw.get("rows"))
+    kw.pop("rows", None)
+    c = torch.zeros(1, dtype=torch.int64, device=device) if count else None
+    megamoe.prepare_megamoe_inputs(h.to(device), w.to(device), ids.to(device), **out,
+                                   is_padding=None if pad is None else pad.to(device), hidden_quant=s,
+                                   global_scale=gs, nonfinite_count=c, **kw)  # fmt: skip
+    sync()
+    res = {k: v.cpu() for k, v in out.items()}
+    if c is not None:
+        res["count"] = c.cpu()
+    return res
+
+
+def same_all(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), what
+    for k in a:
+        same_bits(a[k], b[k], f"{what}: {k}")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ALL_SCHEMES)
+@pytest.mark.parametrize("T,H", [(1, 256), (7, 4096), (135, 7168), (4096, 7168)])
+def test_every_format_cuda_matches_cpu_backend(name, T, H):
+    """Special values (NaN both signs, +-Inf, huge, subnormal) and the non-finite counter:
+    the CUDA backend's bytes are the CPU backend's (both are the contract's)."""
+    s = ALL_SCHEMES[name]
+    if s.ue8m0 and (H // s.group_k) % 4:
+        pytest.skip("UE8M0 needs H/G to be a multiple of 4")
+    x = npref.hidden_sample(np.random.default_rng(T + H), T, H, specials=T > 2)
+    h = torch.from_numpy(x).to(torch.bfloat16)
+    w, ids = torch.rand(T, 8), torch.randint(0, 384, (T, 8), dtype=torch.int32)
+    pad = torch.arange(T) % 5 == 4
+    got = stage_on("cuda", h, w, ids, s, pad, count=True)
+    want = stage_on("cpu", h, w, ids, s, pad, count=True)
+    same_all(got, want, f"{name} cuda vs cpu")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ALL_SCHEMES)
+@pytest.mark.parametrize("option", ["full_buffer", "scaled"])
+def test_every_format_cuda_full_buffer_and_scaling(name, option):
+    """Full-buffer mode and the routed scaling factor on CUDA (one call where the backend
+    fuses them, else megamoe's two-call fallback): the CPU backend's bytes."""
+    s = ALL_SCHEMES[name]
+    T, H = 65, 7168
+    h = hidden(T, H, seed=3).cpu()
+    w, ids = torch.rand(T, 8), torch.randint(0, 384, (T, 8), dtype=torch.int32)
+    kw = dict(full_buffer=True, rows=T + 63) if option == "full_buffer" else dict(routed_scaling_factor=2.5)
+    same_all(stage_on("cuda", h, w, ids, s, **kw), stage_on("cpu", h, w, ids, s, **kw), f"{name} {option}")
+
+
+def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = 32):
+    """DeepGEMM's per_token_cast_to_fp4(x, use_ue8m0=True, gran_k, use_packed_ue8m0=True),
+    written as PyTorch ops (x: [T, H], H a multiple of gran_k): (packed e2m1 bytes [T, H/2]
+    uint8, packed UE8M0 words [T, H/(4 gran_k)] int32). Ties toward zero (bucketize of the
+    midpoints), the sign only on nonzero codes. Finite inputs (torch's clamp and bucketize
+    propagate NaN differently from the hardware rule)."""
+    T, H = x.shape
+    xv = x.view(T, H // gran_k, gran_k)
+    amax = xv.abs().float().amax(dim=2).clamp_min(1e-4)
+    bits = (amax / 6.0).view(torch.int32)
+    e = (((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)).clamp(1, 254)
+    sf = (e << 23).view(torch.float32)
+    scaled = xv * (1.0 / sf.unsqueeze(2))  # bf16 * fp32 -> fp32, as in DeepGEMM
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=x.device, dtype=torch.float32)
+    idx = torch.bucketize(scaled.abs().clamp_max(6.0), mids)
+    code = idx.to(torch.uint8) | (((scaled < 0) & (idx != 0)).to(torch.uint8) << 3)
+    code = code.view(T, H)
+    packed = (code[:, 0::2] & 0x0F) | ((code[:, 1::2] & 0x0F) << 4)
+    return packed.contiguous(), e.to(torch.uint8).contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("T", [1, 7, 64, 135, 4096])
+@pytest.mark.parametrize("H", [256, 4096, 7168])
+@pytest.mark.parametrize("xdtype", [torch.uint8, torch.int8])
+def test_mxfp4_matches_deepgemm_per_token_cast_to_fp4(T, H, xdtype):
+    """vLLM's MXFP4 drop-in (default scheme, uint8/int8 x_fp8 of width H/2): bit-exact with
+    DeepGEMM's reference fp4 cast run by torch on the same GPU."""
+    h = hidden(T, H, seed=T + H)
+    w, ids = routing(T)
+    x = torch.full((T, H // 2), 0xA5, dtype=torch.uint8, device=DEVICE).view(xdtype)
+    sf = torch.full((T, H // 128), 7, dtype=torch.int32, device=DEVICE)
+    idx, wo = torch.zeros(T, 8, dtype=torch.int64, device=DEVICE), torch.zeros(T, 8, device=DEVICE)
+    megamoe.prepare_megamoe_inputs(h, w, ids, x, sf, idx, wo)
+    sync()
+    q, s = per_token_cast_to_fp4(h)
+    same_bits(x.view(torch.uint8), q, "x_fp8 (packed e2m1)")
+    same_bits(sf, s, "x_sf (packed UE8M0)")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ALL_SCHEMES)
+def test_every_format_under_cuda_graph_capture(name):
+    """Captured once, replayed on new inputs (and a new global scale for NVFP4 static): the
+    CPU backend's bytes every time."""
+    s = ALL_SCHEMES[name]
+    T, H = 64, 7168
+    h = hidden(T, H, seed=1)
+    w, ids = routing(T)
+    out, gs = outputs_any(T, H, 8, s, DEVICE)
+    count = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+
+    def step():
+        megamoe.prepare_megamoe_inputs(h * 2, w, ids, **out, hidden_quant=s, global_scale=gs, nonfinite_count=count)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (11, 12):
+        h.copy_(hidden(T, H, seed=seed))
+        if gs is not None:
+            gs.fill_(0.05 * seed)
+        count.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        want_out, _ = outputs_any(T, H, 8, s, "cpu")
+        g_cpu = None if gs is None else gs.cpu()
+        megamoe.prepare_megamoe_inputs((h * 2).cpu(), w.cpu(), ids.cpu(), **want_out, hidden_quant=s, global_scale=g_cpu)
+        same_all({k: v.cpu() for k, v in out.items()}, want_out, f"{name} replay {seed}")
+        assert int(count.item()) == 0
+
+
+@cuda_only
+def test_mxfp4_under_cuda_graph_matches_deepgemm():
+    T, H = 135, 7168
+    h = hidden(T, H, seed=2)
+    w, ids = routing(T)
+    x = torch.zeros(T, H // 2, dtype=torch.int8, device=DEVICE)
+    sf = torch.zeros(T, H // 128, dtype=torch.int32, device=DEVICE)
+    idx, wo = torch.zeros(T, 8, dtype=torch.int64, device=DEVICE), torch.zeros(T, 8, device=DEVICE)
+    megamoe.prepare_megamoe_inputs(h, w, ids, x, sf, idx, wo)  # warm-up
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        megamoe.prepare_megamoe_inputs(h, w, ids, x, sf, idx, wo)
+    h.copy_(hidden(T, H, seed=9))
+    g.replay()
+    torch.cuda.synchronize()
+    q, s = per_token_cast_to_fp4(h)
+    same_bits(x.view(torch.uint8), q, "x_fp8")
+    same_bits(sf, s, "x_sf")
+
+
+@cuda_only
+def test_routing_only_and_sglang_drop_ins_on_cuda():
+    T, P, H, K = 40, 64, 7168, 8
+    h = hidden(T, H, seed=4)
+    w, ids = routing(T)
+    idx, wo = torch.zeros(P, K, dtype=torch.int64, device=DEVICE), torch.zeros(P, K, device=DEVICE)
+    megamoe.stage_megamoe_routing(w, ids, idx, wo, full_buffer=True, routed_scaling_factor=1.5)
+    idx_c, wo_c = torch.zeros(P, K, dtype=torch.int64), torch.zeros(P, K)
+    megamoe.stage_megamoe_routing(w.cpu(), ids.cpu(), idx_c, wo_c, full_buffer=True, routed_scaling_factor=1.5)
+    sync()
+    same_bits(idx.cpu(), idx_c, "routing idx")
+    same_bits(wo.cpu(), wo_c, "routing weights")
+    for dev in ("cuda", "cpu"):  # DeepGEMM's SM100 (fp8, MXFP4, NVFP4) and SM90 pre-dispatch
+        bufs = {}
+        for mma, G, fp4, cols in (("fp8xfp4", 32, False, H // 128), ("mxf4xmxf4", 32, True, H // 128), ("nvfp4xnvfp4", 16, True, H // 64)):
+            b = [torch.zeros(P, H // 2 if fp4 else H, dtype=torch.int8 if fp4 else torch.float8_e4m3fn, device=dev),
+                 torch.zeros(P, cols, dtype=torch.int32, device=dev), torch.zeros(P, K, dtype=torch.int64, device=dev),
+                 torch.zeros(P, K, device=dev)]  # fmt: skip
+            xs = torch.zeros(P, device=dev) if mma == "nvfp4xnvfp4" else None
+            megamoe.mega_moe_pre_dispatch(h.to(dev), ids.to(dev), w.to(dev), *b, num_tokens=T, group_size=G, mma_type=mma,
+                                          buf_x_scales=xs)  # fmt: skip
+            bufs[mma] = b + ([xs] if xs is not None else [])
+        b90 = [torch.zeros(P, H, dtype=torch.float8_e4m3fn, device=dev), torch.zeros(P, H // 128, device=dev),
+               torch.zeros(P, K, dtype=torch.int64, device=dev), torch.zeros(P, K, device=dev)]  # fmt: skip
+        megamoe.mega_moe_pre_dispatch_sm90(h.to(dev), ids.to(dev), w.to(dev), *b90, T, 128, 2.5)
+        bufs["sm90"] = b90
+        sync()
+        if dev == "cuda":
+            on_cuda = {k: [t.cpu() for t in v] for k, v in bufs.items()}
+        else:
+            for k, v in bufs.items():
+                for i, (a, c) in enumerate(zip(on_cuda[k], v)):
+                    same_bits(a, c, f"{k} buffer {i}")

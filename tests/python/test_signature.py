@@ -64,6 +64,15 @@ def test_native_parameter_order_is_the_table():
     assert native_params(_C.stage_routing) == list(ROUTING.names)
 
 
+def test_native_stub_parameter_order_is_the_table():
+    import ast
+
+    tree = ast.parse((STUB.parent / "_C.pyi").read_text())
+    funcs = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert funcs["prepare_inputs"] == funcs["explain"] == list(PREPARE.names)
+    assert funcs["stage_routing"] == list(ROUTING.names)
+
+
 def test_committed_stub_is_the_generated_one():
     assert STUB.read_text() == _signature.stub_text(), (
         "python/megamoe/_entry.pyi is stale; regenerate it (see its first lines)"
