@@ -74,7 +74,9 @@ def staged_fp8_fp32(x: torch.Tensor, sf_out: torch.Tensor):
 
 
 def blockwise_gemm(xq, x_sf, wq, w_sf):
-    return F.scaled_mm(xq, wq.t(), x_sf, ScalingType.BlockWise1x128, w_sf, ScalingType.BlockWise128x128,
+    """x [M, K] @ w[N, K]^T: mat_b is the (K, N) view of w, so its 128x128 block scales are
+    the (K/128, N/128) view of w_sf (scaled_mm checks that shape; measured on the H200)."""
+    return F.scaled_mm(xq, wq.t(), x_sf, ScalingType.BlockWise1x128, w_sf.t(), ScalingType.BlockWise128x128,
                        output_dtype=torch.bfloat16)
 
 
