@@ -121,6 +121,13 @@ class Spec:
         self.params = tuple(params)
         self.names = tuple(p.name for p in self.params)
         self._index = {n: i for i, n in enumerate(self.names)}
+        kinds = [(i, p.name, p.kind) for i, p in enumerate(self.params)]
+        self._tensors = [(i, n) for i, n, k in kinds if k in _TENSOR_KINDS]
+        self._ints = [(i, n) for i, n, k in kinds if k == "int?"]
+        self._floats = [(i, n) for i, n, k in kinds if k == "float?"]
+        self._bools = [(i, n) for i, n, k in kinds if k == "bool"]
+        self._schemes = [i for i, _, k in kinds if k == "scheme"]
+        self._streams = [i for i, _, k in kinds if k == "stream"]
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -147,23 +154,30 @@ class Spec:
     def native_args(self, values: Sequence[Any], scheme: Callable[[Any], Any], tensor: Callable[[Any, str], Any] = None) -> list:
         """``values`` (table order) converted for megamoe._C: ints, floats, bools and the
         stream checked, the scheme through ``scheme``, arrays through ``tensor`` (or as they
-        are: the binding names what is wrong with them)."""
+        are: the binding names what is wrong with them). On every call's path: index lists
+        made once, no per-argument dispatch on the kind."""
         out = list(values)
-        for i, p in enumerate(self.params):
+        if tensor is not None:
+            for i, name in self._tensors:
+                v = out[i]
+                if v is not None:
+                    out[i] = tensor(v, name)
+        for i, name in self._ints:
             v = out[i]
-            if p.kind in _TENSOR_KINDS:
-                if tensor is not None:
-                    out[i] = tensor(v, p.name)
-            elif p.kind == "int?":
-                out[i] = optional_int(v, p.name)
-            elif p.kind == "float?":
-                out[i] = optional_float(v, p.name)
-            elif p.kind == "bool":
-                out[i] = _as_bool(v, p.name)
-            elif p.kind == "scheme":
-                out[i] = scheme(v)
-            elif p.kind == "stream":
-                out[i] = stream_int(v)
+            if v is not None and type(v) is not int:
+                out[i] = optional_int(v, name)
+        for i, name in self._floats:
+            v = out[i]
+            if v is not None and type(v) is not float:
+                out[i] = optional_float(v, name)
+        for i, name in self._bools:
+            v = out[i]
+            if v is not True and v is not False:
+                out[i] = _as_bool(v, name)
+        for i in self._schemes:
+            out[i] = scheme(out[i])
+        for i in self._streams:
+            out[i] = stream_int(out[i])
         return out
 
     # -- The custom op ----------------------------------------------------------------------

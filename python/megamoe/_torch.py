@@ -68,13 +68,17 @@ def _stream_of(t: Any) -> int:
     return _raw_stream(t.device.index) if isinstance(t, _Tensor) and t.is_cuda else 0
 
 
+# dtypes handed over as their bytes: float4_e2m1fn_x2 (the library calls packed fp4 uint8)
+# and float8 where this torch's DLPack has no code for it.
+_AS_BYTES = frozenset(d for d in (_FP4X2, None if _FP8_DLPACK else _FP8) if d is not None)
+
+
 def _cap(t: Any, name: str) -> Any:
     """A DLPack capsule for a tensor (None and non-tensors pass through: the binding names
-    what is wrong with them). float4_e2m1fn_x2 (and float8 where DLPack has no code for it)
-    travel as their bytes."""
-    if not isinstance(t, _Tensor):
+    what is wrong with them)."""
+    if t is None or not isinstance(t, _Tensor):
         return t
-    if (t.dtype == _FP8 and not _FP8_DLPACK) or (_FP4X2 is not None and t.dtype == _FP4X2):
+    if t.dtype in _AS_BYTES:
         t = t.view(torch.uint8)
     try:
         return _to_dlpack(t)
@@ -89,10 +93,10 @@ def _no_tokens(t: Any) -> bool:
     """``t`` is a 2-D tensor of 0 rows: the reference returns before reading any other
     argument. Only a row count known now counts; a symbolic one (torch.compile with dynamic
     shapes) is decided when the op runs."""
-    if not isinstance(t, _Tensor) or t.dim() != 2:
+    if not isinstance(t, _Tensor):
         return False
-    rows = t.shape[0]
-    return isinstance(rows, int) and rows == 0
+    shape = t.shape
+    return len(shape) == 2 and isinstance(shape[0], int) and shape[0] == 0
 
 
 # QuantScheme objects are compile-time constants for torch.compile: Dynamo guards on them
@@ -125,10 +129,10 @@ def _op_scheme_args(hidden_quant: Any) -> tuple:
 # Direct calls
 
 
-def _run_prepare(a: Sequence[Any]) -> None:
+def _run_prepare(a: Sequence[Any], checked: bool = False) -> None:
     """Call the library with the arguments of prepare_megamoe_inputs (table order; the
-    stream already resolved)."""
-    if not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
+    stream already resolved; ``checked``: the caller has done the T == 0 test)."""
+    if not checked and not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
         return
     call_prepare(a, lambda v: _C.prepare_inputs(*PREPARE.native_args(v, as_scheme, _cap)), _run_routing)
 
@@ -164,7 +168,7 @@ def prepare(a: Sequence[Any]) -> None:
     if not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
         return
     if a[_P_STREAM] is not None or _eager_ok(a[0]):
-        _run_prepare(_with_stream(a, _P_STREAM, a[0]))
+        _run_prepare(_with_stream(a, _P_STREAM, a[0]), checked=True)
         return
     torch.ops.megamoe.prepare_inputs(*PREPARE.op_values(a, _op_scheme_args))
 

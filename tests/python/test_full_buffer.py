@@ -321,3 +321,26 @@ from megamoe._signature import PREPARE as _PREPARE  # noqa: E402
 
 PREPARE_FULL = _PREPARE.index("full_buffer")
 PREPARE_ALPHA = _PREPARE.index("routed_scaling_factor")
+
+
+def test_cpu_threads():
+    if not hasattr(megamoe, "set_cpu_threads"):
+        pytest.skip("this library has no megamoe::set_cpu_threads")
+    before = megamoe.cpu_threads()
+    assert before >= 1
+    try:
+        megamoe.set_cpu_threads(1)
+        assert megamoe.cpu_threads() == 1
+        T, H = 1100, 256  # large enough for worker threads, here on the calling thread only
+        h, w, ids = inputs(T, H, 4, seed=6)
+        out = outputs(T, H, 4, megamoe.MXFP4)
+        megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=megamoe.MXFP4)
+        check_one = out["x_fp8"].copy()
+        megamoe.set_cpu_threads(0)
+        assert megamoe.cpu_threads() >= 1
+        megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=megamoe.MXFP4)
+        assert np.array_equal(check_one, out["x_fp8"])
+        with pytest.raises(ValueError, match="set_cpu_threads"):
+            megamoe.set_cpu_threads(-1)
+    finally:
+        megamoe.set_cpu_threads(0)
