@@ -57,10 +57,14 @@ if has sanitize; then
   # The whole GPU suite under each tool, except (by name):
   #  - too slow under the sanitizer: the exhaustive 2^32-pattern numerics checks and the
   #    prefill-size staging tests (CudaStage.LargeT, CudaStage.MoreThan2Pow31Elements);
-  #  - faulting on purpose (invalid device pointers, in child processes): CudaErrorsDeathTest.*.
+  #  - failing on purpose: the invalid device pointers of CudaErrorsDeathTest.* (in child
+  #    processes) and the nonexistent device of CudaErrors.MissingDeviceIsACudaError (an API
+  #    error the sanitizer reports as one).
+  # Each tool runs the suite once (minutes): split the tools across device calls with
+  # SANITIZE_TOOLS when a call's time limit is near.
   SLOW='CudaNumerics.PackedAmaxMatchesScalarRuleBF16:CudaNumerics.PackedAmaxMatchesScalarRuleF16'
   SLOW="$SLOW:CudaNumerics.Fp8HardwareMatchesSoftwareOnAllFloats:CudaStage.LargeT:CudaStage.MoreThan2Pow31Elements"
-  FILTER="${SANITIZE_FILTER:-*}-$SLOW:CudaErrorsDeathTest.*"
+  FILTER="${SANITIZE_FILTER:-*}-$SLOW:CudaErrorsDeathTest.*:CudaErrors.MissingDeviceIsACudaError"
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     extra=""
     [ "$tool" = memcheck ] && extra="--leak-check full"

@@ -46,7 +46,10 @@ __device__ __forceinline__ float element(const RawChunk<In>& c, int i) {
   else return widen<Half2Kind::kF16>(c.w[i / 2], i % 2);
 }
 
-/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits).
+/// NaN-ignoring max |x| over the chunk (core::fmax_nan_ignoring of core::abs_bits), NaN
+/// when all 16 elements are NaN, where the CPU backend's fold from 0 gives 0. The group
+/// math of every format but NVFP4 per-token maps both to the same scale and values (the
+/// floor, or the static clamp, absorbs the NaN); the row kernel folds from 0 itself.
 template <int In>
 __device__ __forceinline__ float chunk_amax(const RawChunk<In>& c) {
   if constexpr (In == kInBF16) return abs_max_packed<Half2Kind::kBF16>(c.w);

@@ -129,8 +129,8 @@ inline int in_kind(DType d) { return d == DType::kBFloat16 ? kInBF16 : d == DTyp
 
 // The launch units (one per kernel family, compiled in parallel). Each takes a plan that
 // check_plan has accepted.
-void launch_fast_fp8(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
-void launch_fast_fp4(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
+void launch_fast_ue8m0(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
+void launch_fast_fp32_nvfp4(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_generic(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_rowwise(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 

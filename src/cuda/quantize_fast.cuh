@@ -45,6 +45,16 @@ enum class Mode {
 template <Mode kMode>
 using IdxOf = std::conditional_t<kMode == Mode::kIdx64Stream, int64_t, uint32_t>;
 
+/// What a variant of the fast kernel adds to the plain path.
+enum class Extras {
+  kNone,   ///< the default amax floor, compiled in (the instruction sequence of the fp8 path)
+  kFloor,  ///< the amax floor read from the parameters
+  kCount,  ///< the floor read, and the non-finite counter
+};
+/// The format's group math reads the amax floor (NVFP4 static's does not).
+template <core::Format F>
+constexpr bool kUsesFloor = F != core::Format::kNvfp4Static && F != core::Format::kNvfp4PerToken;
+
 /// The format's scale as it is stored: packed byte (UE8M0 / e4m3) or fp32 bits.
 template <core::Format F>
 constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
@@ -66,9 +76,9 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 /// shuffles). s2: the format's second-level scale (static_scale2). kTopk: the row's first
 /// threads also repack its top-k entries. kTile: the group's scale goes to this warp's row
 /// of the block's shared-memory tile (a scale byte or an fp32's bits, at the group's index
-/// within the warp's 32 chunks) instead of global memory. kCount: the chunk's non-finite
-/// elements are added to nf.
-template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, bool kCount, typename Idx>
+/// within the warp's 32 chunks) instead of global memory. X: the floor's source, and
+/// whether the chunk's non-finite elements are added to nf.
+template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, Extras X, typename Idx>
 __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
                                          uint32_t& nf) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
@@ -85,12 +95,13 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   } else {
     zero_chunk<In>(x);
   }
-  if constexpr (kCount) nf += chunk_nonfinite<In>(x);
+  if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);
   float amax = chunk_amax<In>(x);
 #pragma unroll
   for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!active) return;
-  const core::GroupParams gp = core::group_params<F>(amax, p.floor, s2);
+  const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
+  const core::GroupParams gp = core::group_params<F>(amax, floor, s2);
   const Encoded<F> q = encode_chunk<F, In>(x, gp);
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * kOutBytes, Idx{1}), q.w);
   // The group's first thread stores its scale: an fp32, or its byte into the packed word
@@ -111,25 +122,25 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
 }
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
-template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kCount, typename Idx>
+template <int In, core::Format F, int G, bool kStream, bool kTopk, Extras X, typename Idx>
 __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf) {
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  stage_at<In, F, G, kStream, kTopk, false, kCount>(p, t, j, c < p.n_chunks, s2, nullptr, nf);
+  stage_at<In, F, G, kStream, kTopk, false, X>(p, t, j, c < p.n_chunks, s2, nullptr, nf);
 }
 
 /// Tile i of the tile shape: warp w quantizes token kTileTokens * (i / segments) + w,
 /// chunks 32 * (i % segments) + lane; then the block stores the tile's scales with
 /// consecutive threads on consecutive tokens (packed scales: whole words, to x_sf and the
 /// shared copy). Every thread of the block must call it (barriers).
-template <int In, core::Format F, int G, bool kStream, bool kCount>
+template <int In, core::Format F, int G, bool kStream, Extras X>
 __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float s2, uint32_t& nf) {
   constexpr uint32_t kItems = kPackedSf<F> ? 512u / (4u * G) : 512u / G;  // words or groups per segment
   constexpr uint32_t kChunksPerItem = kPackedSf<F> ? 4u * G / kChunk : G / kChunk;
   __shared__ uint32_t tile[kTileTokens][kItems];
   const uint32_t tg = core::fastdiv(i, p.seg_div), seg = i - tg * p.seg_div.divisor;
   const uint32_t warp = threadIdx.x / 32u, t = tg * kTileTokens + warp, j = seg * 32u + threadIdx.x % 32u;
-  stage_at<In, F, G, kStream, false, true, kCount>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf);
+  stage_at<In, F, G, kStream, false, true, X>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf);
   __syncthreads();
   if (threadIdx.x < kTileTokens * kItems) {
     const uint32_t k = threadIdx.x % kTileTokens, item = threadIdx.x / kTileTokens;
@@ -142,10 +153,10 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
   if (i + p.quant_blocks < p.n_tiles) __syncthreads();  // (block-uniform) the tile is free for the next one
 }
 
-/// The fast kernel. kCount: the variant that counts non-finite hidden elements into
-/// p.nonfinite; without it the counter is neither computed nor touched.
-template <int In, core::Format F, int G, Mode kMode, Shape kShape, bool kCount>
-__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, kCount>)
+/// The fast kernel. X == Extras::kCount: the variant that counts non-finite hidden
+/// elements into p.nonfinite; the others neither compute nor touch the counter.
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
+__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, X == Extras::kCount>)
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
@@ -158,7 +169,7 @@ __global__ void __launch_bounds__(256, kFastBlocksPerSm<In, kCount>)
     // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
     for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
          base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-      stage_chunk<In, F, G, kStream, true, kCount>(p, base + threadIdx.x, s2, nf);
+      stage_chunk<In, F, G, kStream, true, X>(p, base + threadIdx.x, s2, nf);
     }
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
@@ -167,12 +178,12 @@ __global__ void __launch_bounds__(256, kFastBlocksPerSm<In, kCount>)
     }
     const float s2 = static_scale2<F>(p);
     if constexpr (kShape == Shape::kTile) {
-      for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, kCount>(p, i, s2, nf);
+      for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
     } else {
-      stage_chunk<In, F, G, kStream, false, kCount>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
+      stage_chunk<In, F, G, kStream, false, X>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
     }
   }
-  if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
+  if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);
 }
 
 }  // namespace

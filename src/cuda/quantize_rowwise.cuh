@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(1024) stage_rowwise_kernel(const Params64 p) {
       if constexpr (kVec) {
         RawChunk<In> x;
         load_chunk<In>(hs + t * p.hs_s0 + g * kChunk, x);
-        const core::GroupParams gp = core::group_params<F>(chunk_amax<In>(x), p.floor, pts);
+        // From 0 like the CPU backend's fold: an all-NaN group has amax 0 (chunk_amax: NaN).
+        const core::GroupParams gp = core::group_params<F>(fmaxf(0.0f, chunk_amax<In>(x)), p.floor, pts);
         const Encoded<F> q = encode_chunk<F, In>(x, gp);
         store_words<false>(p.xq + t * p.xq_s0 + g * (kChunk / 2), q.w);
         store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);

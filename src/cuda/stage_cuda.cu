@@ -66,8 +66,8 @@ void run(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stream 
   auto stream = static_cast<cudaStream_t>(stream_handle);
   switch (plan.role) {
     case Role::kFast:
-      if (core::values_per_byte(plan.fmt) == 1) return launch_fast_fp8(plan, a, p, stream);
-      return launch_fast_fp4(plan, a, p, stream);
+      if (core::sf_of(plan.fmt) == core::Sf::kUE8M0x4) return launch_fast_ue8m0(plan, a, p, stream);
+      return launch_fast_fp32_nvfp4(plan, a, p, stream);
     case Role::kGeneric: return launch_generic(plan, a, p, stream);
     case Role::kRowwise: return launch_rowwise(plan, a, p, stream);
   }

@@ -503,6 +503,7 @@ inline std::vector<QuantScheme> all_schemes() {
           QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
           QuantScheme::nvfp4_static(),
           QuantScheme::nvfp4_per_token(),
+          QuantScheme::mxfp8().with_amax_floor(1e-10f),
           QuantScheme::fp8_fp32_g128().with_amax_floor(1e-10f),
           QuantScheme::mxfp4().with_amax_floor(1e-10f),
           QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f)};

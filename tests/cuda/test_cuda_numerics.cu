@@ -167,7 +167,8 @@ TEST(CudaNumerics, HalfToFloatMatchesHardware) {
 // The fast kernels' vector forms of a 16-element chunk (src/cuda/chunk.cuh: the fmaxf tree
 // of fp32 chunks, the packed amax of 16-bit ones, the x2 fp8 conversion, the nibble packing,
 // the non-finite count) against the scalar core rules element by element, on chunks of
-// random bit patterns (a third of them specials: NaN, Inf, zeros, subnormals).
+// random bit patterns (a third of them specials: NaN, Inf, zeros, subnormals; some all-NaN
+// chunks, whose amax is where the vector form differs, harmlessly).
 namespace {
 
 __device__ uint32_t mix(uint64_t x) {
@@ -195,17 +196,26 @@ __global__ void chunk_forms(uint64_t n, unsigned long long* mismatches, uint32_t
         else if (kind == 1) r &= ~special;
       }
       c.w[k] = r;
+      if (i % 4096 == 7) c.w[k] = In == mcu::kInF32 ? 0xFFC00001u : (In == mcu::kInBF16 ? 0x7FC1FFC2u : 0x7E01FE02u);
     }
-    uint32_t nf = 0;
-    float amax = 0.0f;
+    uint32_t nf = 0, nans = 0;
+    float amax = 0.0f;  // the CPU backend's fold from 0
     for (int k = 0; k < 16; ++k) {
       const float x = mcu::element<In>(c, k);
       amax = core::fmax_nan_ignoring(amax, core::abs_bits(x));
       nf += core::non_finite(x) ? 1u : 0u;
+      nans += x != x ? 1u : 0u;
     }
-    bool ok = __float_as_uint(mcu::chunk_amax<In>(c)) == __float_as_uint(amax) && mcu::chunk_nonfinite<In>(c) == nf;
-    // Group parameters from this chunk (a second-level scale for the NVFP4 formats).
+    // chunk_amax: the same, except NaN when every element is NaN (see chunk.cuh) ...
+    const float vec_amax = mcu::chunk_amax<In>(c);
+    bool ok = nans == 16 ? vec_amax != vec_amax : __float_as_uint(vec_amax) == __float_as_uint(amax);
+    ok = ok && mcu::chunk_nonfinite<In>(c) == nf;
+    // ... which gives the same group parameters (the row kernel of NVFP4 per-token folds
+    // from 0 itself); a second-level scale for the NVFP4 formats.
+    const float kernel_amax = F == core::Format::kNvfp4PerToken ? fmaxf(0.0f, vec_amax) : vec_amax;
     const core::GroupParams gp = core::group_params<F>(amax, core::kAmaxFloor, 0.01f);
+    const core::GroupParams kp = core::group_params<F>(kernel_amax, core::kAmaxFloor, 0.01f);
+    ok = ok && gp.sf == kp.sf && __float_as_uint(gp.m) == __float_as_uint(kp.m);
     const mcu::Encoded<F> e = mcu::encode_chunk<F, In>(c, gp);
     constexpr int kBits = core::values_per_byte(F) == 1 ? 8 : 4;
     for (int k = 0; k < 16; ++k) {

@@ -78,6 +78,7 @@ TEST(CudaStage, EveryFormatEveryShape) {
   for (const QuantScheme& q : all_schemes()) {
     for (int64_t T : {1, 65, 135}) {
       for (int64_t H : {128, 7168}) {
+        if (q.ue8m0() && (H / q.group_k) % 4 != 0) continue;  // no whole scale word
         Case c;
         c.T = T;
         c.H = H;
