@@ -45,15 +45,17 @@ def call_prepare(a: Any, prepare: Any, routing: Any) -> None:
     scaling factor in one call yet (UnsupportedError; the CUDA backend for now), the same
     result in two: the tokens' rows staged plainly, then the routing-only call, which does
     both, over the whole top-k buffers (rewriting their first T rows). Arguments in table
-    order, already validated by the first attempt. Rows T.. of the activation outputs are
-    left untouched either way."""
+    order, already validated by the first attempt; arrays that cannot be sliced (raw DLPack
+    capsules) get the refusal instead. Rows T.. of the activation outputs are left
+    untouched either way."""
     full, alpha = _as_bool(a[_P_FULL], "full_buffer"), a[PREPARE.index("routed_scaling_factor")]
     if not (full or alpha is not None) or _FUSED_TAIL[0]:
         try:
             prepare(a)
             return
         except _C.UnsupportedError as e:
-            if not (full or alpha is not None) or "full-buffer" not in str(e):
+            sliceable = all(hasattr(x, "shape") and hasattr(x, "__getitem__") for x in a[:7])
+            if not (full or alpha is not None) or "full-buffer" not in str(e) or not sliceable:
                 raise
             _FUSED_TAIL[0] = False
     T = (shape_of(a[0]) or (0,))[0]

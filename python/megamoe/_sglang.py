@@ -78,6 +78,18 @@ def _as_bytes(buf: Any) -> Any:
     return buf
 
 
+def _flat(a: Any) -> Any:
+    """A 1-D view of ``a`` (never a copy: the drop-in writes through it)."""
+    if len(shape_of(a)) == 1:
+        return a
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return a.view(-1)  # raises for a layout no view can flatten
+    v = a.view()
+    v.shape = (-1,)  # NumPy raises instead of copying
+    return v
+
+
 def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
     """``w[t, k] *= expert_scales[ids[t, k]]`` where the id is a valid expert (DeepGEMM skips
     negative ids; ids past the table, which DeepGEMM would read out of bounds, are skipped
@@ -92,7 +104,7 @@ def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
     E = shape[0]
     if torch is not None and isinstance(w, torch.Tensor):
         valid = (ids >= 0) & (ids < E)
-        scale = expert_scales.to(w.device)[ids.clamp(0, max(E - 1, 0))] if E else torch.ones_like(w)
+        scale = expert_scales[ids.clamp(0, max(E - 1, 0))] if E else torch.ones_like(w)
         w.copy_(torch.where(valid, w * scale, w))
         return
     import numpy as np
@@ -140,7 +152,7 @@ def mega_moe_pre_dispatch(
     if fp4:
         buf_x = _as_bytes(buf_x)
     rows = (shape_of(buf_topk_idx) or (0,))[0]
-    xs = None if buf_x_scales is None else buf_x_scales.reshape(-1)
+    xs = None if buf_x_scales is None else _flat(buf_x_scales)
     x_n, ids_n, w_n = x[:n], topk_idx[:n], topk_weights[:n]
     if xs is not None and shape_of(xs)[0] < rows:
         # DeepGEMM asks only num_tokens scales of buf_x_scales; megamoe's full-buffer mode
