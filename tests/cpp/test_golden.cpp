@@ -19,31 +19,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = mt::u2f(0x7FC00000u);
 const float kNegNaN = mt::u2f(0xFFC00000u);
 
-/// Layouts that change everything but the values: strided, transposed, reversed, misaligned.
-mt::Layouts odd_layouts() {
-  mt::Layouts l;
-  l.hidden = Layout::kNegCols;
-  l.ids = Layout::kTransposed;
-  l.w = Layout::kStride2;
-  l.pad = Layout::kStride2;
-  l.x_q = Layout::kNegRows;
-  l.x_sf = Layout::kMnMajor4;
-  l.idx = Layout::kTransposed;
-  l.wout = Layout::kNegCols;
-  l.shared = Layout::kTransposed;
-  l.misalign_in = true;
-  l.misalign_out = true;
-  l.shared_extra_rows = 3;
-  return l;
-}
-
-/// Stage @p p (dense, then odd layouts), assert both match the reference, return it.
-megamoe_ref::Result staged(const mt::Problem& p) {
-  megamoe_ref::Result r;
-  EXPECT_TRUE(mt::stage_and_compare(p, mt::Layouts{}, &r)) << "dense layouts";
-  EXPECT_TRUE(mt::stage_and_compare(p, odd_layouts())) << "odd layouts";
-  return r;
-}
+using mt::staged;
 
 /// Bytes of x_q row t, columns [h0, h0 + n).
 std::vector<int> bytes(const megamoe_ref::Result& r, int64_t H, int64_t t, int64_t h0, int64_t n) {
@@ -333,7 +309,7 @@ TEST(Golden, SharedStagingCopiesScaleRows) {
     mn.shared = Layout::kMnMajor4;
     mn.shared_extra_rows = 1;
     EXPECT_TRUE(mt::stage_and_compare(p, mn));
-    EXPECT_TRUE(mt::stage_and_compare(p, odd_layouts()));
+    EXPECT_TRUE(mt::stage_and_compare(p, mt::odd_layouts()));
   }
 }
 

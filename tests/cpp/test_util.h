@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "megamoe/megamoe.h"
@@ -135,9 +137,10 @@ struct Buf {
   int64_t base = 0;  ///< byte offset of element (0, 0) in mem
   int64_t es = 4;    ///< element size in bytes
 
-  int64_t rows() const { return shape[0]; }
+  int64_t rows() const { return ndim == 0 ? 1 : shape[0]; }  // a 0-D tensor has one element
   int64_t cols() const { return ndim == 2 ? shape[1] : 1; }
   int64_t offset(int64_t i, int64_t j = 0) const {
+    if (ndim == 0) return base;
     return base + (i * strides[0] + (ndim == 2 ? j * strides[1] : 0)) * es;
   }
   uint8_t* ptr(int64_t i, int64_t j = 0) { return mem.data() + offset(i, j); }
@@ -171,7 +174,8 @@ struct Buf {
         const int64_t o = offset(i, j);
         if (b >= o && b < o + es) {
           std::ostringstream os;
-          os << "(" << i;
+          os << "(";
+          if (ndim >= 1) os << i;
           if (ndim == 2) os << ", " << j;
           os << ") byte " << (b - o);
           return os.str();
@@ -220,6 +224,21 @@ inline Buf make_buf(DType dt, int64_t rows, int64_t cols, Layout l, bool misalig
   return b;
 }
 
+/// A 0-D tensor (@p zero_dim) or a 1-D [1] tensor of @p dt holding @p value, its bytes
+/// around it filled with @p fill (the shape of global_scale and nonfinite_count).
+template <typename V>
+inline Buf make_scalar(DType dt, bool zero_dim, bool misalign, uint8_t fill, V value) {
+  Buf b = make_buf(dt, 1, -1, Layout::kContig, misalign, fill);
+  if (zero_dim) {
+    b.ndim = 0;
+    b.shape[0] = 0;
+    b.strides[0] = 0;
+  }
+  static_assert(std::is_trivially_copyable<V>::value, "raw element bytes");
+  std::memcpy(b.ptr(0), &value, sizeof(V) < static_cast<size_t>(b.es) ? sizeof(V) : static_cast<size_t>(b.es));
+  return b;
+}
+
 /// Byte-by-byte equality of a buffer with its expected image, naming the first mismatch
 /// (element coordinates or "gap"), both byte values and the mismatch count.
 inline ::testing::AssertionResult assert_bitwise_equal(const char* name, const Buf& actual,
@@ -250,7 +269,7 @@ inline ::testing::AssertionResult assert_bitwise_equal(const char* name, const B
 /// Dense inputs of one problem, each in its own dtype (row-major bytes).
 struct Problem {
   int64_t T = 0, H = 0, K = 0;
-  QuantScheme q = QuantScheme::mxfp8();
+  QuantScheme q = QuantScheme::mxfp8();  ///< the scheme the library is given
   DType hidden_dt = DType::kBFloat16;
   std::vector<uint8_t> hidden;  ///< T*H elements of hidden_dt
   DType ids_dt = DType::kInt64;
@@ -260,13 +279,36 @@ struct Problem {
   std::optional<DType> pad_dt;  ///< kBool or kUInt8 when is_padding is passed
   std::vector<uint8_t> pad;     ///< T bytes
   int64_t bm = 0;               ///< shared_block_m; 0 = no shared_x_sf
-  DType x_fp8_dt = DType::kFloat8E4M3;  ///< x_q may also be raw uint8 bytes
+  /// dtype of x_q: fp8 or uint8 for fp8 formats; uint8 or int8 for fp4 ones.
+  DType x_fp8_dt = DType::kFloat8E4M3;
+  /// The MXFP4 drop-in (SPEC: the default scheme with an int8/uint8 x_q of width H/2 means
+  /// MXFP4 with ttz ties): q stays mxfp8() and x_q gets H/2 columns.
+  bool fp4_dropin = false;
+  float global_scale = 1.0f;              ///< the value passed as global_scale (NVFP4 static)
+  std::optional<int64_t> nonfinite_init;  ///< pass nonfinite_count, holding this value
 
-  int64_t groups() const { return H / q.group_k; }
-  int64_t sf_cols() const { return q.ue8m0() ? H / (4 * q.group_k) : H / q.group_k; }
+  /// The format the library must produce (the drop-in rule applied).
+  megamoe_ref::Format format() const {
+    using megamoe_ref::Format;
+    using megamoe_ref::Fp4Ties;
+    if (fp4_dropin) return Format::mxfp4(Fp4Ties::kTowardZero, q.amax_floor);
+    if (q.elem == megamoe::QuantElem::kFloat4E2M1) {
+      if (q.scale2 == megamoe::Scale2::kStatic) return Format::nvfp4_static(global_scale);
+      if (q.scale2 == megamoe::Scale2::kPerToken) return Format::nvfp4_per_token(q.amax_floor);
+      const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
+      return Format::mxfp4(rne ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero, q.amax_floor);
+    }
+    return Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
+  }
+  int64_t groups() const { return H / format().G; }
+  int64_t sf_cols() const { return format().sf_cols(H); }
+  int64_t q_cols() const { return format().q_cols(H); }
+  bool static_gs() const { return !fp4_dropin && q.scale2 == megamoe::Scale2::kStatic; }
+  bool per_token() const { return !fp4_dropin && q.scale2 == megamoe::Scale2::kPerToken; }
 };
 
-/// Dense problem with contiguous zero-filled inputs (callers fill what they need).
+/// Dense problem with contiguous zero-filled inputs (callers fill what they need); x_q is
+/// fp8 for fp8 schemes and uint8 for fp4 ones.
 inline Problem make_problem(int64_t T, int64_t H, int64_t K, QuantScheme q,
                             DType hidden_dt = DType::kFloat32) {
   Problem p;
@@ -278,6 +320,7 @@ inline Problem make_problem(int64_t T, int64_t H, int64_t K, QuantScheme q,
   p.hidden.assign(static_cast<size_t>(T * H * megamoe::dtype_size(hidden_dt)), 0);
   p.ids.assign(static_cast<size_t>(T * K * 8), 0);
   p.w.assign(static_cast<size_t>(T * K * 4), 0);
+  if (q.elem == megamoe::QuantElem::kFloat4E2M1) p.x_fp8_dt = DType::kUInt8;
   return p;
 }
 
@@ -295,9 +338,11 @@ inline void set_hidden_bits(Problem& p, int64_t t, int64_t h, uint32_t bits) {
 struct Layouts {
   Layout hidden = Layout::kContig, ids = Layout::kContig, w = Layout::kContig,
          pad = Layout::kContig, x_q = Layout::kContig, x_sf = Layout::kContig,
-         idx = Layout::kContig, wout = Layout::kContig, shared = Layout::kContig;
+         idx = Layout::kContig, wout = Layout::kContig, shared = Layout::kContig,
+         x_scales = Layout::kContig;  ///< 1-D: contig, kNegRows (reversed) or strided
   bool misalign_in = false;   ///< shift every input's first element by one element
   bool misalign_out = false;  ///< same for every output
+  bool scalars_0d = false;    ///< global_scale and nonfinite_count as 0-D tensors (else [1])
   int64_t shared_extra_rows = 0;
 
   std::string describe() const {
@@ -306,8 +351,9 @@ struct Layouts {
        << " w=" << layout_name(w) << " pad=" << layout_name(pad)
        << " x_q=" << layout_name(x_q) << " x_sf=" << layout_name(x_sf)
        << " idx=" << layout_name(idx) << " wout=" << layout_name(wout)
-       << " shared=" << layout_name(shared) << " misalign_in=" << misalign_in
-       << " misalign_out=" << misalign_out << " shared_extra_rows=" << shared_extra_rows;
+       << " shared=" << layout_name(shared) << " x_scales=" << layout_name(x_scales)
+       << " misalign_in=" << misalign_in << " misalign_out=" << misalign_out
+       << " scalars_0d=" << scalars_0d << " shared_extra_rows=" << shared_extra_rows;
     return os.str();
   }
 };
@@ -320,20 +366,27 @@ constexpr uint8_t kPoisonIdx = 0xA5;  ///< topk_idx_out poison (0xFF.. would be 
 struct Call {
   Buf hidden, ids, w, x_q, x_sf, idx, wout;
   std::optional<Buf> pad, shared;
+  std::optional<Buf> gs;        ///< global_scale input (NVFP4 static)
+  std::optional<Buf> x_scales;  ///< per-token scale output (NVFP4 per-token)
+  std::optional<Buf> nfc;       ///< nonfinite_count (in/out)
   megamoe::StageArgs args;
 
   std::vector<std::pair<const char*, const Buf*>> inputs() const {
     std::vector<std::pair<const char*, const Buf*>> v = {
         {"hidden_states", &hidden}, {"topk_ids", &ids}, {"topk_weights", &w}};
     if (pad) v.emplace_back("is_padding", &*pad);
+    if (gs) v.emplace_back("global_scale", &*gs);
     return v;
   }
+  /// Everything a call may write (nonfinite_count included: a rejected call must leave it).
   std::vector<std::pair<const char*, const Buf*>> outputs() const {
     std::vector<std::pair<const char*, const Buf*>> v = {{"x_q", &x_q},
                                                          {"x_sf", &x_sf},
                                                          {"topk_idx_out", &idx},
                                                          {"topk_weights_out", &wout}};
     if (shared) v.emplace_back("shared_x_sf", &*shared);
+    if (x_scales) v.emplace_back("x_scales", &*x_scales);
+    if (nfc) v.emplace_back("nonfinite_count", &*nfc);
     return v;
   }
 };
@@ -351,6 +404,7 @@ inline void scatter(Buf& b, const std::vector<uint8_t>& dense) {
 inline Call make_call(const Problem& p, const Layouts& l) {
   Call c;
   const bool mi = l.misalign_in, mo = l.misalign_out;
+  const megamoe_ref::Format f = p.format();
   c.hidden = make_buf(p.hidden_dt, p.T, p.H, l.hidden, mi, kGapFill);
   scatter(c.hidden, p.hidden);
   c.ids = make_buf(p.ids_dt, p.T, p.K, l.ids, mi, kGapFill);
@@ -361,15 +415,20 @@ inline Call make_call(const Problem& p, const Layouts& l) {
     c.pad = make_buf(*p.pad_dt, p.T, -1, l.pad, mi, kGapFill);
     scatter(*c.pad, p.pad);
   }
-  c.x_q = make_buf(p.x_fp8_dt, p.T, p.H, l.x_q, mo, kPoison);
-  c.x_sf = make_buf(p.q.ue8m0() ? DType::kInt32 : DType::kFloat32, p.T, p.sf_cols(), l.x_sf, mo,
-                    kPoison);
+  if (p.static_gs()) c.gs = make_scalar(DType::kFloat32, l.scalars_0d, mi, kGapFill, p.global_scale);
+  c.x_q = make_buf(p.x_fp8_dt, p.T, p.q_cols(), l.x_q, mo, kPoison);
+  c.x_sf = make_buf(f.packed_scales() ? DType::kInt32 : DType::kFloat32, p.T, p.sf_cols(), l.x_sf,
+                    mo, kPoison);
   c.idx = make_buf(DType::kInt64, p.T, p.K, l.idx, mo, kPoisonIdx);
   c.wout = make_buf(DType::kFloat32, p.T, p.K, l.wout, mo, kPoison);
   if (p.bm > 0) {
     const int64_t abm = (p.bm + 127) / 128 * 128;
     const int64_t rows = (p.T + p.bm - 1) / p.bm * abm + l.shared_extra_rows;
     c.shared = make_buf(DType::kInt32, rows, p.sf_cols(), l.shared, mo, kPoison);
+  }
+  if (p.per_token()) c.x_scales = make_buf(DType::kFloat32, p.T, -1, l.x_scales, mo, kPoison);
+  if (p.nonfinite_init) {
+    c.nfc = make_scalar(DType::kInt64, l.scalars_0d, mo, kPoison, *p.nonfinite_init);
   }
   megamoe::StageArgs& a = c.args;
   a.hidden_states = c.hidden.ref();
@@ -384,6 +443,9 @@ inline Call make_call(const Problem& p, const Layouts& l) {
     a.shared_x_sf = c.shared->ref();
     a.shared_block_m = p.bm;
   }
+  if (c.gs) a.global_scale = c.gs->ref();
+  if (c.x_scales) a.x_scales = c.x_scales->ref();
+  if (c.nfc) a.nonfinite_count = c.nfc->ref();
   a.hidden_quant = p.q;
   return c;
 }
@@ -407,13 +469,13 @@ inline megamoe_ref::Result reference(const Problem& p) {
     w[i] = widen(p.w_dt, p.w.data() + i * wes);
   }
   return megamoe_ref::stage(hidden.data(), p.T, p.H, ids.data(), w.data(), p.K,
-                            p.pad_dt ? p.pad.data() : nullptr, p.q.group_k, p.q.ue8m0());
+                            p.pad_dt ? p.pad.data() : nullptr, p.format());
 }
 
 /// Expected images of every output buffer of @p c: poison outside the elements (and on
 /// unmapped shared rows), the reference inside.
 struct Expected {
-  std::vector<uint8_t> x_q, x_sf, idx, wout, shared;
+  std::vector<uint8_t> x_q, x_sf, idx, wout, shared, x_scales, nfc;
 };
 
 inline Expected expected_images(const Problem& p, const Call& c, const megamoe_ref::Result& r) {
@@ -425,12 +487,13 @@ inline Expected expected_images(const Problem& p, const Call& c, const megamoe_r
   e.x_sf = c.x_sf.mem;
   e.idx = c.idx.mem;
   e.wout = c.wout.mem;
-  const int64_t sc = p.sf_cols();
+  const bool packed = p.format().packed_scales();
+  const int64_t sc = p.sf_cols(), qc = p.q_cols();
   for (int64_t t = 0; t < p.T; ++t) {
-    for (int64_t h = 0; h < p.H; ++h) put(e.x_q, c.x_q, t, h, &r.x_q[t * p.H + h]);
+    for (int64_t h = 0; h < qc; ++h) put(e.x_q, c.x_q, t, h, &r.x_q[t * qc + h]);
     for (int64_t s = 0; s < sc; ++s) {
-      const void* v = p.q.ue8m0() ? static_cast<const void*>(&r.sf_words[t * sc + s])
-                                  : static_cast<const void*>(&r.sf_f32[t * sc + s]);
+      const void* v = packed ? static_cast<const void*>(&r.sf_words[t * sc + s])
+                             : static_cast<const void*>(&r.sf_f32[t * sc + s]);
       put(e.x_sf, c.x_sf, t, s, v);
     }
     for (int64_t k = 0; k < p.K; ++k) {
@@ -445,18 +508,46 @@ inline Expected expected_images(const Problem& p, const Call& c, const megamoe_r
       for (int64_t s = 0; s < sc; ++s) put(e.shared, *c.shared, row, s, &r.sf_words[t * sc + s]);
     }
   }
+  if (c.x_scales) {
+    e.x_scales = c.x_scales->mem;
+    for (int64_t t = 0; t < p.T; ++t) put(e.x_scales, *c.x_scales, t, 0, &r.x_scales[t]);
+  }
+  if (c.nfc) {  // SPEC: the count is added to what the counter held
+    e.nfc = c.nfc->mem;
+    const int64_t total = *p.nonfinite_init + r.nonfinite;
+    put(e.nfc, *c.nfc, 0, 0, &total);
+  }
   return e;
+}
+
+/// Every output of @p c against its expected image, the first difference reported.
+inline ::testing::AssertionResult outputs_match(const Call& c, const Expected& e) {
+  const std::vector<std::pair<const char*, const std::vector<uint8_t>*>> want = {
+      {"x_q", &e.x_q}, {"x_sf", &e.x_sf}, {"topk_idx_out", &e.idx},
+      {"topk_weights_out", &e.wout}, {"shared_x_sf", &e.shared}, {"x_scales", &e.x_scales},
+      {"nonfinite_count", &e.nfc}};
+  for (const auto& out : c.outputs()) {
+    for (const auto& wnt : want) {
+      if (std::string(out.first) != wnt.first) continue;
+      auto res = assert_bitwise_equal(out.first, *out.second, *wnt.second);
+      if (!res) return res;
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 /// Stage @p p through the library in layouts @p l and compare every byte of every output
 /// buffer (gaps and unmapped shared rows included) with the reference; inputs must be
-/// left unchanged. The reference result goes to @p ref_out when given.
+/// left unchanged. The reference result goes to @p ref_out when given (also on a mismatch).
 inline ::testing::AssertionResult stage_and_compare(const Problem& p, const Layouts& l,
                                                     megamoe_ref::Result* ref_out = nullptr) {
   Call c = make_call(p, l);
   std::vector<std::vector<uint8_t>> inputs_before;
   for (const auto& in : c.inputs()) inputs_before.push_back(in.second->mem);
   const megamoe_ref::Result r = reference(p);
+  // Handed back before any comparison, so that callers asserting on it never read an
+  // empty result after a mismatch.
+  if (ref_out != nullptr) *ref_out = r;
   const Expected e = expected_images(p, c, r);
   try {
     megamoe::prepare_inputs(c.args);
@@ -468,23 +559,56 @@ inline ::testing::AssertionResult stage_and_compare(const Problem& p, const Layo
     auto res = assert_bitwise_equal(ins[i].first, *ins[i].second, inputs_before[i]);
     if (!res) return res << " (an input was modified)";
   }
-  for (auto res : {assert_bitwise_equal("x_q", c.x_q, e.x_q),
-                   assert_bitwise_equal("x_sf", c.x_sf, e.x_sf),
-                   assert_bitwise_equal("topk_idx_out", c.idx, e.idx),
-                   assert_bitwise_equal("topk_weights_out", c.wout, e.wout)}) {
-    if (!res) return res;
-  }
-  if (c.shared) {
-    auto res = assert_bitwise_equal("shared_x_sf", *c.shared, e.shared);
-    if (!res) return res;
-  }
-  if (ref_out != nullptr) *ref_out = r;
-  return ::testing::AssertionSuccess();
+  return outputs_match(c, e);
 }
 
-/// Name of a scheme for test names: "ue8m0_g32", "fp32_g128".
+/// Layouts that change everything but the values: strided, transposed, reversed,
+/// misaligned, 0-D scalars.
+inline Layouts odd_layouts() {
+  Layouts l;
+  l.hidden = Layout::kNegCols;
+  l.ids = Layout::kTransposed;
+  l.w = Layout::kStride2;
+  l.pad = Layout::kStride2;
+  l.x_q = Layout::kNegRows;
+  l.x_sf = Layout::kMnMajor4;
+  l.idx = Layout::kTransposed;
+  l.wout = Layout::kNegCols;
+  l.shared = Layout::kTransposed;
+  l.x_scales = Layout::kNegRows;
+  l.misalign_in = true;
+  l.misalign_out = true;
+  l.scalars_0d = true;
+  l.shared_extra_rows = 3;
+  return l;
+}
+
+/// Stage @p p (dense, then odd layouts), assert both match the reference, return it.
+inline megamoe_ref::Result staged(const Problem& p) {
+  megamoe_ref::Result r;
+  EXPECT_TRUE(stage_and_compare(p, Layouts{}, &r)) << "dense layouts";
+  EXPECT_TRUE(stage_and_compare(p, odd_layouts())) << "odd layouts";
+  return r;
+}
+
+/// Name of a scheme for test names: "ue8m0_g32", "fp32_g128", "mxfp4", "mxfp4_rne",
+/// "nvfp4_static", "nvfp4_per_token"; "_floor1e10" (etc.) for a non-default floor.
 inline std::string scheme_tag(const QuantScheme& q) {
-  return std::string(q.ue8m0() ? "ue8m0" : "fp32") + "_g" + std::to_string(q.group_k);
+  std::string tag;
+  if (q.elem != megamoe::QuantElem::kFloat4E2M1) {
+    tag = std::string(q.ue8m0() ? "ue8m0" : "fp32") + "_g" + std::to_string(q.group_k);
+  } else if (q.scale2 == megamoe::Scale2::kNone) {
+    tag = q.rounding == megamoe::Rounding::kNearestEven ? "mxfp4_rne" : "mxfp4";
+  } else {
+    tag = q.scale2 == megamoe::Scale2::kStatic ? "nvfp4_static" : "nvfp4_per_token";
+  }
+  if (q.amax_floor != 1e-4f) {
+    tag += "_floor1e" + std::to_string(static_cast<int>(std::lround(std::log10(q.amax_floor))));
+  }
+  for (char& ch : tag) {
+    if (ch == '-') ch = 'm';  // test names allow [A-Za-z0-9_] only
+  }
+  return tag;
 }
 
 /// A UE8M0 or fp32 scheme with group size G.

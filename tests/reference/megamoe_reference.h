@@ -14,6 +14,15 @@
 //  - UE8M0: ceil(log2 s) from std::frexp (s = m * 2^x, m in [0.5, 1): ceil is x - 1 when
 //    m == 0.5, else x), + 127, clamped to [1, 254]; +Inf gives 254.
 //  - fp16 widening by ldexp of the integer significand.
+//  - fp4 e2m1: the grid of the 8 non-negative values decoded from their codes and its 7
+//    midpoints; the code counts the midpoints |v| strictly exceeds (exactly, in double),
+//    and the nearest-even rule moves an exact tie up when that count is odd.
+//  - MXFP4 UE8M0: the smallest k with 6 * 2^k >= amax (exact in double: no quotient is
+//    formed), + 127, clamped to [1, 254]; +Inf gives 254.
+//  - NVFP4 e4m3 scale bytes: the fp8 table above (NaN -> 0x7F, beyond 448 -> 0x7E), and
+//    the byte decoded back through the same table; its quotients and products are IEEE
+//    fp32 operations formed in double as above.
+//  - non-finite elements: the exponent field of the widened fp32 is all ones.
 // Nothing here depends on compiler floating-point flags (no sums to contract, no
 // subnormal-sensitive intermediate other than the final roundings, which are IEEE).
 #pragma once
@@ -123,57 +132,268 @@ inline float half_to_float(uint16_t h) {
   return neg ? -mag : mag;
 }
 
+/// Value of the non-negative fp4 e2m1 code c in [0, 7]: exponent field c >> 1, mantissa
+/// bit c & 1, bias 1 (subnormal when the exponent field is 0).
+inline double fp4_value(int c) {
+  const int e = c >> 1, m = c & 1;
+  return e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+}
+
+namespace detail {
+
+/// The 7 midpoints between consecutive e2m1 values (exact in double):
+/// 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0.
+struct Fp4Table {
+  std::array<double, 7> mid;
+  Fp4Table() {
+    for (int c = 0; c < 7; ++c) mid[c] = (fp4_value(c) + fp4_value(c + 1)) / 2;
+  }
+};
+
+inline const Fp4Table& fp4_table() {
+  static const Fp4Table t;
+  return t;
+}
+
+/// Whether fp32 v is NaN or +-Inf, read from its exponent field alone.
+inline bool nonfinite(float v) { return (bits_of(v) & 0x7F800000u) == 0x7F800000u; }
+
+/// MXFP4 UE8M0 exponent byte of a floored group amax: 127 + the smallest k with
+/// 6 * 2^k >= amax, i.e. ceil(log2(amax / 6)) without forming the quotient; clamped to
+/// [1, 254]; +Inf gives 254.
+inline int fp4_ue8m0_byte(float amax) {
+  if (std::isinf(amax)) return 254;
+  const double a = amax;
+  int k = std::ilogb(a) - 3;  // 6 * 2^k = 0.75 * 2^ilogb(a) < a: a lower start
+  while (std::ldexp(6.0, k) < a) ++k;
+  return std::min(254, std::max(1, k + 127));
+}
+
+/// Value of an fp8 e4m3fn byte with either sign (0x7F / 0xFF: NaN).
+inline float fp8_decode(uint8_t b) {
+  if ((b & 0x7F) == 0x7F) return std::numeric_limits<float>::quiet_NaN();
+  const float mag = static_cast<float>(fp8_table().value[b & 0x7F]);
+  return (b & 0x80) ? -mag : mag;
+}
+
+/// Largest |x| over n values, NaN skipped (like fmaxf); 0 for none.
+inline float amax_of(const float* x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isnan(x[i])) amax = std::max(amax, std::fabs(x[i]));
+  }
+  return amax;
+}
+
+}  // namespace detail
+
+/// Tie rule of the e2m1 encoding.
+enum class Fp4Ties {
+  kTowardZero,   ///< ttz: DeepGEMM's per_token_cast_to_fp4 (sign only on a nonzero code)
+  kNearestEven,  ///< rne: PTX cvt.rn.satfinite.e2m1x2 (sign always kept, NaN -> 0x7)
+};
+
+/// SPEC "Activation formats": fp32 -> e2m1 nibble (sign << 3 | code).
+///  ttz: code = number of midpoints |v| strictly exceeds; sign only when code != 0; NaN -> 0.
+///  rne: nearest on the grid, an exact tie to the even code, saturating at 6; the sign is
+///       always kept (-0.0 -> 0x8); NaN (either sign) -> 0x7.
+inline uint8_t fp4_e2m1(float v, Fp4Ties ties) {
+  const bool rne = ties == Fp4Ties::kNearestEven;
+  if (std::isnan(v)) return rne ? 0x7 : 0x0;
+  const double a = std::fabs(static_cast<double>(v));
+  const std::array<double, 7>& mid = detail::fp4_table().mid;
+  int code = 0;
+  while (code < 7 && a > mid[code]) ++code;  // +Inf exceeds all seven: 6 (saturation)
+  if (rne && code < 7 && a == mid[code] && (code & 1)) ++code;  // tie between code, code+1
+  const bool neg = std::signbit(v);
+  if (rne) return static_cast<uint8_t>((neg ? 0x8 : 0x0) | code);
+  return static_cast<uint8_t>((neg && code != 0 ? 0x8 : 0x0) | code);
+}
+
+/// Codec of the element values.
+enum class Elem { kFp8E4M3, kFp4E2M1 };
+/// Codec of the group scales (and where the second-level scale comes from).
+enum class ScaleCodec {
+  kUe8m0,          ///< power-of-two exponent bytes, four per int32 word
+  kFp32,           ///< the fp32 scale itself
+  kE4m3Static,     ///< NVFP4: e4m3 bytes four per word, caller's global scale
+  kE4m3PerToken,   ///< NVFP4: e4m3 bytes four per word, per-token scale (x_scales)
+};
+
+/// One activation format of SPEC.md (what the reference needs of a scheme).
+struct Format {
+  Elem elem = Elem::kFp8E4M3;
+  ScaleCodec scale = ScaleCodec::kUe8m0;
+  int64_t G = 32;                       ///< group size along H
+  float amax_floor = 1e-4f;             ///< group floor (fp8, MXFP4); row floor (NVFP4 per-token)
+  Fp4Ties ties = Fp4Ties::kTowardZero;  ///< e2m1 tie rule
+  float global_scale = 1.0f;            ///< gs of NVFP4 static
+
+  bool fp4() const { return elem == Elem::kFp4E2M1; }
+  /// Scales are bytes packed four per int32 word (UE8M0 and e4m3).
+  bool packed_scales() const { return scale != ScaleCodec::kFp32; }
+  /// Columns of x_q (bytes): two e2m1 values per byte.
+  int64_t q_cols(int64_t H) const { return fp4() ? H / 2 : H; }
+  /// Columns of x_sf: words of four scale bytes, or one fp32 per group.
+  int64_t sf_cols(int64_t H) const { return packed_scales() ? H / (4 * G) : H / G; }
+
+  static Format fp8(bool ue8m0, int64_t G, float floor = 1e-4f) {
+    Format f;
+    f.scale = ue8m0 ? ScaleCodec::kUe8m0 : ScaleCodec::kFp32;
+    f.G = G;
+    f.amax_floor = floor;
+    return f;
+  }
+  static Format mxfp4(Fp4Ties ties, float floor = 1e-4f) {
+    Format f;
+    f.elem = Elem::kFp4E2M1;
+    f.ties = ties;
+    f.amax_floor = floor;
+    return f;
+  }
+  /// NVFP4 with the caller's global scale gs (no amax floor: SPEC says so).
+  static Format nvfp4_static(float gs) {
+    Format f = fp4_g16();
+    f.scale = ScaleCodec::kE4m3Static;
+    f.global_scale = gs;
+    return f;
+  }
+  /// NVFP4 with per-token scales; @p floor bounds each row's amax.
+  static Format nvfp4_per_token(float floor = 1e-4f) {
+    Format f = fp4_g16();
+    f.scale = ScaleCodec::kE4m3PerToken;
+    f.amax_floor = floor;
+    return f;
+  }
+
+ private:
+  static Format fp4_g16() {  // e2m1 values in groups of 16
+    Format f;
+    f.elem = Elem::kFp4E2M1;
+    f.G = 16;
+    return f;
+  }
+};
+
 /// Dense staging results.
 struct Result {
-  std::vector<uint8_t> x_q;       ///< [T, H] fp8 bytes
-  std::vector<uint32_t> sf_words;   ///< [T, H/(4G)] packed UE8M0 words (UE8M0 only)
+  std::vector<uint8_t> x_q;       ///< [T, H] fp8 bytes, or [T, H/2] packed e2m1 bytes
+  std::vector<uint32_t> sf_words;   ///< [T, H/(4G)] packed UE8M0 / e4m3 words
   std::vector<float> sf_f32;        ///< [T, H/G] fp32 scales (fp32 only)
+  std::vector<float> x_scales;      ///< [T] per-token second-level scales (NVFP4 per-token)
+  int64_t nonfinite = 0;            ///< NaN and +-Inf elements of hidden (all T rows)
   std::vector<int64_t> idx;         ///< [T, K]
   std::vector<float> w;             ///< [T, K]
 };
 
-/// Stage dense inputs per SPEC.md.
+namespace detail {
+
+/// SPEC "Scale and value": fp8 e4m3 values of group x[0..G) with UE8M0 or fp32 scale;
+/// returns the scale byte (UE8M0) and writes the fp32 scale to *s_out (fp32).
+inline int fp8_group(const float* x, int64_t G, bool ue8m0, float floor, float* s_out,
+                     uint8_t* q) {
+  const float amax = std::max(amax_of(x, G), floor);
+  const float s = mul_f32(amax, inv448());
+  float scale = s;
+  int e = 0;
+  if (ue8m0) {
+    e = ue8m0_byte(s);
+    scale = std::ldexp(1.0f, e - 127);
+  }
+  *s_out = s;
+  const float inv = div_f32(1.0f, scale);
+  for (int64_t i = 0; i < G; ++i) q[i] = fp8_e4m3(mul_f32(x[i], inv));
+  return e;
+}
+
+/// SPEC MXFP4: e2m1 nibbles of group x[0..32); returns the UE8M0 byte.
+inline int mxfp4_group(const float* x, int64_t G, float floor, Fp4Ties ties, uint8_t* nib) {
+  const int e = fp4_ue8m0_byte(std::max(amax_of(x, G), floor));
+  for (int64_t i = 0; i < G; ++i) {
+    // x * 2^(127 - e) is exact in double; narrowing it to float rounds only results
+    // below 2^-126 (e = 254 from an Inf amax), which encode as code 0 either way.
+    nib[i] = fp4_e2m1(static_cast<float>(std::ldexp(static_cast<double>(x[i]), 127 - e)), ties);
+  }
+  return e;
+}
+
+/// SPEC NVFP4 static: e4m3 scale byte of group x[0..16) and its ttz nibbles.
+/// The clamp to [2^-9, 448] takes a NaN quotient (amax = 0 with gs = 0) to 2^-9, the
+/// fminf/fmaxf reading; SPEC leaves that case open.
+inline uint8_t nvfp4_static_group(const float* x, int64_t G, float gs, uint8_t* nib) {
+  const float q = div_f32(amax_of(x, G), mul_f32(6.0f, gs));
+  const float lo = std::ldexp(1.0f, -9), hi = 448.0f;
+  const float clamped = std::isnan(q) ? lo : std::min(hi, std::max(lo, q));
+  const uint8_t sf = fp8_e4m3(clamped);
+  const float d = mul_f32(fp8_decode(sf), gs);
+  for (int64_t i = 0; i < G; ++i) nib[i] = fp4_e2m1(div_f32(x[i], d), Fp4Ties::kTowardZero);
+  return sf;
+}
+
+/// SPEC NVFP4 per-token: e4m3 scale byte of group x[0..16) under the token scale pts.
+inline uint8_t nvfp4_token_group(const float* x, int64_t G, float pts, uint8_t* nib) {
+  const uint8_t sf = fp8_e4m3(div_f32(amax_of(x, G), mul_f32(6.0f, pts)));
+  const float sfv = fp8_decode(sf);  // NaN for 0x7F: "sf > 0" fails, inv = 0
+  const float inv = sfv > 0.0f ? div_f32(1.0f, mul_f32(sfv, pts)) : 0.0f;
+  for (int64_t i = 0; i < G; ++i) nib[i] = fp4_e2m1(mul_f32(x[i], inv), Fp4Ties::kTowardZero);
+  return sf;
+}
+
+}  // namespace detail
+
+/// Stage dense inputs per SPEC.md in format @p f.
 /// @param hidden      row-major fp32 [T, H] (already widened exactly from bf16/fp16)
 /// @param ids         row-major int64 [T, K]
 /// @param weights     row-major fp32 [T, K]
 /// @param is_padding  [T] bytes, nonzero = padded; may be null
-/// @param G           group size along H
-/// @param ue8m0       UE8M0 scales (else fp32)
 inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* ids,
-                    const float* weights, int64_t K, const uint8_t* is_padding, int64_t G,
-                    bool ue8m0) {
+                    const float* weights, int64_t K, const uint8_t* is_padding,
+                    const Format& f) {
   Result r;
-  const int64_t groups = H / G;
-  r.x_q.resize(static_cast<size_t>(T * H));
-  if (ue8m0) {
-    r.sf_words.assign(static_cast<size_t>(T * (groups / 4)), 0u);
+  const int64_t G = f.G, groups = H / G, qc = f.q_cols(H), sc = f.sf_cols(H);
+  r.x_q.assign(static_cast<size_t>(T * qc), 0);
+  if (f.packed_scales()) {
+    r.sf_words.assign(static_cast<size_t>(T * sc), 0u);
   } else {
-    r.sf_f32.resize(static_cast<size_t>(T * groups));
+    r.sf_f32.resize(static_cast<size_t>(T * sc));
   }
+  if (f.scale == ScaleCodec::kE4m3PerToken) r.x_scales.resize(static_cast<size_t>(T));
   r.idx.resize(static_cast<size_t>(T * K));
   r.w.resize(static_cast<size_t>(T * K));
-  const float C = detail::inv448();
+  std::vector<uint8_t> q(static_cast<size_t>(G));
   for (int64_t t = 0; t < T; ++t) {
+    const float* row = hidden + t * H;
+    for (int64_t h = 0; h < H; ++h) r.nonfinite += detail::nonfinite(row[h]) ? 1 : 0;
+    float pts = 0.0f;
+    if (f.scale == ScaleCodec::kE4m3PerToken) {
+      pts = detail::div_f32(std::max(detail::amax_of(row, H), f.amax_floor), 2688.0f);
+      r.x_scales[static_cast<size_t>(t)] = pts;
+    }
     for (int64_t g = 0; g < groups; ++g) {
-      const float* x = hidden + t * H + g * G;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < G; ++i) {
-        if (!std::isnan(x[i])) amax = std::max(amax, std::fabs(x[i]));
-      }
-      if (amax < 1e-4f) amax = 1e-4f;
-      const float s = detail::mul_f32(amax, C);
-      float scale = s;
-      if (ue8m0) {
-        const int e = detail::ue8m0_byte(s);
-        scale = std::ldexp(1.0f, e - 127);
-        r.sf_words[static_cast<size_t>(t * (groups / 4) + g / 4)] |=
-            static_cast<uint32_t>(e) << (8 * (g % 4));
+      const float* x = row + g * G;
+      int byte = 0;  // the group's packed scale byte (UE8M0 or e4m3)
+      if (f.elem == Elem::kFp8E4M3) {
+        float s = 0.0f;
+        byte = detail::fp8_group(x, G, f.scale == ScaleCodec::kUe8m0, f.amax_floor, &s, q.data());
+        if (!f.packed_scales()) r.sf_f32[static_cast<size_t>(t * sc + g)] = s;
+      } else if (f.scale == ScaleCodec::kUe8m0) {
+        byte = detail::mxfp4_group(x, G, f.amax_floor, f.ties, q.data());
+      } else if (f.scale == ScaleCodec::kE4m3Static) {
+        byte = detail::nvfp4_static_group(x, G, f.global_scale, q.data());
       } else {
-        r.sf_f32[static_cast<size_t>(t * groups + g)] = s;
+        byte = detail::nvfp4_token_group(x, G, pts, q.data());
       }
-      const float inv = detail::div_f32(1.0f, scale);
+      if (f.packed_scales()) {
+        r.sf_words[static_cast<size_t>(t * sc + g / 4)] |= static_cast<uint32_t>(byte) << (8 * (g % 4));
+      }
       for (int64_t i = 0; i < G; ++i) {
-        r.x_q[static_cast<size_t>(t * H + g * G + i)] = fp8_e4m3(detail::mul_f32(x[i], inv));
+        const int64_t h = g * G + i;
+        if (!f.fp4()) {
+          r.x_q[static_cast<size_t>(t * qc + h)] = q[static_cast<size_t>(i)];
+        } else {  // column 2j -> low nibble of byte j, column 2j+1 -> high nibble
+          r.x_q[static_cast<size_t>(t * qc + h / 2)] |=
+              static_cast<uint8_t>(q[static_cast<size_t>(i)] << (4 * (h % 2)));
+        }
       }
     }
     const bool pad = is_padding != nullptr && is_padding[t] != 0;
@@ -183,6 +403,15 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
     }
   }
   return r;
+}
+
+/// Stage dense inputs in an fp8 format (the original entry point).
+/// @param G      group size along H
+/// @param ue8m0  UE8M0 scales (else fp32)
+inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* ids,
+                    const float* weights, int64_t K, const uint8_t* is_padding, int64_t G,
+                    bool ue8m0) {
+  return stage(hidden, T, H, ids, weights, K, is_padding, Format::fp8(ue8m0, G));
 }
 
 /// SPEC shared_x_sf row of token t for block size bm: tokens of one scheduler block fill
