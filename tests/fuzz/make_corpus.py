@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""make_corpus.py: the input format of tests/fuzz/fuzz_stage.cpp, and its seed corpus.
+
+Run `python3 tests/fuzz/make_corpus.py` to (re)write tests/fuzz/corpus/. No numpy.
+
+An input is a header, twelve tensor descriptors, then a payload. Everything is little-endian;
+bytes missing at the end read as zero, and zero always means "the natural choice", so a
+short input is still a meaningful call.
+
+Header (58 bytes)
+  u8   mode         bit0 raw sizes: T, H, K are used as given (else "small sizes":
+                      T = T mod 4097, K = K mod 33,
+                      H = 128 * (low 32 bits of H mod 65) + (high 32 bits of H) mod 128,
+                      so small(H) = H // 128 | (H % 128) << 32);
+                    bit1 is_padding present; bit2 shared_x_sf present; bit3 shared_block_m
+                    present; bit4 global_scale present; bit5 x_scales present;
+                    bit6 nonfinite_count present
+  i64  T, H, K
+  u8   elem         QuantElem value (0 fp8 e4m3, 1 e5m2, 2 int8, 3 fp4 e2m1; others invalid)
+  u8   scale        ScaleType value (0 UE8M0, 1 fp32, 2 fp16, 3 fp8 e4m3; others invalid)
+  u8   qflags       bit0 is_static, bit1 asymmetric (symmetric = not bit1)
+  u8   scale2       Scale2 value (0 none, 1 static, 2 per-token; others invalid)
+  u8   rounding     Rounding value (0 default, 1 nearest even, 2 ties toward zero)
+  u32  amax_floor   fp32 bits; 0 = the default 1e-4
+  i64  group_k, group_m, shared_block_m      (raw)
+
+Tensor descriptor (49 bytes), in slot order
+  hidden_states, topk_weights, topk_ids, is_padding, global_scale,
+  x_q, x_sf, topk_idx_out, topk_weights_out, shared_x_sf, x_scales, nonfinite_count
+  (descriptors of absent optional tensors are read and ignored)
+  u8 dtype      0 natural; 1..199: DType((v-1) % 9) (0 bf16, 1 fp16, 2 fp32, 3 fp8 e4m3,
+                4 uint8, 5 bool, 6 int32, 7 int64, 8 int8); 200..255: the raw (invalid) value
+  u8 rank       0 natural; else (-1, 0, 1, 2, 3)[(v-1) % 5]
+  u8 shape      (v % 4) 0 natural [R, C]; 1 explicit (a, b); 2 natural + (a, b); 3 swapped
+                natural shapes: [T,H] hidden/x_q (x_q [T,H/2] for fp4), [T,K] top-k,
+                [T] is_padding/x_scales, [1] global_scale/nonfinite_count,
+                [T, H/(4G) or H/G] x_sf, [ceil(T/bm)*align(bm,128), H/(4G)] shared_x_sf
+  u8 layout     (v % 10) strides for shape [r, c] (1-D: rows only):
+                0 contig (c, 1); 1 padded (c+pad, 1); 2 transposed (1, r+pad);
+                3 rows reversed (-(c+pad), 1); 4 columns reversed (c+pad, -1);
+                5 every other (2c+pad, 2); 6 MN-major (1, align4(r)+pad); 7 zero (0, 0);
+                8 explicit (s0, s1); 9 broadcast row (0, 1)
+  u8 pad        the pad above (elements)
+  u8 place      (v % 32) 1 null pointer; 2..13 inside the buffer of slot (v%32 - 2) when that
+                slot comes earlier, at a byte offset picked by `off` among every position
+                from "ends just before that tensor's span" to "starts just after it";
+                else its own buffer
+  u8 misalign   byte shift (mod 64) of its own buffer's start
+  u8 device     (v % 6) 0 cpu; 1 cuda:0; 2 cuda:1; 3 cpu:1; 4 cuda:-1; 5 device type 7
+  u8 fill       byte its buffer is filled with before inputs are written (output poison)
+  i64 a, b      explicit shape or shape deltas
+  i64 s0, s1    explicit strides
+  i64 off       placement offset (see place)
+
+Payload: the bytes of the input elements (hidden_states, topk_weights, topk_ids,
+is_padding, global_scale, nonfinite_count's initial value), in slot order, element by
+element, cycled; with no payload a fixed pseudo-random stream is used (is_padding then
+mostly 0).
+"""
+import os
+import struct
+import sys
+
+SLOTS = ["hidden_states", "topk_weights", "topk_ids", "is_padding", "global_scale", "x_q",
+         "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count"]
+DT = {"bf16": 0, "fp16": 1, "fp32": 2, "fp8": 3, "uint8": 4, "bool": 5, "int32": 6, "int64": 7,
+      "int8": 8}
+RAW, PADDING, SHARED, BLOCKM, GLOBAL, XSCALES, NONFINITE = 1, 2, 4, 8, 16, 32, 64
+INT64_MAX = (1 << 63) - 1
+
+
+def dtype(name):
+    """Descriptor code of an explicit dtype."""
+    return DT[name] + 1
+
+
+def small_h(h):
+    """The H field that decodes to h in small-size mode."""
+    return h // 128 | (h % 128) << 32
+
+
+def desc(dtype=0, rank=0, shape=0, layout=0, pad=0, place=0, misalign=0, device=0, fill=0,
+         a=0, b=0, s0=0, s1=0, off=0):
+    return struct.pack("<9B5q", dtype, rank, shape, layout, pad, place, misalign, device, fill,
+                       a, b, s0, s1, off)
+
+
+def make(T, H, K, mode=0, elem=0, scale=0, qflags=0, scale2=0, rounding=0, floor_bits=0,
+         group_k=32, group_m=1, bm=0, tensors=None, payload=b""):
+    """One input. In small-size mode (mode without RAW) H is given as the real hidden size."""
+    if not mode & RAW:
+        H = small_h(H)
+    head = struct.pack("<B3q5BI3q", mode, T, H, K, elem, scale, qflags, scale2, rounding,
+                       floor_bits, group_k, group_m, bm)
+    assert len(head) == 58
+    tensors = tensors or {}
+    unknown = set(tensors) - set(SLOTS)
+    assert not unknown, unknown
+    body = b"".join(desc(**tensors.get(s, {})) for s in SLOTS)
+    assert len(body) == 12 * 49
+    return head + body + payload
+
+
+def bf16(*vals):
+    out = b""
+    for v in vals:
+        out += struct.pack("<f", v)[2:]  # truncation is exact for these values
+    return out
+
+
+def seeds():
+    s = {}
+    # Plain valid calls (must be accepted and match the reference).
+    s["valid_mxfp8_small"] = make(7, 256, 4, tensors={"x_q": {"fill": 0xFF}})
+    s["valid_fp32_g128_mn_major_sf"] = make(
+        33, 384, 6, mode=PADDING, scale=1, group_k=128,
+        tensors={"hidden_states": {"dtype": dtype("fp16"), "layout": 2, "pad": 3},
+                 "x_sf": {"layout": 6, "fill": 0xAA},
+                 "x_q": {"layout": 3, "pad": 5, "misalign": 1},
+                 "topk_weights": {"dtype": dtype("bf16"), "layout": 4, "pad": 1},
+                 "topk_ids": {"dtype": dtype("int32"), "layout": 2},
+                 "is_padding": {"dtype": dtype("uint8"), "layout": 3, "pad": 2}})
+    s["valid_ue8m0_g128_stride2"] = make(
+        5, 512, 3, group_k=128,
+        tensors={"x_q": {"layout": 5, "pad": 1}, "x_sf": {"layout": 4, "pad": 2},
+                 "topk_idx_out": {"layout": 2, "misalign": 3},
+                 "topk_weights_out": {"layout": 5, "misalign": 7},
+                 "hidden_states": {"layout": 9}})  # a broadcast row: zero stride on an input
+    s["shared_bm64_exact_rows"] = make(
+        100, 256, 2, mode=SHARED | BLOCKM, bm=64, tensors={"shared_x_sf": {"fill": 0x5A}})
+    s["shared_bm200_more_rows_transposed"] = make(
+        300, 128, 2, mode=SHARED | BLOCKM, bm=200,
+        tensors={"shared_x_sf": {"shape": 2, "a": 7, "layout": 2, "pad": 1, "fill": 0x11}})
+    s["shared_bm128_too_few_rows"] = make(
+        129, 128, 1, mode=SHARED | BLOCKM, bm=128, tensors={"shared_x_sf": {"shape": 2, "a": -1}})
+    # CPU worker threads: T * (H + K) >= 2^18.
+    s["threaded_T2048"] = make(2048, 256, 8, mode=PADDING | NONFINITE | SHARED | BLOCKM, bm=96)
+    # Hostile sizes and strides (must be rejected, nothing written).
+    s["shared_bm_int64max_rows0"] = make(
+        4, 128, 2, mode=RAW | SHARED | BLOCKM, bm=INT64_MAX,
+        tensors={"shared_x_sf": {"shape": 1, "a": 0, "b": 1}})
+    s["shared_bm_int64max_rows128"] = make(
+        4, 128, 2, mode=RAW | SHARED | BLOCKM, bm=INT64_MAX,
+        tensors={"shared_x_sf": {"shape": 1, "a": 128, "b": 1}})
+    s["idx_out_strides_2p61_plus_1"] = make(
+        4, 128, 2, mode=RAW, tensors={"topk_idx_out": {"layout": 8, "s0": (1 << 61) + 1, "s1": 1}})
+    s["idx_out_strides_2p61_minus_256"] = make(
+        2, 128, 2, mode=RAW, tensors={"topk_idx_out": {"layout": 8, "s0": (1 << 61) - 256, "s1": 1}})
+    s["x_strides_2p62"] = make(
+        2, 128, 2, mode=RAW, tensors={"hidden_states": {"layout": 8, "s0": 1 << 62, "s1": 1}})
+    s["x_q_strides_int64min"] = make(
+        3, 128, 2, mode=RAW, tensors={"x_q": {"layout": 8, "s0": -(1 << 63), "s1": 1}})
+    s["null_pointers_T2p57_H128"] = make(
+        1 << 57, 128, 1, mode=RAW, tensors={name: {"place": 1} for name in SLOTS})
+    s["x_q_zero_strides"] = make(3, 128, 1, tensors={"x_q": {"layout": 7}})
+    s["x_q_inside_hidden"] = make(  # x_q's span starts where hidden_states' does
+        2, 128, 1, tensors={"x_q": {"place": 2, "off": 2 * 128}})
+    # Interleaved: x_q rows in the gaps of a padded hidden_states (bf16 rows of 128 + 128
+    # elements = 512 bytes, the last 256 bytes of each a gap): spans meet, no element shared.
+    s["x_q_in_hidden_gaps"] = make(
+        3, 128, 1,
+        tensors={"hidden_states": {"layout": 1, "pad": 128},
+                 "x_q": {"layout": 8, "s0": 512, "s1": 1, "place": 2,
+                         "off": 256 + (2 * 512 + 128)}})
+    # Empty tensors: K = 0 with (0, 0) strides and null pointers, T = 0.
+    s["k0_zero_strides"] = make(
+        6, 128, 0, tensors={n: {"layout": 7} for n in
+                            ("topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out")})
+    s["k0_null_pointers"] = make(
+        2, 256, 0, tensors={n: {"place": 1, "layout": 8, "s0": -(1 << 63), "s1": INT64_MAX}
+                            for n in ("topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out")})
+    s["t0"] = make(0, 256, 4)
+    s["t0_bad_everything_else"] = make(
+        0, 384, 3, mode=SHARED, elem=1, group_k=0,
+        tensors={"x_q": {"dtype": 230, "place": 1}, "topk_ids": {"rank": 1}})
+    # Devices: CUDA tensors in a CPU-only build; one tensor on another device.
+    s["all_cuda0"] = make(2, 128, 2, tensors={n: {"device": 1} for n in SLOTS})
+    s["x_sf_on_cpu1"] = make(2, 128, 2, tensors={"x_sf": {"device": 3}})
+    # Scheme fields: group_k 0 / negative / huge, static, asymmetric, e5m2.
+    s["group_k_0"] = make(2, 128, 1, group_k=0)
+    s["group_k_negative"] = make(2, 128, 1, group_k=-32)
+    s["group_k_huge"] = make(2, 128, 1, mode=RAW, group_k=INT64_MAX)
+    s["scheme_static_asym_e5m2"] = make(2, 128, 1, elem=1, qflags=3)
+    s["h_not_multiple_of_128"] = make(3, 200, 2)
+    # Formats beyond the fp8 reference (generic output checks).
+    s["mxfp4"] = make(4, 256, 2, elem=3, rounding=2)
+    s["mxfp4_dropin_uint8_x_q"] = make(
+        4, 256, 2, tensors={"x_q": {"dtype": dtype("uint8"), "shape": 2, "a": 0, "b": -128}})
+    s["nvfp4_static"] = make(3, 256, 2, mode=GLOBAL, elem=3, scale=3, scale2=1, group_k=16,
+                             payload=struct.pack("<f", 0.5) + bf16(1.0, -2.0, 3.5, 0.25))
+    s["nvfp4_per_token"] = make(3, 256, 2, mode=XSCALES, elem=3, scale=3, scale2=2, group_k=16)
+    s["fp8_amax_floor_1e-10"] = make(
+        3, 128, 1, floor_bits=struct.unpack("<I", struct.pack("<f", 1e-10))[0])
+    s["nonfinite_count_nan_inf"] = make(
+        2, 128, 1, mode=NONFINITE,
+        payload=bf16(float("nan"), float("inf"), -float("inf"), 1.0, 0.0, -0.0, 448.0, 1e-30))
+    # Findings (reproducers of library bugs; see the report of the fuzzing session).
+    # 1. bf16 hidden_states at an odd address: the CPU backend loads it through a
+    #    const uint16_t* (UBSan: misaligned load), though TensorRef::data "may be unaligned".
+    s["bug_unaligned_bf16_hidden"] = make(2, 128, 2, tensors={"hidden_states": {"misalign": 1}})
+    # 2. MXFP4 with a rounding value naming no Rounding enumerator (7) is accepted and staged
+    #    as nearest-even; fp8 rejects the same field by name.
+    s["bug_mxfp4_unknown_rounding"] = make(4, 256, 2, elem=3, rounding=7)
+    # 3. nonfinite_count holding INT64_MAX and one NaN in hidden_states: the CPU backend adds
+    #    the count in signed int64 (UBSan: signed overflow); device atomics wrap.
+    s["bug_nonfinite_count_overflow"] = make(
+        1, 128, 0, mode=NONFINITE,
+        payload=bf16(float("nan")) + bf16(1.0) * 127 + struct.pack("<q", INT64_MAX))
+    return s
+
+
+def main():
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+    if len(sys.argv) > 1:
+        out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    for name, data in sorted(seeds().items()):
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds())} seeds to {out}")
+
+
+if __name__ == "__main__":
+    main()
