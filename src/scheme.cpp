@@ -173,6 +173,14 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
                   "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
                   std::to_string(H) + " / " + std::to_string(G));
   }
+  // Every output's element count must fit in int64 (TensorSpec::numel() multiplies).
+  const core::Checked cells = core::Checked(T) * core::Checked(H);
+  const core::Checked topk = core::Checked(T) * core::Checked(K);
+  if (!cells.ok() || !topk.ok()) {
+    throw Error(ErrorCode::kInvalidArgument, "megamoe: output_shapes: T * H and T * K must fit in int64, got T=" +
+                                                 std::to_string(T) + " H=" + std::to_string(H) +
+                                                 " K=" + std::to_string(K));
+  }
   OutputShapes o;
   const bool fp4 = core::values_per_byte(f) == 2;
   o.x_q = spec2(fp4 ? DType::kUInt8 : DType::kFloat8E4M3, T, H / core::values_per_byte(f));
@@ -198,6 +206,11 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(T) + " / " +
                       std::to_string(bm) + ") * align(" + std::to_string(bm) +
                       ", 128) rows, more than int64 can count.");
+    }
+    if (!(rows * o.x_sf.shape[1]).ok()) {
+      throw Error(ErrorCode::kInvalidArgument, "megamoe: output_shapes: shared_x_sf's " + std::to_string(rows.value()) +
+                                                   " rows of " + std::to_string(o.x_sf.shape[1]) +
+                                                   " words overflow int64");
     }
     o.shared_x_sf = spec2(DType::kInt32, rows.value(), o.x_sf.shape[1]);
   }

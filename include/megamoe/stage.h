@@ -53,12 +53,13 @@ struct StageArgs {
   std::optional<TensorRef> shared_x_sf;   ///< optional out: shared-expert scale copy
   std::optional<int64_t> shared_block_m;  ///< block M of shared_x_sf; given iff shared_x_sf is
   QuantScheme hidden_quant = QuantScheme::mxfp8();  ///< quantization scheme
-  /// NVFP4 static only (required there): [1] (or 0-D) fp32 second-level scale gs, read on
+  /// NVFP4 static only (required there): a one-element fp32 tensor (0-D, [1] or [1, 1]),
+  /// the second-level scale gs, read on
   /// the device (graph safe: the value may change between replays).
   std::optional<TensorRef> global_scale;
   /// NVFP4 per-token only (required there): out [T] fp32 per-token second-level scales.
   std::optional<TensorRef> x_scales;
-  /// Optional in/out [1] (or 0-D) int64 on the tensors' device: the number of NaN and
+  /// Optional in/out one-element int64 tensor (0-D, [1] or [1, 1]) on the tensors' device: the number of NaN and
   /// +-Inf elements of hidden_states is added to it (device atomics, no host sync).
   std::optional<TensorRef> nonfinite_count;
   /// Full-buffer mode (symmetric-memory / SM90 consumers): every output has the same
