@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfenv>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -99,6 +100,9 @@ class Pool {
   }
 
   void loop() {
+    // A thread inherits its creator's floating-point environment; a worker must not keep
+    // a flush-to-zero mode or rounding mode of whichever caller happened to start it.
+    std::fesetenv(FE_DFL_ENV);
     std::unique_lock<std::mutex> lk(mu);
     for (;;) {
       work_cv.wait(lk, [&] { return !jobs.empty(); });

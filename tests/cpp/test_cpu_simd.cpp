@@ -30,6 +30,12 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#define MEGAMOE_TEST_MXCSR 1
+#endif
+#include <cfenv>
+
 #include "core/formats.h"
 #include "cpu/pool.h"
 #include "cpu/simd.h"
@@ -533,6 +539,48 @@ TEST_P(SimdTarget, RowStridesAndUnalignedRows) {
     EXPECT_EQ(0, std::memcmp(xq_a.data(), xq_b.data(), xq_a.size())) << name;
     EXPECT_EQ(sf_a, sf_b) << name;
   }
+}
+
+// A caller running with flush-to-zero / denormals-are-zero (torch.set_flush_denormal) or
+// another rounding mode gets the bytes of the default environment, on every thread of the
+// call, and gets its own environment back.
+TEST_P(SimdTarget, CallersFloatingPointModeChangesNothing) {
+  Case c{QuantScheme::fp8_fp32_g32(), DType::kFloat32, 130, 2048, 2};
+  c.nonfinite = true;
+  // Subnormal-heavy input: every group's values a few binades apart near 2^-126.
+  std::vector<uint8_t> hidden = RandomHidden(DType::kFloat32, c.T, c.H, 77);
+  for (size_t i = 0; i < hidden.size(); i += 4) {
+    uint32_t b;
+    std::memcpy(&b, &hidden[i], 4);
+    b = (b & 0x80000000u) | (b & 0x00FFFFFFu);  // exponent field 0 or 1
+    std::memcpy(&hidden[i], &b, 4);
+  }
+  std::vector<float> w(static_cast<size_t>(c.T * c.K), 0.5f);
+  std::vector<int32_t> ids(w.size(), 1);
+  std::vector<uint8_t> pad(static_cast<size_t>(c.T), 0);
+  for (const QuantScheme& q : {QuantScheme::fp8_fp32_g32().with_amax_floor(1e-35f), QuantScheme::mxfp8().with_amax_floor(1e-37f),
+                               QuantScheme::nvfp4_per_token().with_amax_floor(1e-37f)}) {
+    c.q = q;
+    for (int threads : {1, 0}) {
+      megamoe::set_cpu_threads(threads);
+      const Outputs want = Stage(c, hidden, w, ids, pad, 1.0f);
+#if defined(MEGAMOE_TEST_MXCSR)
+      const unsigned csr = _mm_getcsr();
+      _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
+#endif
+      const int round = std::fegetround();
+      std::fesetround(FE_UPWARD);
+      const Outputs got = Stage(c, hidden, w, ids, pad, 1.0f);
+      EXPECT_EQ(std::fegetround(), FE_UPWARD) << "the caller's rounding mode was not restored";
+      std::fesetround(round);
+#if defined(MEGAMOE_TEST_MXCSR)
+      EXPECT_EQ(_mm_getcsr() & 0x8040u, 0x8040u) << "the caller's FTZ/DAZ bits were not restored";
+      _mm_setcsr(csr);
+#endif
+      ExpectSame(got, want, megamoe::scheme_name(q) + " threads " + std::to_string(threads));
+    }
+  }
+  megamoe::set_cpu_threads(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, SimdTarget, ::testing::ValuesIn(Targets()), TargetParamName);
