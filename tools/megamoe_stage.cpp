@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,8 @@
 
 #include "cuda_buffers.h"
 #include "megamoe/megamoe.h"
+#include "megamoe/cpu.h"
+#include "megamoe/plan.h"
 #include "stage_check.h"
 #include "stage_inputs.h"
 
@@ -36,6 +40,13 @@ struct Options {
   bool has_shared = false;
   std::string device = "auto";
   int iters = 0;  // 0 = auto
+  bool explain = false;  // --explain: print megamoe::explain of the call
+  bool explain_only = false;  // --explain without --iters: print the plan, run nothing
+  int threads = 0;  // --threads: CPU staging threads, 0 = every CPU
+  std::optional<float> amax_floor;    // --amax-floor, else the scheme's (1e-4)
+  std::optional<float> global_scale;  // --global-scale (nvfp4-static), else max|x| / 2688
+  bool full_buffer = false;           // --full-buffer
+  int64_t max_tokens = 0;             // --max-tokens: M, the full buffer's rows
   std::string input, output, save_inputs;
   bool json = false;
 };
@@ -45,7 +56,11 @@ const std::map<std::string, megamoe::QuantScheme>& schemes() {
       {"mxfp8", megamoe::QuantScheme::mxfp8()},
       {"ue8m0-g128", megamoe::QuantScheme::fp8_ue8m0_g128()},
       {"fp32-g128", megamoe::QuantScheme::fp8_fp32_g128()},
-      {"fp32-g32", megamoe::QuantScheme::fp8_fp32_g32()}};
+      {"fp32-g32", megamoe::QuantScheme::fp8_fp32_g32()},
+      {"mxfp4", megamoe::QuantScheme::mxfp4()},
+      {"mxfp4-rne", megamoe::QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)},
+      {"nvfp4-static", megamoe::QuantScheme::nvfp4_static()},
+      {"nvfp4-per-token", megamoe::QuantScheme::nvfp4_per_token()}};
   return m;
 }
 
@@ -58,19 +73,26 @@ when (t + 1) % --pad-every == 0 (no is_padding tensor when --pad-every is 0).
 Safetensors tensors read by --input (and written by --save-inputs):
   hidden_states [T, H] BF16/F16/F32, topk_ids [T, K] I32/I64,
   topk_weights [T, K] F32/BF16/F16, is_padding [T] BOOL/U8 (optional; nonzero = padded).
-Written by --output: x_fp8 [T, H] F8_E4M3, x_sf [T, H/(4G)] I32 (UE8M0 bytes packed
-little-endian, 4 per word) or [T, H/G] F32, topk_idx_out [T, K] I64, topk_weights_out
-[T, K] F32, and shared_x_sf [R, H/(4G)] I32 with --shared-block-m (rows no token maps
-to are 0).
+Written by --output: x_fp8 [T, H] F8_E4M3 (fp4 schemes: x_q [T, H/2] U8, column 2j in
+the low nibble of byte j), x_sf [T, H/(4G)] I32 (UE8M0 or, for nvfp4, e4m3 bytes packed
+little-endian, 4 per word) or [T, H/G] F32, x_scales [T] F32 (nvfp4-per-token),
+topk_idx_out [T, K] I64, topk_weights_out [T, K] F32, and shared_x_sf [R, H/(4G)] I32
+with --shared-block-m (rows no token maps to are 0); with --full-buffer every output has
+--max-tokens rows. Its __metadata__ (and that of --save-inputs) names the scheme
+(megamoe::scheme_name), group size, tie rule, amax floor and megamoe version; --input
+reports a file's __metadata__ when it has one.
 
 Report:
   time       median wall time of --iters calls after one warmup call (CUDA: event pairs
              around each call on one stream; CPU: steady_clock around each call).
   bandwidth  bytes / time, bytes = T*H*(input element size) + T*H (fp8) + scale bytes
              (x_sf, plus shared_x_sf copies) + T*K*(id bytes + weight bytes + 8 + 4)
-             + T (is_padding, when present).
+             + T (is_padding, when present); fp4: T*H/2 for x_q, plus x_scales / the
+             4-byte global_scale for nvfp4.
   SNR        10*log10(sum x^2 / sum (x - deq)^2) over every finite input element x, where
-             deq = fp8_value(x_fp8) * (scale of its group); "inf" when deq == x everywhere.
+             deq = value(x_q) * (scale of its group): e4m3 or e2m1 value times 2^(e-127)
+             (UE8M0), the fp32 scale, or the e4m3 scale times global_scale / x_scales[t]
+             (nvfp4); "inf" when deq == x everywhere.
   max relative error
              max |x - deq| / |x| over finite elements with |x| > 1e-3 * amax, amax being
              the largest finite |x| of the element's group of G values (smaller elements
@@ -104,6 +126,21 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
   return CLI::Validator(check, desc);
 }
 
+/// Validator of -H: integer_in's parsing, but a size <= 0 gets a plain message instead of
+/// the range [1, 9223372036854775807]; a positive size that is not a multiple of 128 is left
+/// to megamoe::validate, whose message --input files get too.
+CLI::Validator hidden_size() {
+  const CLI::Validator parse = integer_in(INT64_MIN, INT64_MAX);
+  auto check = [parse](std::string& s) -> std::string {
+    const std::string bad = parse(s);
+    if (!bad.empty()) return bad;
+    // CLI11 puts "--hidden: " in front of the message.
+    if (s[0] == '-' || s == "0") return "expected a positive multiple of 128, got " + s;
+    return {};
+  };
+  return CLI::Validator(check, "> 0, a multiple of 128");
+}
+
 /// @p j as indented text; bytes that are not UTF-8 (a file name, say) become U+FFFD
 /// instead of throwing.
 std::string dump(const ojson& j) { return j.dump(2, ' ', false, ojson::error_handler_t::replace); }
@@ -129,6 +166,19 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+/// The safetensors __metadata__ of --output and --save-inputs: what a reader needs to
+/// decode the file without this command line.
+std::map<std::string, std::string> format_metadata(const megamoe::QuantScheme& q, const Options& o) {
+  const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
+  const bool rne = fp4 ? q.rounding == megamoe::Rounding::kNearestEven : q.rounding != megamoe::Rounding::kTiesTowardZero;
+  return {{"scheme", megamoe::scheme_name(q)},
+          {"cli_scheme", o.scheme},
+          {"group_size", std::to_string(q.group_k)},
+          {"tie_rule", rne ? "nearest-even" : "toward-zero"},
+          {"amax_floor", fmt("%.9g", q.amax_floor)},
+          {"megamoe_version", megamoe::version()}};
+}
+
 /// Allocate the outputs for @p in under scheme @p q (shapes from the contract; invalid
 /// requests still get buffers so that megamoe::validate can name the problem).
 StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, const Options& o) {
@@ -136,6 +186,41 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
   const int64_t T = in.T(), H = in.H(), K = in.K(), G = q.group_k > 0 ? q.group_k : 1;
   const int64_t cols = q.ue8m0() ? H / (4 * G) : H / G;
   StageOutputs out;
+  out.scheme = q;
+  // The library's one shape rule; a request it rejects gets the fp8-sized buffers below,
+  // so that megamoe::validate names the problem with the contract's message.
+  std::optional<megamoe::OutputShapes> shapes;
+  try {
+    shapes = megamoe::output_shapes(T, H, K, q, o.has_shared ? std::optional<int64_t>(o.shared_block_m) : std::nullopt);
+  } catch (const megamoe::Error&) {
+  }
+  if (shapes) {
+    // Full-buffer mode: every output gets M rows; rows T..M-1 start as kUntouchedByte, which
+    // the x outputs must keep and the top-k outputs must overwrite (the check says which).
+    const int64_t M = o.full_buffer ? o.max_tokens : T;
+    auto alloc = [&](const megamoe::TensorSpec& spec, const char* name) {
+      static const std::map<megamoe::DType, const char*> st = {
+          {megamoe::DType::kFloat8E4M3, "F8_E4M3"}, {megamoe::DType::kUInt8, "U8"}, {megamoe::DType::kInt32, "I32"},
+          {megamoe::DType::kFloat32, "F32"},        {megamoe::DType::kInt64, "I64"}};
+      std::vector<int64_t> shape = {M};
+      if (spec.ndim == 2) shape.push_back(spec.shape[1]);
+      Tensor t(st.at(spec.dtype), shape, std::string("output '") + name + "'");
+      if (M > T) std::fill(t.data.begin() + static_cast<std::ptrdiff_t>(t.data.size() / M * T), t.data.end(), kUntouchedByte);
+      return t;
+    };
+    out.x_fp8 = alloc(shapes->x_q, q.elem == megamoe::QuantElem::kFloat4E2M1 ? "x_q" : "x_fp8");
+    out.x_sf = alloc(shapes->x_sf, "x_sf");
+    out.topk_idx_out = alloc(shapes->topk_idx_out, "topk_idx_out");
+    out.topk_weights_out = alloc(shapes->topk_weights_out, "topk_weights_out");
+    if (shapes->x_scales) out.x_scales = alloc(*shapes->x_scales, "x_scales");
+    if (shapes->shared_x_sf) {
+      const megamoe::TensorSpec& sh = *shapes->shared_x_sf;
+      out.shared_x_sf = Tensor("I32", {sh.shape[0], sh.shape[1]}, "output 'shared_x_sf'");
+      out.shared_block_m = o.shared_block_m;
+    }
+    out.full_buffer_rows = o.full_buffer ? M : 0;
+    return out;
+  }
   out.x_fp8 = Tensor("F8_E4M3", {T, H}, "output 'x_fp8'");
   out.x_sf = Tensor(q.ue8m0() ? "I32" : "F32", {T, cols}, "output 'x_sf'");
   out.topk_idx_out = Tensor("I64", {T, K}, "output 'topk_idx_out'");
@@ -165,12 +250,17 @@ int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
   }
   if (in.is_padding) b = b + static_cast<int64_t>(in.is_padding->data.size());
   if (out.shared_x_sf) b = b + static_cast<int64_t>(out.x_sf.data.size());
+  if (out.x_scales) b = b + static_cast<int64_t>(out.x_scales->data.size());
+  if (out.scheme.scale2 == megamoe::Scale2::kStatic) b = b + 4;  // the global_scale read
   return checked_value(b, "the byte count per call");
 }
 
 int run(const Options& o) {
   const auto sit = schemes().find(o.scheme);
-  const megamoe::QuantScheme q = sit->second;
+  const megamoe::QuantScheme q = o.amax_floor ? sit->second.with_amax_floor(*o.amax_floor) : sit->second;
+  if (o.global_scale && q.scale2 != megamoe::Scale2::kStatic) {
+    throw CliError("--global-scale: only the nvfp4-static scheme takes a global scale (--scheme " + o.scheme + ")");
+  }
 
   // Device.
   std::string why;
@@ -184,9 +274,11 @@ int run(const Options& o) {
   const bool cuda = o.device == "cuda" || (o.device == "auto" && megamoe::has_cuda_backend() && ndev > 0);
   const int iters = o.iters > 0 ? o.iters : (cuda ? 20 : 3);
 
+  megamoe::set_cpu_threads(o.threads);  // --threads (0: every CPU); megamoe::Error above 1024
+
   // Inputs.
   StageInputs in = o.input.empty() ? generate_inputs(o.gen) : load_inputs(o.input);
-  if (!o.save_inputs.empty()) save_inputs(o.save_inputs, in);
+  if (!o.save_inputs.empty()) save_inputs(o.save_inputs, in, format_metadata(q, o));
   const int64_t T = in.T(), H = in.H(), K = in.K();
   StageOutputs out = make_outputs(in, q, o);
 
@@ -202,6 +294,40 @@ int run(const Options& o) {
   if (out.shared_x_sf) {
     args.shared_x_sf = out.shared_x_sf->ref();
     args.shared_block_m = out.shared_block_m;
+  }
+  // The second-level scale of nvfp4-static: a [1] fp32 input tensor, by default
+  // max|x| / 2688 (= 6 * 448, so the largest group scale is e4m3's largest value).
+  Tensor gs_tensor;
+  if (q.scale2 == megamoe::Scale2::kStatic) {
+    float gs = 0.0f;
+    if (o.global_scale) {
+      gs = *o.global_scale;
+    } else {
+      for (float v : to_float(in.hidden_states)) {
+        if (std::isfinite(v)) gs = std::max(gs, std::fabs(v));
+      }
+      gs /= 2688.0f;
+    }
+    gs_tensor = Tensor("F32", {1}, "input 'global_scale'");
+    std::memcpy(gs_tensor.data.data(), &gs, 4);
+    args.global_scale = gs_tensor.ref();
+    out.global_scale = gs;
+  }
+  if (out.x_scales) args.x_scales = out.x_scales->ref();
+  args.full_buffer = o.full_buffer;
+  // The plan is that of the staging call these arguments make (the scheme set on a copy:
+  // the fields below are filled in the order the call takes them).
+  std::string plan_text;  // --explain; with --json it goes into the object
+  if (o.explain) {
+    megamoe::StageArgs plan = args;
+    plan.hidden_quant = q;
+    plan_text = megamoe::explain(plan);
+    if (o.json && o.explain_only) {
+      std::cout << dump(ojson{{"tool", "megamoe-stage"}, {"plan", plan_text}, {"exit_code", 0}}) << "\n";
+      return 0;
+    }
+    if (!o.json) std::cout << "plan: " << plan_text << std::endl;  // before the (long) run
+    if (o.explain_only) return 0;
   }
   args.hidden_quant = q;
   megamoe::validate(args);  // megamoe::Error, printed as-is, before anything runs
@@ -233,10 +359,14 @@ int run(const Options& o) {
 
   if (!o.output.empty()) {
     std::vector<std::pair<std::string, const Tensor*>> ts = {
-        {"x_fp8", &out.x_fp8}, {"x_sf", &out.x_sf}, {"topk_idx_out", &out.topk_idx_out},
+        {q.elem == megamoe::QuantElem::kFloat4E2M1 ? "x_q" : "x_fp8", &out.x_fp8}, {"x_sf", &out.x_sf}, {"topk_idx_out", &out.topk_idx_out},
         {"topk_weights_out", &out.topk_weights_out}};
     if (out.shared_x_sf) ts.emplace_back("shared_x_sf", &*out.shared_x_sf);
-    write_safetensors(o.output, ts);
+    if (out.x_scales) ts.emplace_back("x_scales", &*out.x_scales);
+    std::map<std::string, std::string> md = format_metadata(q, o);
+    if (q.scale2 == megamoe::Scale2::kStatic) md["global_scale"] = fmt("%.9g", out.global_scale);
+    if (out.full_buffer_rows > 0) md["full_buffer_rows"] = std::to_string(out.full_buffer_rows);
+    write_safetensors(o.output, ts, md);
   }
 
   // Report. With T == 0 nothing moves and nothing is quantized: no rate, no quality.
@@ -256,6 +386,7 @@ int run(const Options& o) {
     j["version"] = megamoe::version();
     j["backend"] = cuda ? "cuda" : "cpu";
     j["device"] = device_desc;
+    j["cpu_threads"] = cuda ? ojson() : ojson(megamoe::cpu_threads());
     ojson src = {{"source", o.input.empty() ? "generated" : "file"}};
     if (o.input.empty()) {
       src["seed"] = o.gen.seed;
@@ -263,6 +394,7 @@ int run(const Options& o) {
       src["pad_every"] = o.gen.pad_every;
     } else {
       src["path"] = o.input;
+      src["metadata"] = in.metadata;
     }
     j["input"] = src;
     j["shapes"] = {{"tokens", T},
@@ -275,7 +407,13 @@ int run(const Options& o) {
                    {"padded_tokens", padded}};
     j["scheme"] = {{"name", o.scheme},
                    {"description", megamoe::to_string(q)},
-                   {"scale", q.ue8m0() ? "ue8m0" : "float32"},
+                   {"library_name", megamoe::scheme_name(q)},
+                   {"scale", q.ue8m0() ? "ue8m0" : q.scale == megamoe::ScaleType::kFloat32 ? "float32" : "e4m3"},
+                   {"amax_floor", q.amax_floor},
+                   {"x_q_shape", out.x_fp8.shape},
+                   {"x_scales_shape", out.x_scales ? ojson(out.x_scales->shape) : ojson()},
+                   {"global_scale", q.scale2 == megamoe::Scale2::kStatic ? ojson(out.global_scale) : ojson()},
+                   {"full_buffer_rows", out.full_buffer_rows > 0 ? ojson(out.full_buffer_rows) : ojson()},
                    {"group_size", G},
                    {"x_sf_shape", out.x_sf.shape}};
     j["shared_block_m"] = out.shared_x_sf ? ojson(out.shared_block_m) : ojson();
@@ -303,6 +441,7 @@ int run(const Options& o) {
       r["first_mismatch"] = nullptr;
     }
     j["reference"] = r;
+    j["plan"] = o.explain ? ojson(plan_text) : ojson();
     j["output"] = o.output.empty() ? ojson() : ojson(o.output);
     j["exit_code"] = rc;
     std::cout << dump(j) << "\n";
@@ -310,7 +449,9 @@ int run(const Options& o) {
   }
 
   std::cout << "megamoe-stage " << megamoe::version() << "\n";
-  std::cout << "backend: " << (cuda ? "cuda" : "cpu") << ", device " << device_desc << "\n";
+  std::cout << "backend: " << (cuda ? "cuda" : "cpu") << ", device " << device_desc;
+  if (!cuda) std::cout << ", " << megamoe::cpu_threads() << " staging threads";  // --threads
+  std::cout << "\n";
   std::cout << "input: "
             << (o.input.empty()
                     ? "generated (seed " + std::to_string(o.gen.seed) + ", " +
@@ -318,6 +459,11 @@ int run(const Options& o) {
                           std::to_string(o.gen.pad_every) + ")"
                     : o.input)
             << "\n";
+  if (!in.metadata.empty()) {  // what --output / --save-inputs recorded about the file
+    std::cout << "input metadata:";
+    for (const auto& [k, v] : in.metadata) std::cout << " " << k << "=" << v;
+    std::cout << "\n";
+  }
   std::cout << "shapes: T=" << T << " H=" << H << " K=" << K << "; hidden_states "
             << dtype_label(in.hidden_states.dtype) << ", topk_ids " << dtype_label(in.topk_ids.dtype)
             << ", topk_weights " << dtype_label(in.topk_weights.dtype) << ", is_padding "
@@ -331,6 +477,10 @@ int run(const Options& o) {
     std::cout << "; shared_x_sf " << out.shared_x_sf->shape_str() << " (shared_block_m "
               << out.shared_block_m << ")";
   }
+  if (q.elem == megamoe::QuantElem::kFloat4E2M1) std::cout << "; x_q " << out.x_fp8.shape_str() << " uint8";
+  if (out.x_scales) std::cout << "; x_scales " << out.x_scales->shape_str() << " float32";
+  if (q.scale2 == megamoe::Scale2::kStatic) std::cout << "; global_scale " << fmt("%.9g", out.global_scale);
+  if (out.full_buffer_rows > 0) std::cout << "; full buffer of " << out.full_buffer_rows << " rows";
   std::cout << "\n";
   std::cout << "time: " << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3))
             << " per call (median of " << iters
@@ -392,7 +542,7 @@ int main(int argc, char** argv) {
   };
   constexpr int64_t kMax = INT64_MAX;
   gen("-T,--tokens", o.gen.tokens, "tokens T of the generated inputs", integer_in(0, kMax));
-  gen("-H,--hidden", o.gen.hidden, "hidden size H (a multiple of 128)", integer_in(1, kMax));
+  gen("-H,--hidden", o.gen.hidden, "hidden size H (a multiple of 128)", hidden_size());
   gen("-K,--topk", o.gen.topk, "experts per token K", integer_in(1, kMax));
   gen("--experts", o.gen.experts, "number of routed experts ids are drawn from", integer_in(1, INT32_MAX));
   gen("--pad-every", o.gen.pad_every, "pad every N-th token (is_padding); 0 = no is_padding tensor",
@@ -400,9 +550,24 @@ int main(int argc, char** argv) {
   gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", integer_in(0, UINT32_MAX));
   app.add_option("--scheme", o.scheme,
                  "quantization scheme: mxfp8 (UE8M0 scales, G=32), ue8m0-g128, fp32-g128 "
-                 "(Hopper / DeepGEMM SM90), fp32-g32")
+                 "(Hopper / DeepGEMM SM90), fp32-g32, mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
+                 "mxfp4-rne (ties to nearest even), nvfp4-static (e2m1, e4m3 scales, G=16, "
+                 "--global-scale), nvfp4-per-token (also writes x_scales)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32"}));
+      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static",
+                             "nvfp4-per-token"}));
+  app.add_option("--amax-floor", o.amax_floor,
+                 "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
+                 "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's]");
+  app.add_option("--global-scale", o.global_scale,
+                 "nvfp4-static: the [1] fp32 global_scale input [default: max|x| / 2688 of the input]");
+  auto* max_tokens = app.add_option("--max-tokens", o.max_tokens,
+                                    "--full-buffer: rows M (>= T) of every output")
+                         ->transform(integer_in(0, kMax));
+  app.add_flag("--full-buffer", o.full_buffer,
+               "full-buffer mode: rows T..M-1 of topk_idx_out / topk_weights_out become -1 / +0.0, "
+               "those of x_q / x_sf / x_scales stay untouched (both checked)")
+      ->needs(max_tokens);
   app.add_option("--shared-block-m", o.shared_block_m,
                  "also stage shared_x_sf for this shared-expert block M, with the "
                  "ceil(T/bm) * align(bm, 128) rows it requires (UE8M0 schemes only)")
@@ -416,6 +581,13 @@ int main(int argc, char** argv) {
                  "timed calls; the median is reported, after one warmup call "
                  "[default: 3 on cpu, 20 on cuda]")
       ->transform(integer_in(1, INT_MAX));
+  app.add_flag("--explain", o.explain,
+               "print the plan megamoe::explain gives for this call (kernel, shape, index width, "
+               "block/grid, store policy), then exit 0 without running; with --iters, run after it");
+  app.add_option("--threads", o.threads,
+                 "threads of a CPU staging call (megamoe::set_cpu_threads); 0 = every CPU")
+      ->capture_default_str()
+      ->transform(integer_in(0, 1024));
   app.add_option("--output", o.output,
                  "write x_fp8, x_sf, topk_idx_out, topk_weights_out (and shared_x_sf) to this "
                  "safetensors file");
@@ -431,6 +603,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   o.has_shared = app.count("--shared-block-m") > 0;
+  o.explain_only = o.explain && app.count("--iters") == 0;  // --explain alone runs nothing
 
   auto fail = [&](const std::string& msg) {
     std::cerr << msg << "\n";
@@ -440,7 +613,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const megamoe::Error& e) {
-    return fail(e.what());
+    return fail(std::string("megamoe-stage: error: ") + e.what());  // one prefix for every error
   } catch (const CliError& e) {
     return fail(std::string("megamoe-stage: error: ") + e.what());
   } catch (const std::bad_alloc&) {

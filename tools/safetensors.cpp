@@ -173,7 +173,7 @@ void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string&
   }
 }
 
-std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, std::string("cannot open file: ") + std::strerror(errno));
   std::error_code ec;
@@ -209,7 +209,15 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   const uint64_t data_size = fsize - 8 - hlen;
   std::map<std::string, Tensor> out;
   for (auto it = h.begin(); it != h.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
+    if (it.key() == "__metadata__") {
+      // The format allows only string values there; anything else is skipped, not fatal.
+      if (metadata != nullptr && it.value().is_object()) {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (m.value().is_string()) (*metadata)[m.key()] = m.value().get<std::string>();
+        }
+      }
+      continue;
+    }
     const std::string what = "tensor '" + it.key() + "'";
     Tensor t;
     uint64_t begin = 0, end = 0;

@@ -53,7 +53,9 @@ void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string&
 /// file, a directory or unseekable file, a truncated file or short read, a bad header
 /// length, invalid JSON, a malformed entry, data offsets out of range or a byte count that
 /// does not equal dtype size * shape exactly.
-std::map<std::string, Tensor> read_safetensors(const std::string& path);
+/// With @p metadata, the header's "__metadata__" string entries are stored there.
+std::map<std::string, Tensor> read_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata = nullptr);
 
 /// Write @p tensors (in this order, contiguous, header padded to 8 bytes) to @p path.
 void write_safetensors(const std::string& path,

@@ -1,11 +1,13 @@
 // stage_check.cpp: quality metrics and the reference comparison (see stage_check.h).
 #include "stage_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 
+#include "dequant.h"
 #include "megamoe_reference.h"
 
 namespace megamoe_cli {
@@ -16,12 +18,24 @@ const T* as(const Tensor& t) {
   return reinterpret_cast<const T*>(t.data.data());
 }
 
-/// fp8 e4m3fn byte -> value (0x7F/0xFF are NaN; no infinities).
-double fp8_e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 0xF, m = b & 7;
-  if (e == 0xF && m == 7) return std::numeric_limits<double>::quiet_NaN();
-  const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
-  return (b & 0x80) ? -v : v;
+/// The reference's description of @p q (docs/CONTRACT.md "Activation formats").
+megamoe_ref::Format reference_format(const megamoe::QuantScheme& q, float gs) {
+  using megamoe::Scale2;
+  if (q.elem == megamoe::QuantElem::kFloat8E4M3) return megamoe_ref::Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
+  if (q.scale2 == Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(gs);
+  if (q.scale2 == Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
+  const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
+  return megamoe_ref::Format::mxfp4(rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
+                                    q.amax_floor);
+}
+
+/// @p ref widened to @p n elements, the rest @p tail: the reference has T rows, the
+/// full-buffer outputs M, whose rows T..M-1 hold what was there before (or the tail rule).
+template <typename T>
+std::vector<T> with_tail(const std::vector<T>& ref, int64_t n, T tail) {
+  std::vector<T> v(static_cast<size_t>(n), tail);
+  std::copy(ref.begin(), ref.begin() + std::min<int64_t>(n, static_cast<int64_t>(ref.size())), v.begin());
+  return v;
 }
 
 std::string hex(uint64_t v, int digits) {
@@ -68,21 +82,14 @@ std::vector<float> to_float(const Tensor& t) {
 
 Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
                         const StageOutputs& out, int64_t G, bool ue8m0) {
+  (void)ue8m0;  // out.scheme's
   Quality q;
-  double fp8[256];
-  for (int b = 0; b < 256; ++b) fp8[b] = fp8_e4m3_value(static_cast<uint8_t>(b));
   double signal = 0, noise = 0;
-  const uint8_t* x8 = as<uint8_t>(out.x_fp8);
-  const int64_t groups = H / G, cols = out.x_sf.shape[1];
+  const Quantized x{&out.x_fp8, &out.x_sf, out.x_scales ? &*out.x_scales : nullptr, out.global_scale};
+  const std::vector<double> deq = dequantize(x, out.scheme, T, H);
+  const int64_t groups = H / G;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t g = 0; g < groups; ++g) {
-      double scale;
-      if (ue8m0) {
-        const uint32_t w = as<uint32_t>(out.x_sf)[t * cols + g / 4];
-        scale = std::ldexp(1.0, static_cast<int>((w >> (8 * (g % 4))) & 0xFF) - 127);
-      } else {
-        scale = as<float>(out.x_sf)[t * cols + g];
-      }
       const int64_t base = t * H + g * G;
       double amax = 0;
       for (int64_t i = 0; i < G; ++i) {
@@ -92,7 +99,7 @@ Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
       for (int64_t i = 0; i < G; ++i) {
         const double x = hidden[base + i];
         if (!std::isfinite(x)) continue;
-        const double err = x - fp8[x8[base + i]] * scale;
+        const double err = x - deq[base + i];
         signal += x * x;
         noise += err * err;
         ++q.finite;
@@ -122,16 +129,43 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
   if (in.is_padding) {
     for (uint8_t b : in.is_padding->data) pad.push_back(b != 0);
   }
-  const megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), T, H, ids.data(), w.data(), K,
-                                                     in.is_padding ? pad.data() : nullptr, G, ue8m0);
+  (void)G, (void)ue8m0;  // out.scheme's
+  megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), T, H, ids.data(), w.data(), K,
+                                               in.is_padding ? pad.data() : nullptr,
+                                               reference_format(out.scheme, out.global_scale));
+  // The routed scaling factor: kept weights become fl(w * alpha), NaN weights keep their
+  // bits, padded ones stay +0.0 (the reference itself copies the weights).
+  if (out.routed_scaling_factor) {
+    for (int64_t i = 0; i < T * K; ++i) {
+      float& v = ref.w[static_cast<size_t>(i)];
+      if (!pad.empty() && pad[static_cast<size_t>(i / K)]) continue;
+      if (!std::isnan(v)) v = v * *out.routed_scaling_factor;
+    }
+  }
+  // Full-buffer rows T..M-1: x outputs untouched (make_outputs fills them with
+  // kUntouchedByte), top-k outputs -1 / +0.0.
+  float untouched_f32;
+  const uint32_t untouched_word = 0x01010101u * kUntouchedByte;
+  std::memcpy(&untouched_f32, &untouched_word, 4);
+  ref.x_q = with_tail(ref.x_q, out.x_fp8.numel(), kUntouchedByte);
+  ref.sf_words = with_tail(ref.sf_words, out.x_sf.numel(), untouched_word);
+  ref.sf_f32 = with_tail(ref.sf_f32, out.x_sf.numel(), untouched_f32);
+  ref.idx = with_tail(ref.idx, out.topk_idx_out.numel(), int64_t{-1});
+  ref.w = with_tail(ref.w, out.topk_weights_out.numel(), 0.0f);
+  const bool packed = out.scheme.scale != megamoe::ScaleType::kFloat32;
+  const char* xq_name = out.scheme.elem == megamoe::QuantElem::kFloat4E2M1 ? "x_q" : "x_fp8";
   RefCheck r;
   auto byte = [](uint8_t v) { return hex(v, 2); };
   auto word = [](uint32_t v) { return hex(v, 8); };
   auto i64 = [](int64_t v) { return std::to_string(v); };
   auto f32 = [](float v) { return float_text(v); };
-  compare(r, "x_fp8", as<uint8_t>(out.x_fp8), ref.x_q.data(), out.x_fp8.numel(), H, byte);
+  compare(r, xq_name, as<uint8_t>(out.x_fp8), ref.x_q.data(), out.x_fp8.numel(), out.x_fp8.shape[1], byte);
   const int64_t cols = out.x_sf.shape[1];
-  if (ue8m0) {
+  if (out.x_scales) {
+    ref.x_scales = with_tail(ref.x_scales, out.x_scales->numel(), untouched_f32);
+    compare(r, "x_scales", as<float>(*out.x_scales), ref.x_scales.data(), out.x_scales->numel(), 1, f32);
+  }
+  if (packed) {
     compare(r, "x_sf", as<uint32_t>(out.x_sf), ref.sf_words.data(), out.x_sf.numel(), cols, word);
   } else {
     compare(r, "x_sf", as<float>(out.x_sf), ref.sf_f32.data(), out.x_sf.numel(), cols, f32);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "megamoe/quant.h"
 #include "stage_inputs.h"
 
 namespace megamoe_cli {
@@ -20,7 +21,18 @@ struct StageOutputs {
   Tensor topk_weights_out;  ///< F32 [T, K]
   std::optional<Tensor> shared_x_sf;  ///< I32 [R, H/(4G)] with --shared-block-m
   int64_t shared_block_m = 0;
+  // How they were staged: the checks below read the format from here (their G / ue8m0
+  // arguments are this scheme's), so every caller checks every format the same way.
+  megamoe::QuantScheme scheme;       ///< x_fp8 is U8 [rows, H/2] packed e2m1 for the fp4 schemes
+  std::optional<Tensor> x_scales;    ///< F32 [rows] (NVFP4 per-token)
+  float global_scale = 1.0f;         ///< gs, the [1] global_scale input (NVFP4 static)
+  int64_t full_buffer_rows = 0;      ///< M > 0: full-buffer mode, every output has M rows
+  std::optional<float> routed_scaling_factor;
 };
+
+/// What make_outputs writes to the x outputs' full-buffer rows T..M-1 (staging must leave
+/// them so).
+constexpr uint8_t kUntouchedByte = 0x5A;
 
 /// Relative errors count only elements with |x| above this fraction of their group's amax.
 constexpr double kRelErrFloor = 1e-3;

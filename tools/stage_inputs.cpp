@@ -93,8 +93,8 @@ StageInputs generate_inputs(const GenOptions& o) {
 }
 
 StageInputs load_inputs(const std::string& path) {
-  std::map<std::string, Tensor> m = read_safetensors(path);
   StageInputs in;
+  std::map<std::string, Tensor> m = read_safetensors(path, &in.metadata);
   in.hidden_states = *take(m, path, "hidden_states", {"BF16", "F16", "F32"}, 2, "[T, H]", true);
   in.topk_ids = *take(m, path, "topk_ids", {"I32", "I64"}, 2, "[T, K]", true);
   in.topk_weights = *take(m, path, "topk_weights", {"F32", "BF16", "F16"}, 2, "[T, K]", true);
@@ -118,12 +118,14 @@ StageInputs load_inputs(const std::string& path) {
   return in;
 }
 
-void save_inputs(const std::string& path, const StageInputs& in) {
+void save_inputs(const std::string& path, const StageInputs& in, const std::map<std::string, std::string>& metadata) {
   std::vector<std::pair<std::string, const Tensor*>> ts = {{"hidden_states", &in.hidden_states},
                                                            {"topk_ids", &in.topk_ids},
                                                            {"topk_weights", &in.topk_weights}};
   if (in.is_padding) ts.emplace_back("is_padding", &*in.is_padding);
-  write_safetensors(path, ts, {{"producer", "megamoe-stage --save-inputs"}});
+  std::map<std::string, std::string> md = metadata;
+  md["producer"] = "megamoe-stage --save-inputs";
+  write_safetensors(path, ts, md);
 }
 
 }  // namespace megamoe_cli

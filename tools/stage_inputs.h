@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -16,6 +17,7 @@ struct StageInputs {
   Tensor topk_ids;
   Tensor topk_weights;
   std::optional<Tensor> is_padding;
+  std::map<std::string, std::string> metadata;  ///< the file's __metadata__ (--input), else empty
 
   int64_t T() const { return hidden_states.shape[0]; }
   int64_t H() const { return hidden_states.shape[1]; }
@@ -45,6 +47,8 @@ StageInputs generate_inputs(const GenOptions& o);
 StageInputs load_inputs(const std::string& path);
 
 /// Write the inputs to @p path in the layout load_inputs reads.
-void save_inputs(const std::string& path, const StageInputs& in);
+/// @p metadata goes to the file's __metadata__.
+void save_inputs(const std::string& path, const StageInputs& in,
+                 const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace megamoe_cli

@@ -361,7 +361,7 @@ def case_hostile():
             ("-T", str(2 ** 64 + 96), ["--tokens", "out of range"]),
             ("-T", "0x10", ["--tokens", "expected a decimal integer, got '0x10'"]),
             ("-T", "1e3", ["--tokens", "expected a decimal integer"]),
-            ("-H", "-128", ["--hidden", "out of range [1, "]),
+            ("-H", "-128", ["--hidden", "expected a positive multiple of 128, got -128"]),
             ("-K", "0", ["--topk", "out of range [1, "]),
             ("--iters", "-3", ["--iters", "out of range [1, 2147483647]"]),
             ("--iters", str(2 ** 40), ["--iters", "out of range [1, 2147483647]"]),
@@ -433,6 +433,123 @@ def case_hostile():
         check(j["quality"]["snr_db"] is None and j["reference"]["match"] is True, j)
         p = run("-T", "0", "-H", "512", "--iters", "1", "--shared-block-m", "64", expect_rc=0)
         check("shared_x_sf [0, 4]" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
+
+
+def case_explain():
+    """--explain prints megamoe::explain's plan; alone it exits 0 without running."""
+    p = run("-T", "96", "-H", "512", "--explain", expect_rc=0)
+    check(re.match(r"plan: cpu backend", p.stdout) and "time:" not in p.stdout, p.stdout)
+    p = expect_pass(SMALL + ["--explain"])
+    lines = p.stdout.splitlines()
+    check(lines[0].startswith("plan: ") and "time:" in p.stdout, p.stdout)  # plan before the run
+    j = json.loads(run("-T", "96", "-H", "512", "--explain", "--json", expect_rc=0).stdout)
+    check(j["plan"].startswith("cpu backend") and j["exit_code"] == 0 and "timing" not in j, j)
+    j = json.loads(run(*SMALL, "--explain", "--json", expect_rc=0).stdout)
+    check(j["plan"].startswith("cpu backend") and j["reference"]["match"] is True, j)
+    check(json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["plan"] is None, "plan without --explain")
+    # The plan validates: an invalid call is an error, not a plan.
+    expect_error(["-T", "8", "-H", "200", "--explain"], "megamoe-stage: error:", "multiple of 128")
+
+
+def case_threads():
+    """--threads N sets the CPU backend's threads, reported on the backend line."""
+    for n in ["1", "2"]:
+        p = expect_pass(SMALL + ["--device", "cpu", "--threads", n])
+        check(re.search(rf"^backend: cpu, device cpu \(\d+ hardware threads\), {n} staging threads$", p.stdout,
+                        re.M), p.stdout)
+        j = json.loads(run(*SMALL, "--device", "cpu", "--threads", n, "--json", expect_rc=0).stdout)
+        check(j["cpu_threads"] == int(n), j)
+    p = expect_pass(SMALL + ["--device", "cpu"])  # default: every CPU this process may use
+    cpus = len(os.sched_getaffinity(0))
+    check(f"), {cpus} staging threads" in p.stdout, f"expected {cpus} staging threads:\n{p.stdout}")
+    expect_error(SMALL + ["--threads", "2000"], "--threads")
+    expect_error(SMALL + ["--threads", "-1"], "--threads")
+
+
+def case_messages():
+    """Plain usage messages; library errors carry the CLI's own prefix."""
+    for h in ["0", "-128"]:
+        p = expect_error(["-T", "8", "-H", h], f"--hidden: expected a positive multiple of 128, got {h}")
+        check("e+308" not in p.stderr and "9223372036854775807" not in p.stderr, p.stderr)
+    p = expect_error(["-T", "8", "-H", "200"], "hidden_size to be a multiple of 128")
+    check(p.stderr.startswith("megamoe-stage: error: "), p.stderr)
+    p = expect_error(["--input", "/nonexistent/x.safetensors"], "cannot open")
+    check(p.stderr.startswith("megamoe-stage: error: "), p.stderr)
+
+
+FORMATS = {  # --scheme: (x_q dtype and width for H = 512, x_sf dtype and width, x_scales, min SNR)
+    "mxfp8": ("F8_E4M3", 512, "I32", 4, False, 28), "ue8m0-g128": ("F8_E4M3", 512, "I32", 1, False, 28),
+    "fp32-g128": ("F8_E4M3", 512, "F32", 4, False, 28), "fp32-g32": ("F8_E4M3", 512, "F32", 16, False, 28),
+    "mxfp4": ("U8", 256, "I32", 4, False, 15), "mxfp4-rne": ("U8", 256, "I32", 4, False, 15),
+    "nvfp4-static": ("U8", 256, "I32", 8, False, 17), "nvfp4-per-token": ("U8", 256, "I32", 8, True, 17)}
+
+
+def case_formats():
+    """Every --scheme, bit-exact against the reference, with the shapes of output_shapes and
+    an SNR from dequantizing; --amax-floor and --global-scale reach the call and the check."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.st")
+        for s, (qdt, qcols, sfdt, sfcols, xs, min_snr) in FORMATS.items():
+            p = expect_pass(SMALL + ["--scheme", s, "--output", out], min_snr=min_snr)
+            check(snr(p.stdout) < 40, f"{s}: implausible SNR\n{p.stdout}")
+            ts = tensors(out)
+            xq = "x_fp8" if qdt == "F8_E4M3" else "x_q"
+            check(ts[xq][:2] == (qdt, [96, qcols]) and ts["x_sf"][:2] == (sfdt, [96, sfcols]), (s, ts.keys()))
+            check(("x_scales" in ts) == xs and (not xs or ts["x_scales"][:2] == ("F32", [96])), (s, ts.keys()))
+            j = json.loads(run(*SMALL, "--scheme", s, "--json", expect_rc=0).stdout)
+            check(j["reference"]["match"] is True and j["scheme"]["x_q_shape"] == [96, qcols], j["scheme"])
+        # fp4 bytes: x_q is T*H/2; nvfp4-per-token adds x_scales, nvfp4-static the global scale.
+        b8 = json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["timing"]["bytes"]
+        b4 = json.loads(run(*SMALL, "--scheme", "nvfp4-per-token", "--json", expect_rc=0).stdout)["timing"]["bytes"]
+        check(b4 == b8 - 96 * 256 + 96 * 4 * 4 + 96 * 4, (b8, b4))  # x_sf: 8 words a row instead of 4
+    # The floor: an all-zero-ish input would show it; here it must reach the reference too.
+    for s in ["mxfp8", "fp32-g128", "mxfp4", "nvfp4-per-token"]:
+        p = expect_pass(SMALL + ["--scheme", s, "--amax-floor", "1e-10"], min_snr=15)
+        j = json.loads(run(*SMALL, "--scheme", s, "--amax-floor", "1e-10", "--json", expect_rc=0).stdout)
+        check(abs(j["scheme"]["amax_floor"] - 1e-10) < 1e-15 and "+floor=1" in j["scheme"]["library_name"],
+              j["scheme"])
+    # A huge floor changes every scale: still bit-exact (the reference gets the same floor).
+    expect_pass(SMALL + ["--amax-floor", "1000"], min_snr=-100)
+    p = expect_pass(SMALL + ["--scheme", "nvfp4-static"], min_snr=17)
+    m = re.search(r"global_scale ([0-9.e+-]+)", p.stdout)
+    check(m and float(m.group(1)) > 0, p.stdout)
+    p = expect_pass(SMALL + ["--scheme", "nvfp4-static", "--global-scale", "0.5"], min_snr=-100)
+    check("global_scale 0.5" in p.stdout, p.stdout)
+    expect_error(SMALL + ["--global-scale", "0.5"], "--global-scale", "nvfp4-static")
+    expect_error(SMALL + ["--amax-floor", "-1"], "floor")
+    p = run("--help", expect_rc=0)
+    for word in ["mxfp4", "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "--amax-floor", "--global-scale",
+                 "x_scales", "__metadata__"]:
+        check(word in p.stdout, f"--help lacks {word!r}")
+
+
+def case_metadata():
+    """--output and --save-inputs write __metadata__; --input reports it (round trip)."""
+    with tempfile.TemporaryDirectory() as d:
+        inp, out = os.path.join(d, "in.st"), os.path.join(d, "out.st")
+        run(*SMALL, "--scheme", "mxfp4-rne", "--amax-floor", "1e-10", "--save-inputs", inp, "--output", out,
+            expect_rc=0)
+        md = read_st(out)[0]["__metadata__"]
+        check(md["scheme"].startswith("mxfp4_rne+floor=1") and md["group_size"] == "32" and
+              md["tie_rule"] == "nearest-even" and md["amax_floor"] == "1.00000001e-10" and
+              re.match(r"\d+\.\d+\.\d+", md["megamoe_version"]), md)
+        md = read_st(inp)[0]["__metadata__"]
+        check(md["scheme"].startswith("mxfp4_rne+floor=1") and md["producer"] == "megamoe-stage --save-inputs", md)
+        p = expect_pass(["--input", inp, "--iters", "1", "--scheme", "mxfp4-rne", "--amax-floor", "1e-10"],
+                        min_snr=15)
+        check(re.search(r"^input metadata: .*scheme=mxfp4_rne\+floor=1\S* .*tie_rule=nearest-even", p.stdout,
+                        re.M), p.stdout)
+        j = json.loads(run("--input", inp, "--iters", "1", "--json", expect_rc=0).stdout)
+        check(j["input"]["metadata"]["cli_scheme"] == "mxfp4-rne", j["input"])
+        run(*SMALL, "--scheme", "nvfp4-static", "--global-scale", "0.25", "--output", out, expect_rc=0)
+        md = read_st(out)[0]["__metadata__"]
+        check(md["scheme"] == "nvfp4_static" and md["group_size"] == "16" and md["tie_rule"] == "toward-zero" and
+              md["global_scale"] == "0.25", md)
+        # A file without __metadata__ reports nothing.
+        hs = tensors(inp)
+        write_st(inp, hs)
+        p = expect_pass(["--input", inp, "--iters", "1"])
+        check("input metadata" not in p.stdout, p.stdout)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

@@ -1,0 +1,60 @@
+// dequant.cpp: see dequant.h. Written from docs/CONTRACT.md, not from the library's
+// encoders, so that a wrong scale layout shows up as a bad SNR rather than cancelling out.
+#include "dequant.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace megamoe_cli {
+
+double e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 0xF && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+double e2m1_value(uint8_t nibble) {
+  static const double grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  const double v = grid[nibble & 7];
+  return (nibble & 8) ? -v : v;
+}
+
+std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H) {
+  const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
+  const bool packed = q.scale != megamoe::ScaleType::kFloat32;  // four scale bytes per word
+  const int64_t G = q.group_k, qcols = x.x_q->shape[1], scols = x.x_sf->shape[1];
+  const uint8_t* xq = x.x_q->data.data();
+  std::vector<double> out(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    double second = 1.0;  // the second-level scale of NVFP4
+    if (q.scale2 == megamoe::Scale2::kStatic) second = x.global_scale;
+    if (q.scale2 == megamoe::Scale2::kPerToken) {
+      float pts;
+      std::memcpy(&pts, x.x_scales->data.data() + 4 * t, 4);
+      second = pts;
+    }
+    for (int64_t g = 0; g < H / G; ++g) {
+      double scale;
+      if (packed) {
+        uint32_t w;
+        std::memcpy(&w, x.x_sf->data.data() + 4 * (t * scols + g / 4), 4);
+        const uint8_t byte = static_cast<uint8_t>(w >> (8 * (g % 4)));
+        scale = q.scale == megamoe::ScaleType::kUE8M0 ? std::ldexp(1.0, byte - 127) : e4m3_value(byte) * second;
+      } else {
+        float s;
+        std::memcpy(&s, x.x_sf->data.data() + 4 * (t * scols + g), 4);
+        scale = s;
+      }
+      for (int64_t i = g * G; i < (g + 1) * G; ++i) {
+        const double v = fp4 ? e2m1_value(static_cast<uint8_t>(xq[t * qcols + i / 2] >> (4 * (i % 2))))
+                             : e4m3_value(xq[t * qcols + i]);
+        out[static_cast<size_t>(t * H + i)] = v * scale;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace megamoe_cli
