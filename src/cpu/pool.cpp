@@ -71,12 +71,13 @@ class Pool {
  public:
   /// Run job on the caller and up to `helpers` workers (see the file comment).
   void run(Job& job, int helpers) {
+    int wake = 0;  // job.wanted is the workers' to decrement once the job is published
     {
       std::unique_lock<std::mutex> lk(mu);
-      job.wanted = grow(helpers);
-      if (job.wanted > 0) jobs.push_back(&job);
+      job.wanted = wake = grow(helpers);
+      if (wake > 0) jobs.push_back(&job);
     }
-    for (int i = 0; i < job.wanted; ++i) work_cv.notify_one();
+    for (int i = 0; i < wake; ++i) work_cv.notify_one();
     job.work();
     std::unique_lock<std::mutex> lk(mu);
     const auto it = std::find(jobs.begin(), jobs.end(), &job);
