@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -166,6 +168,26 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+/// Generated inputs of at least this many elements (T * H) get a progress line.
+constexpr int64_t kProgressElements = int64_t{1} << 20;
+
+/// The progress line: one line on stderr, rewritten in place ("\r", erase to the end) and
+/// erased before the report or an error message is printed.
+struct Progress {
+  bool on = false;
+  void step(const std::string& what) const {
+    if (on) std::cerr << "\r\033[Kmegamoe-stage: " << what << "..." << std::flush;
+  }
+  void clear() const {
+    if (on) std::cerr << "\r\033[K" << std::flush;
+  }
+  void done() {
+    clear();
+    on = false;
+  }
+  ~Progress() { done(); }
+};
+
 /// The safetensors __metadata__ of --output and --save-inputs: what a reader needs to
 /// decode the file without this command line.
 std::map<std::string, std::string> format_metadata(const megamoe::QuantScheme& q, const Options& o) {
@@ -275,6 +297,12 @@ int run(const Options& o) {
   const int iters = o.iters > 0 ? o.iters : (cuda ? 20 : 3);
 
   megamoe::set_cpu_threads(o.threads);  // --threads (0: every CPU); megamoe::Error above 1024
+  // Long runs on a terminal say what they are doing (the default run takes seconds on a
+  // CPU); a file or a pipe on stdout gets nothing, and nothing ever goes to stdout.
+  Progress progress;
+  progress.on = !o.json && isatty(STDOUT_FILENO) &&
+                (!o.input.empty() || o.gen.tokens >= kProgressElements / std::max<int64_t>(o.gen.hidden, 1));
+  progress.step(o.input.empty() ? "generating the inputs" : "reading " + o.input);
 
   // Inputs.
   StageInputs in = o.input.empty() ? generate_inputs(o.gen) : load_inputs(o.input);
@@ -326,9 +354,11 @@ int run(const Options& o) {
       std::cout << dump(ojson{{"tool", "megamoe-stage"}, {"plan", plan_text}, {"exit_code", 0}}) << "\n";
       return 0;
     }
+    progress.clear();  // the plan goes to the same terminal
     if (!o.json) std::cout << "plan: " << plan_text << std::endl;  // before the (long) run
     if (o.explain_only) return 0;
   }
+  progress.step("staging (1 warmup + " + std::to_string(iters) + " timed calls)");
   args.hidden_quant = q;
   megamoe::validate(args);  // megamoe::Error, printed as-is, before anything runs
 
@@ -352,6 +382,7 @@ int run(const Options& o) {
   const double t_med = median(times);
 
   // Quality and reference.
+  progress.step("checking against the reference");
   const int64_t G = q.group_k;
   const std::vector<float> hidden = to_float(in.hidden_states);
   const Quality qual = measure_quality(hidden, T, H, out, G, q.ue8m0());
@@ -370,6 +401,7 @@ int run(const Options& o) {
   }
 
   // Report. With T == 0 nothing moves and nothing is quantized: no rate, no quality.
+  progress.done();
   const bool empty = T == 0;
   const int64_t bytes = bytes_per_call(in, out);
   const bool has_rate = bytes > 0 && t_med > 0;

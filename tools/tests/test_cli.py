@@ -552,6 +552,64 @@ def case_metadata():
         check("input metadata" not in p.stdout, p.stdout)
 
 
+def case_full_buffer():
+    """--full-buffer --max-tokens M: top-k rows T..M-1 are -1 / +0.0, x rows T..M-1 untouched;
+    the reference check covers both (in every format)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.st")
+        for s in ["mxfp8", "fp32-g32", "mxfp4", "nvfp4-per-token"]:
+            p = expect_pass(SMALL + ["--scheme", s, "--full-buffer", "--max-tokens", "128", "--output", out],
+                            min_snr=15)
+            check("full buffer of 128 rows" in p.stdout, p.stdout)
+            ts = tensors(out)
+            idx = struct.unpack("<1024q", ts["topk_idx_out"][2])
+            w = ts["topk_weights_out"][2]
+            check(ts["topk_idx_out"][1] == [128, 8] and all(v == -1 for v in idx[96 * 8:]), idx[96 * 8:])
+            check(w[96 * 8 * 4:] == b"\0" * (32 * 8 * 4), "tail weights are not +0.0")
+            xq = ts["x_fp8" if "x_fp8" in ts else "x_q"]
+            row = len(xq[2]) // 128
+            check(xq[1][0] == 128 and xq[2][96 * row:] == b"\x5a" * (32 * row), f"{s}: x_q tail rows were written")
+            check(ts["x_sf"][1][0] == 128 and set(ts["x_sf"][2][96 * len(ts["x_sf"][2]) // 128:]) == {0x5a}, s)
+            check(read_st(out)[0]["__metadata__"]["full_buffer_rows"] == "128", s)
+        p = run("-T", "0", "-H", "512", "--iters", "1", "--full-buffer", "--max-tokens", "16", "--output", out,
+                expect_rc=0)
+        check("reference: bit-exact match" in p.stdout, p.stdout)
+        check(struct.unpack("<128q", tensors(out)["topk_idx_out"][2]) == (-1,) * 128, "T = 0: the whole buffer")
+    expect_pass(SMALL + ["--full-buffer", "--max-tokens", "96"])
+    expect_error(SMALL + ["--full-buffer"], "--max-tokens")
+    expect_error(SMALL + ["--full-buffer", "--max-tokens", "50"], "megamoe-stage: error:")
+
+
+def case_progress():
+    """The progress line: on stderr, only when stdout is a terminal (a pty here)."""
+    args = ["-T", "1024", "-H", "1024", "--iters", "1"]  # 2^20 elements: just long enough
+    p = run(*args, expect_rc=0)
+    check(p.stderr == "", f"progress without a terminal:\n{p.stderr!r}")
+    import pty
+    master, slave = pty.openpty()
+    try:
+        q = subprocess.run([EXE, *args], stdout=slave, stderr=subprocess.PIPE, timeout=240)
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            b = os.read(master, 65536)
+        except OSError:  # EIO: the pty is closed and drained
+            break
+        if not b:
+            break
+        chunks.append(b)
+    os.close(master)
+    out, err = b"".join(chunks).decode(), q.stderr.decode()
+    check(q.returncode == 0 and "reference: bit-exact match" in out, out)
+    for step in ["generating the inputs", "staging (1 warmup + 1 timed calls)", "checking against the reference"]:
+        check(f"megamoe-stage: {step}..." in err, f"no {step!r} in {err!r}")
+    check(err.endswith("\r\x1b[K") and "megamoe-stage:" not in out, (err, out))
+    p = run("-T", "96", "-H", "512", "--iters", "1", "--json", expect_rc=0)
+    check(p.stderr == "", p.stderr)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":
