@@ -26,15 +26,18 @@ namespace {
 
 // Resident 256-thread blocks per SM the fast kernel is built for: the SM's thread limit
 // (2048 on sm_80/90/100, 1536 on sm_86/87/89) for 16-bit inputs, which then fit 32
-// registers; fp32 inputs hold twice the bytes per chunk and get 6 blocks (40 registers),
-// 4 when they also count non-finite elements (the tile shape would spill at 40).
+// registers; fp32 inputs hold twice the bytes per chunk and get 6 blocks (40 registers).
+// The variants off the measured paths get more registers where ptxas -v showed spills:
+// counting 16-bit inputs 6 blocks (NVFP4 static on sm_100), counting or fp4-encoding fp32
+// inputs 4 (the tile shape; on sm_80 the one-pass shape).
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
 constexpr int kFastBlocksPerSm16 = 6;
 #else
 constexpr int kFastBlocksPerSm16 = 8;
 #endif
-template <int In, bool kCount>
-constexpr int kFastBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : kCount ? 4 : 6;
+template <int In, core::Format F, bool kCount>
+constexpr int kFastBlocksPerSm = In != kInF32 ? (kCount ? 6 : kFastBlocksPerSm16)
+                                                : (kCount || core::values_per_byte(F) == 2 ? 4 : 6);
 
 /// Index width and store policy of the fast kernel (64-bit plans always stream).
 enum class Mode {
@@ -156,7 +159,7 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
 /// The fast kernel. X == Extras::kCount: the variant that counts non-finite hidden
 /// elements into p.nonfinite; the others neither compute nor touch the counter.
 template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
-__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, X == Extras::kCount>)
+__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, F, X == Extras::kCount>)
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
