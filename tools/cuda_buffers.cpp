@@ -72,6 +72,8 @@ std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters)
   move(h.topk_weights_out, d.topk_weights_out);
   if (h.is_padding) move(*h.is_padding, *d.is_padding);
   if (h.shared_x_sf) move(*h.shared_x_sf, *d.shared_x_sf);
+  if (h.global_scale) move(*h.global_scale, *d.global_scale);  // nvfp4-static's [1] input (read on the device)
+  if (h.x_scales) move(*h.x_scales, *d.x_scales);              // nvfp4-per-token's output
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
