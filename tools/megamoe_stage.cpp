@@ -58,6 +58,8 @@ const std::map<std::string, megamoe::QuantScheme>& schemes() {
       {"mxfp8", megamoe::QuantScheme::mxfp8()},
       {"ue8m0-g128", megamoe::QuantScheme::fp8_ue8m0_g128()},
       {"fp32-g128", megamoe::QuantScheme::fp8_fp32_g128()},
+      // DeepGEMM's SM90 MegaMoE pre-dispatch (and SGLang's kernels) floor the amax at 1e-10.
+      {"fp32-g128-sm90", megamoe::QuantScheme::fp8_fp32_g128().with_amax_floor(1e-10f)},
       {"fp32-g32", megamoe::QuantScheme::fp8_fp32_g32()},
       {"mxfp4", megamoe::QuantScheme::mxfp4()},
       {"mxfp4-rne", megamoe::QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)},
@@ -582,11 +584,11 @@ int main(int argc, char** argv) {
   gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", integer_in(0, UINT32_MAX));
   app.add_option("--scheme", o.scheme,
                  "quantization scheme: mxfp8 (UE8M0 scales, G=32), ue8m0-g128, fp32-g128 "
-                 "(Hopper / DeepGEMM SM90), fp32-g32, mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
+                 "(Hopper), fp32-g128-sm90 (fp32-g128 with DeepGEMM SM90's amax floor 1e-10), fp32-g32, mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
                  "mxfp4-rne (ties to nearest even), nvfp4-static (e2m1, e4m3 scales, G=16, "
                  "--global-scale), nvfp4-per-token (also writes x_scales)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static",
+      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static",
                              "nvfp4-per-token"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "

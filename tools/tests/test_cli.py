@@ -479,7 +479,8 @@ def case_messages():
 
 FORMATS = {  # --scheme: (x_q dtype and width for H = 512, x_sf dtype and width, x_scales, min SNR)
     "mxfp8": ("F8_E4M3", 512, "I32", 4, False, 28), "ue8m0-g128": ("F8_E4M3", 512, "I32", 1, False, 28),
-    "fp32-g128": ("F8_E4M3", 512, "F32", 4, False, 28), "fp32-g32": ("F8_E4M3", 512, "F32", 16, False, 28),
+    "fp32-g128": ("F8_E4M3", 512, "F32", 4, False, 28), "fp32-g128-sm90": ("F8_E4M3", 512, "F32", 4, False, 28),
+    "fp32-g32": ("F8_E4M3", 512, "F32", 16, False, 28),
     "mxfp4": ("U8", 256, "I32", 4, False, 15), "mxfp4-rne": ("U8", 256, "I32", 4, False, 15),
     "nvfp4-static": ("U8", 256, "I32", 8, False, 17), "nvfp4-per-token": ("U8", 256, "I32", 8, True, 17)}
 
@@ -515,6 +516,9 @@ def case_formats():
     check(m and float(m.group(1)) > 0, p.stdout)
     p = expect_pass(SMALL + ["--scheme", "nvfp4-static", "--global-scale", "0.5"], min_snr=-100)
     check("global_scale 0.5" in p.stdout, p.stdout)
+    j = json.loads(run(*SMALL, "--scheme", "fp32-g128-sm90", "--json", expect_rc=0).stdout)
+    check(j["scheme"]["library_name"].startswith("fp8_fp32_g128+floor=1") and j["scheme"]["amax_floor"] < 1e-9,
+          j["scheme"])
     expect_error(SMALL + ["--global-scale", "0.5"], "--global-scale", "nvfp4-static")
     expect_error(SMALL + ["--amax-floor", "-1"], "floor")
     p = run("--help", expect_rc=0)
