@@ -4,12 +4,9 @@
 // afterwards (elements, gaps between strided elements, unmapped shared rows: everything),
 // and check() compares the device buffers with it byte for byte.
 //
-// The oracle is the independent reference (tests/reference/megamoe_reference.h) wherever
-// its stable entry point covers the call: fp8 formats with the default amax floor.
-// TODO(reference): FP4 / NVFP4 and the amax floor are being added to the reference
-// (megamoe_ref::Format); once that API is committed, expected() must use it for every
-// format and the CPU-backend oracle below must go. Until then those calls are compared with
-// the CPU backend run on the host mirrors (itself checked against the reference by tests/cpp).
+// The oracle is the independent reference (tests/reference/megamoe_reference.h, every
+// format through megamoe_ref::Format), never the CPU backend; cpu_backend_images() exists
+// only for the harness's own host-side check (test_plan.cpp: both give the same images).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -327,9 +324,15 @@ struct Staged {
     return a;
   }
 
-  /// The reference covers the call (see file comment).
-  bool reference_covers() const {
-    return c.q.elem == megamoe::QuantElem::kFloat8E4M3 && c.q.amax_floor == 1e-4f;
+  /// The reference's description of the call's format.
+  megamoe_ref::Format ref_format() const {
+    const QuantScheme& q = c.q;
+    if (q.elem == megamoe::QuantElem::kFloat8E4M3) return megamoe_ref::Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
+    if (q.scale2 == megamoe::Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(c.gs);
+    if (q.scale2 == megamoe::Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
+    const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
+    return megamoe_ref::Format::mxfp4(rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
+                                      q.amax_floor);
   }
 
   /// What every output buffer must hold after the call on the current inputs, the outputs
@@ -337,24 +340,11 @@ struct Staged {
   Images expected() {
     poison_outputs();
     Images img;
-    if (!reference_covers()) {
-      // TODO(reference): the CPU backend stands in for the reference here (file comment).
-      megamoe::prepare_inputs(args(false));
-      for (auto& o : outputs()) img.push_back(o.second->host);
-      poison_outputs();
-      return img;
-    }
     for (auto& o : outputs()) img.push_back(o.second->host);
-    const int64_t T = c.T, H = c.H, K = c.K, G = c.q.group_k;
-    const bool ue = c.q.ue8m0();
+    const int64_t T = c.T, H = c.H, K = c.K;
     std::vector<float> hidden(static_cast<size_t>(T * H));
-    int64_t nonfinite = 0;
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        const float v = widen(c.in, hsb->host.data() + hs.at(t, h));
-        hidden[static_cast<size_t>(t * H + h)] = v;
-        nonfinite += std::isfinite(v) ? 0 : 1;
-      }
+      for (int64_t h = 0; h < H; ++h) hidden[static_cast<size_t>(t * H + h)] = widen(c.in, hsb->host.data() + hs.at(t, h));
     }
     std::vector<int64_t> id(static_cast<size_t>(T * K));
     std::vector<float> wt(id.size());
@@ -373,26 +363,39 @@ struct Staged {
         wt[e] = widen(c.w, wb->host.data() + w.at(t, k));
       }
     }
-    const megamoe_ref::Result r = megamoe_ref::stage(hidden.data(), T, H, id.data(), wt.data(), K,
-                                                     c.pad ? pads.data() : nullptr, G, ue);
+    const megamoe_ref::Format f = ref_format();
+    const megamoe_ref::Result r =
+        megamoe_ref::stage(hidden.data(), T, H, id.data(), wt.data(), K, c.pad ? pads.data() : nullptr, f);
     auto put = [](std::vector<uint8_t>& im, int64_t at, const void* v, size_t n) { std::memcpy(im.data() + at, v, n); };
-    const int64_t sc = sf.shape[1];
+    const int64_t qc = xq.shape[1], sc = sf.shape[1];
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) put(img[0], xq.at(t, h), &r.x_q[static_cast<size_t>(t * H + h)], 1);
+      for (int64_t b = 0; b < qc; ++b) put(img[0], xq.at(t, b), &r.x_q[static_cast<size_t>(t * qc + b)], 1);
       for (int64_t s = 0; s < sc; ++s) {
         const size_t e = static_cast<size_t>(t * sc + s);
-        put(img[1], sf.at(t, s), ue ? static_cast<const void*>(&r.sf_words[e]) : &r.sf_f32[e], 4);
+        put(img[1], sf.at(t, s), f.packed_scales() ? static_cast<const void*>(&r.sf_words[e]) : &r.sf_f32[e], 4);
         if (c.bm > 0) put(img[4], sh.at(megamoe_ref::shared_row(t, c.bm), s), &r.sf_words[e], 4);
       }
       for (int64_t k = 0; k < K; ++k) {
         put(img[2], io.at(t, k), &r.idx[static_cast<size_t>(t * K + k)], 8);
         put(img[3], wo.at(t, k), &r.w[static_cast<size_t>(t * K + k)], 4);
       }
+      if (has_xs()) put(img[5], xs.at(t), &r.x_scales[static_cast<size_t>(t)], 4);
     }
     if (c.count) {
-      const int64_t want = counter_start + nonfinite;
+      const int64_t want = counter_start + r.nonfinite;
       put(img[6], 0, &want, 8);
     }
+    return img;
+  }
+
+  /// The same images from the CPU backend run on the host mirrors: not an oracle (see
+  /// file comment), the harness's own check that it lays the reference out right.
+  Images cpu_backend_images() {
+    poison_outputs();
+    megamoe::prepare_inputs(args(false));
+    Images img;
+    for (auto& o : outputs()) img.push_back(o.second->host);
+    poison_outputs();
     return img;
   }
 

@@ -1,7 +1,8 @@
 // Host tests of the CUDA backend's kernel choice (src/cuda/plan.h): plan() is a pure
 // function of the validated problem, the layout and a DeviceInfo, so these run without a
 // GPU (the tensors carry made-up, never dereferenced device addresses). check_plan() runs
-// before launch() touches the device, so its rejections are tested here too.
+// before launch() touches the device, so its rejections are tested here too; and the GPU
+// tests' harness lays the reference out as the CPU backend does (host mirrors only).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "cuda/plan.h"
 #include "megamoe/megamoe.h"
+#include "stage_harness.h"
 #include "validate.h"
 
 namespace {
@@ -378,6 +380,33 @@ TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {
     EXPECT_EQ(p.grid, p.quant_blocks);
     EXPECT_LE(p.grid, 132 * 2048 / threads);
     EXPECT_EQ(verdict(c, p), "ok") << mc::to_string(p);
+  }
+}
+
+// The GPU tests' expected images come from the reference; here they are built for every
+// format and several layouts from host mirrors alone (no device needed) and compared with
+// what the CPU backend writes into the same poisoned buffers: equal images mean the
+// harness lays the reference out right (the CPU backend itself is held to the reference
+// by tests/cpp).
+TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
+  for (const QuantScheme& q : harness::all_schemes()) {
+    for (int layout = 0; layout < 3; ++layout) {
+      harness::Case c;
+      c.T = 37;
+      c.H = 512;
+      c.K = 5;
+      c.q = q;
+      c.count = true;
+      c.in = layout == 0 ? DType::kBFloat16 : layout == 1 ? DType::kFloat16 : DType::kFloat32;
+      c.hs_noncontig = c.misaligned = layout == 1;
+      c.sf_mn_major = c.strided_topk = c.reversed_topk_in = layout == 2;
+      if (q.ue8m0()) c.bm = 32, c.shared_transposed = layout != 0;
+      harness::Staged s(c);
+      s.fill_inputs(11 + layout);
+      const harness::Images want = s.expected(), cpu = s.cpu_backend_images();
+      const auto outs = s.outputs();
+      for (size_t i = 0; i < outs.size(); ++i) EXPECT_TRUE(want[i] == cpu[i]) << outs[i].first << ": " << c.name();
+    }
   }
 }
 
