@@ -3,7 +3,9 @@
 /// or fp32 group scales, top-k repack, padding mask, shared-expert scale permutation).
 #pragma once
 
+#include "megamoe/cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/plan.h"
 #include "megamoe/quant.h"
 #include "megamoe/shapes.h"
 #include "megamoe/stage.h"
