@@ -64,7 +64,9 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 common=(-G Ninja -DCMAKE_CXX_COMPILER="$CXX" -DMEGAMOE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g")  # -O1 and asserts kept (no -DNDEBUG)
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only")
+# -O1, asserts kept (no -DNDEBUG), line tables only: enough for file:line in every report,
+# and the Highway SIMD sources build ~15% faster than with full -g.
 
 # --- (a) ASan + UBSan: GoogleTest suites and CLI tests. -----------------------------------
 if step asan; then
