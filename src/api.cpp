@@ -8,6 +8,7 @@
 
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/router.h"
 #include "megamoe/stage.h"
 #include "validate.h"
 
@@ -17,11 +18,16 @@ namespace megamoe {
 namespace cuda {
 void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stream);
 void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream);
+void route(const RouterArgs& r, const StageArgs* stage, const detail::RouterProblem& p, Stream stream);
 }
 bool has_cuda_backend() noexcept { return true; }
 #else
 bool has_cuda_backend() noexcept { return false; }
 #endif
+
+namespace cpu {
+void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad);
+}
 
 namespace {
 
@@ -80,6 +86,25 @@ void dispatch_routing(const RoutingArgs& args, const detail::Problem& p, Stream 
 #endif
 }
 
+/// route / route_and_stage (stage non-null) on the tensors' device.
+void dispatch_router(const RouterArgs& r, const StageArgs* stage, const detail::RouterProblem& p, Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (r.router_logits.device.type == Device::Type::kCPU) {
+    if (p.T > 0) cpu::route(r, p, detail::router_padding(r, stage));
+    // The staging reads the router's outputs as its top-k inputs (T == 0: only the tail).
+    if (stage != nullptr && detail::has_work(p.stage)) cpu::prepare_inputs(detail::staged_args(r, *stage), p.stage);
+    return;
+  }
+#if MEGAMOE_WITH_CUDA
+  cuda::route(r, stage, p, stream);
+#else
+  (void)stream;
+  throw Error(ErrorCode::kUnsupported,
+              "megamoe: router_logits: expected a CPU tensor (this build has no CUDA backend), got device " +
+                  to_string(r.router_logits.device));
+#endif
+}
+
 }  // namespace
 
 const char* to_string(ErrorCode code) noexcept {
@@ -124,6 +149,12 @@ Status try_validate(const StageArgs& args) noexcept {
 Status try_stage_routing(const RoutingArgs& args, Stream stream) noexcept {
   return status_of([&] { stage_routing(args, stream); });
 }
+Status try_route_and_stage(const RouterArgs& router, const StageArgs& stage, Stream stream) noexcept {
+  return status_of([&] { route_and_stage(router, stage, stream); });
+}
+Status try_route(const RouterArgs& router, Stream stream) noexcept {
+  return status_of([&] { route(router, stream); });
+}
 
 void stage_routing(const RoutingArgs& args, Stream stream) {
   guarded("stage_routing", [&] { dispatch_routing(args, detail::validate_routing(args), stream); });
@@ -135,6 +166,18 @@ void prepare_inputs(const StageArgs& args, Stream stream) {
 
 void validate(const StageArgs& args) {
   guarded("validate", [&] { (void)detail::validate_args(args); });
+}
+
+void route_and_stage(const RouterArgs& router, const StageArgs& stage, Stream stream) {
+  guarded("route_and_stage", [&] { dispatch_router(router, &stage, detail::validate_router(router, &stage), stream); });
+}
+
+void route(const RouterArgs& router, Stream stream) {
+  guarded("route", [&] { dispatch_router(router, nullptr, detail::validate_router(router, nullptr), stream); });
+}
+
+void validate_router(const RouterArgs& router, const StageArgs* stage) {
+  guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });
 }
 
 }  // namespace megamoe

@@ -10,6 +10,7 @@
 
 #include "core/checked.h"
 #include "core/layout.h"
+#include "core/router.h"
 #include "check.h"
 #include "megamoe/error.h"
 #include "scheme.h"
@@ -399,6 +400,172 @@ Problem validate_routing(const RoutingArgs& a) {
                                   {&a.topk_weights_out, "topk_weights_out", true}};
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
   check_memory(all, a.topk_ids.device);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// The fused router (include/megamoe/router.h).
+
+namespace {
+
+/// A [n] tensor of one of the dtypes @p ok.
+void check_vector(const TensorRef& t, const char* name, int64_t n, std::initializer_list<DType> ok) {
+  check_rank(t, name, 1);
+  MEGAMOE_CHECK(t.shape[0] == n, name, "shape (" + std::to_string(n) + ",)", "shape " + t.shape_str());
+  check_dtype(t, name, ok);
+}
+
+/// Hash layers: tid2eid [V, K] int32 and input_ids [T], together; no bias.
+void check_router_hash(const RouterArgs& r, RouterProblem& p) {
+  if (r.tid2eid.has_value() != r.input_ids.has_value()) {
+    fail(nullptr, r.tid2eid ? "input_ids" : "tid2eid", "a tensor (a hash layer needs tid2eid and input_ids together)",
+         "none");
+  }
+  p.hash = r.tid2eid.has_value();
+  if (!p.hash) return;
+  if (r.e_score_correction_bias) {
+    fail(nullptr, "e_score_correction_bias", "none (a hash layer, tid2eid given, has no selection bias)", "a tensor");
+  }
+  const TensorRef& tab = *r.tid2eid;
+  check_rank(tab, "tid2eid", 2);
+  MEGAMOE_CHECK(tab.shape[0] >= 1 && tab.shape[1] == p.K, "tid2eid", "shape (V >= 1, top_k = " + std::to_string(p.K) + ")",
+                "shape " + tab.shape_str());
+  check_dtype(tab, "tid2eid", {DType::kInt32});
+  p.V = tab.shape[0];
+  check_vector(*r.input_ids, "input_ids", p.T, {DType::kInt32, DType::kInt64});
+}
+
+/// EPLB: the map, the replica counts, the load and the record flag, all four or none.
+void check_router_eplb(const RouterArgs& r, RouterProblem& p) {
+  const std::pair<const std::optional<TensorRef>*, const char*> parts[] = {
+      {&r.logical_to_physical_map, "logical_to_physical_map"},
+      {&r.logical_replica_count, "logical_replica_count"},
+      {&r.expert_load_view, "expert_load_view"},
+      {&r.record_enabled, "record_enabled"}};
+  int given = 0;
+  for (const auto& [t, name] : parts) given += t->has_value() ? 1 : 0;
+  if (given == 0) return;
+  for (const auto& [t, name] : parts) {
+    if (!t->has_value()) {
+      fail(nullptr, name,
+           "a tensor (EPLB needs logical_to_physical_map, logical_replica_count, expert_load_view and "
+           "record_enabled together)",
+           "none");
+    }
+  }
+  p.eplb = true;
+  const TensorRef& map = *r.logical_to_physical_map;
+  check_rank(map, "logical_to_physical_map", 2);
+  MEGAMOE_CHECK(map.shape[0] == p.E && map.shape[1] >= 1, "logical_to_physical_map",
+                "shape (E = " + std::to_string(p.E) + ", R >= 1)", "shape " + map.shape_str());
+  check_dtype(map, "logical_to_physical_map", {DType::kInt32});
+  p.R = map.shape[1];
+  check_vector(*r.logical_replica_count, "logical_replica_count", p.E, {DType::kInt32});
+  check_rank(*r.expert_load_view, "expert_load_view", 1);
+  check_dtype(*r.expert_load_view, "expert_load_view", {DType::kInt32, DType::kInt64});
+  p.P = r.expert_load_view->shape[0];
+  check_scalar(*r.record_enabled, "record_enabled");
+  check_dtype(*r.record_enabled, "record_enabled", {DType::kInt32});
+}
+
+/// The router's tensors with their names; outputs: the public top-k, the load, the counter.
+std::vector<NamedTensor> router_tensors(const RouterArgs& r) {
+  std::vector<NamedTensor> all = {{&r.router_logits, "router_logits", false},
+                                  {&r.topk_ids, "topk_ids", true},
+                                  {&r.topk_weights, "topk_weights", true}};
+  const std::pair<const std::optional<TensorRef>*, NamedTensor> opt[] = {
+      {&r.e_score_correction_bias, {nullptr, "e_score_correction_bias", false}},
+      {&r.tid2eid, {nullptr, "tid2eid", false}},
+      {&r.input_ids, {nullptr, "input_ids", false}},
+      {&r.logical_to_physical_map, {nullptr, "logical_to_physical_map", false}},
+      {&r.logical_replica_count, {nullptr, "logical_replica_count", false}},
+      {&r.expert_load_view, {nullptr, "expert_load_view", true}},
+      {&r.record_enabled, {nullptr, "record_enabled", false}},
+      {&r.nonfinite_count, {nullptr, "nonfinite_count (router)", true}},
+      {&r.is_padding, {nullptr, "is_padding", false}}};
+  for (const auto& [t, n] : opt) {
+    if (t->has_value()) all.push_back({&**t, n.name, n.output});
+  }
+  return all;
+}
+
+}  // namespace
+
+StageArgs staged_args(const RouterArgs& r, const StageArgs& s) {
+  StageArgs a = s;
+  a.topk_ids = r.topk_ids;
+  a.topk_weights = r.topk_weights;
+  return a;
+}
+
+const TensorRef* router_padding(const RouterArgs& r, const StageArgs* stage) {
+  if (stage != nullptr) return stage->is_padding ? &*stage->is_padding : nullptr;
+  return r.is_padding ? &*r.is_padding : nullptr;
+}
+
+RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
+  RouterProblem p;
+  p.fused = stage != nullptr;
+  const TensorRef& lg = r.router_logits;
+  check_rank(lg, "router_logits", 2);
+  p.T = lg.shape[0];
+  p.E = lg.shape[1];
+  // As prepare_inputs: T == 0 is done before any other check, unless a full-buffer tail
+  // is still to be filled.
+  if (p.T == 0 && !(p.fused && stage->full_buffer)) return p;
+  check_dtype(lg, "router_logits", {DType::kFloat32, DType::kBFloat16});
+  MEGAMOE_CHECK(p.E >= 1 && p.E <= core::kMaxRouterExperts, "router_logits", "1 to 512 experts (shape[1])",
+                "shape " + lg.shape_str());
+  MEGAMOE_CHECK(r.top_k >= 1 && r.top_k <= core::kMaxRouterTopk && r.top_k <= p.E, "top_k",
+                "1 <= top_k <= min(16, E = " + std::to_string(p.E) + ")", r.top_k);
+  p.K = r.top_k;
+  MEGAMOE_CHECK(std::isfinite(r.routed_scaling_factor), "routed_scaling_factor", "a finite value",
+                r.routed_scaling_factor);
+  p.alpha = r.routed_scaling_factor;
+  check_shape2(r.topk_ids, "topk_ids", p.T, p.K);
+  check_dtype(r.topk_ids, "topk_ids", {DType::kInt32, DType::kInt64});
+  check_shape2(r.topk_weights, "topk_weights", p.T, p.K);
+  check_dtype(r.topk_weights, "topk_weights", {DType::kFloat32});
+  check_router_hash(r, p);
+  p.has_bias = r.e_score_correction_bias.has_value();
+  if (p.has_bias) {
+    check_vector(*r.e_score_correction_bias, "e_score_correction_bias", p.E, {DType::kFloat32, DType::kBFloat16});
+  }
+  check_router_eplb(r, p);
+  p.has_nonfinite = r.nonfinite_count.has_value();
+  if (p.has_nonfinite) {
+    check_scalar(*r.nonfinite_count, "nonfinite_count (router)");
+    check_dtype(*r.nonfinite_count, "nonfinite_count (router)", {DType::kInt64});
+  }
+
+  std::vector<NamedTensor> all = router_tensors(r);
+  if (!p.fused) {
+    p.has_padding = r.is_padding.has_value();
+    if (p.has_padding) check_vector(*r.is_padding, "is_padding", p.T, {DType::kBool, DType::kUInt8});
+    check_memory(all, lg.device);
+    return p;
+  }
+  if (r.is_padding) {
+    fail(nullptr, "is_padding (router)", "none (route_and_stage takes the mask from StageArgs::is_padding)",
+         "a tensor");
+  }
+  if (stage->routed_scaling_factor) {
+    fail(nullptr, "routed_scaling_factor (staging)",
+         "none (route_and_stage scales by RouterArgs::routed_scaling_factor)", *stage->routed_scaling_factor);
+  }
+  check_rank(stage->hidden_states, "hidden_states", 2);
+  MEGAMOE_CHECK(stage->hidden_states.shape[0] == p.T, "hidden_states",
+                std::to_string(p.T) + " tokens (the rows of router_logits)", "shape " + stage->hidden_states.shape_str());
+  // The staging, with the router's outputs as its top-k inputs: every staging rule applies.
+  const StageArgs a = staged_args(r, *stage);
+  p.stage = validate_args(a);
+  p.has_padding = p.stage.has_padding;
+  // Overlaps across both argument sets (the staging's top-k inputs are the router outputs,
+  // already listed as outputs).
+  for (const NamedTensor& n : named_tensors(a)) {
+    if (n.t != &a.topk_ids && n.t != &a.topk_weights) all.push_back(n);
+  }
+  check_memory(all, lg.device);
   return p;
 }
 

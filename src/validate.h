@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "megamoe/router.h"
 #include "megamoe/stage.h"
 
 namespace megamoe {
@@ -42,6 +43,36 @@ Problem validate_args(const StageArgs& args);
 Problem validate_routing(const RoutingArgs& args);
 /// True when the call has work (T > 0, or a full-buffer tail to fill).
 inline bool has_work(const Problem& p) { return p.T > 0 || (p.full_buffer && p.M > 0); }
+
+/// Sizes and options resolved from validated RouterArgs (route, or route_and_stage).
+struct RouterProblem {
+  int64_t T = 0;  ///< tokens (router_logits rows)
+  int64_t E = 0;  ///< experts (router_logits columns)
+  int64_t K = 0;  ///< top_k
+  int64_t V = 0;  ///< tid2eid rows (hash layers)
+  int64_t R = 0;  ///< logical_to_physical_map slots per expert (EPLB)
+  int64_t P = 0;  ///< expert_load_view length (EPLB)
+  bool hash = false;           ///< ids from tid2eid[input_ids]
+  bool eplb = false;           ///< map to physical ids (and record when the flag says so)
+  bool has_bias = false;       ///< e_score_correction_bias given
+  bool has_padding = false;    ///< a padding mask (RouterArgs's for route, StageArgs's fused)
+  bool has_nonfinite = false;  ///< RouterArgs::nonfinite_count given
+  float alpha = 1.0f;          ///< routed scaling factor
+  bool fused = false;          ///< route_and_stage: stage below is the staging of the call
+  Problem stage;               ///< fused: the staging problem of staged_args(router, stage)
+};
+
+/// Check a router call (@p stage non-null: route_and_stage) and return its problem.
+/// Throws megamoe::Error before anything is written; T == 0 returns at once unless the
+/// fused call fills a full-buffer tail.
+RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage);
+/// The staging a fused call performs: @p s with the router's outputs as its top-k inputs.
+StageArgs staged_args(const RouterArgs& r, const StageArgs& s);
+/// The router's padding mask: RouterArgs::is_padding for route, StageArgs::is_padding fused
+/// (null when absent).
+const TensorRef* router_padding(const RouterArgs& r, const StageArgs* stage);
+/// True when a router call has work (tokens, or a fused full-buffer tail).
+inline bool has_work(const RouterProblem& p) { return p.T > 0 || (p.fused && has_work(p.stage)); }
 
 /// Element offsets, relative to the data pointer, of a tensor's first and last elements in
 /// address order: lo <= 0 <= hi (both 0 for an empty tensor).

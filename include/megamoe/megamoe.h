@@ -7,6 +7,7 @@
 #include "megamoe/error.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"
+#include "megamoe/router.h"
 #include "megamoe/shapes.h"
 #include "megamoe/stage.h"
 #include "megamoe/tensor.h"

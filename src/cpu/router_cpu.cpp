@@ -1,0 +1,143 @@
+// router_cpu.cpp: the fused router on the host, token by token, with the numeric rules of
+// core/router.h (the ones the CUDA kernel uses). route_and_stage on the CPU runs this, then
+// cpu::prepare_inputs with the router's outputs as the top-k inputs (api.cpp), so the
+// staged bytes are those of route() followed by prepare_inputs() by construction.
+// Single-threaded: per token it is E scores and K selection passes over E keys, small
+// next to quantizing the token's H hidden values (docs/ROUTER.md has the measured cost).
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "core/numerics.h"
+#include "core/router.h"
+#include "megamoe/router.h"
+#include "validate.h"
+
+namespace megamoe {
+namespace cpu {
+namespace {
+
+/// Element (i, j) of a rank-2 tensor, or element i of a rank-1 / 0-D one (j = 0).
+template <typename T>
+T load(const TensorRef& t, int64_t i, int64_t j = 0) {
+  const int64_t off = (t.ndim > 0 ? i * t.strides[0] : 0) + (t.ndim > 1 ? j * t.strides[1] : 0);
+  T v;
+  std::memcpy(&v, static_cast<const char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
+}
+
+template <typename T>
+void store(const TensorRef& t, int64_t i, int64_t j, T v) {
+  const int64_t off = (t.ndim > 0 ? i * t.strides[0] : 0) + (t.ndim > 1 ? j * t.strides[1] : 0);
+  std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+}
+
+/// fp32 or bf16 element, widened exactly.
+float load_real(const TensorRef& t, int64_t i, int64_t j = 0) {
+  return t.dtype == DType::kBFloat16 ? core::bf16_to_float(load<uint16_t>(t, i, j)) : load<float>(t, i, j);
+}
+
+/// int32 or int64 element.
+int64_t load_int(const TensorRef& t, int64_t i, int64_t j = 0) {
+  return t.dtype == DType::kInt32 ? load<int32_t>(t, i, j) : load<int64_t>(t, i, j);
+}
+
+/// Add @p n to a one-element int32 or int64 tensor.
+void add_to(const TensorRef& t, int64_t i, int64_t n) {
+  if (t.dtype == DType::kInt32) {
+    // int32 counters wrap as the device's atomicAdd does (two's complement).
+    store<int32_t>(t, i, 0, static_cast<int32_t>(static_cast<uint32_t>(load<int32_t>(t, i)) + static_cast<uint32_t>(n)));
+  } else {
+    store<int64_t>(t, i, 0, static_cast<int64_t>(static_cast<uint64_t>(load<int64_t>(t, i)) + static_cast<uint64_t>(n)));
+  }
+}
+
+/// One token's choice: ids (logical; -1 for an invalid hash entry) and unbiased scores.
+struct Choice {
+  std::array<int64_t, core::kMaxRouterTopk> id;
+  std::array<float, core::kMaxRouterTopk> s;
+};
+
+/// Selection: K passes, each taking the largest key not yet taken (the lowest id on equal
+/// keys: only a strictly larger key replaces the current best).
+void select(const RouterArgs& r, const detail::RouterProblem& p, int64_t t, Choice& c) {
+  std::array<float, core::kMaxRouterExperts> s;
+  std::array<uint32_t, core::kMaxRouterExperts> key;
+  std::array<bool, core::kMaxRouterExperts> taken{};
+  for (int64_t e = 0; e < p.E; ++e) {
+    s[e] = core::router_score(load_real(r.router_logits, t, e));
+    key[e] = p.has_bias ? core::biased_key(s[e], load_real(*r.e_score_correction_bias, e)) : core::selection_key(s[e]);
+  }
+  for (int64_t k = 0; k < p.K; ++k) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < p.E; ++e) {
+      if (!taken[e] && (best < 0 || key[e] > key[best])) best = e;
+    }
+    taken[best] = true;  // K <= E: a candidate is always left
+    c.id[k] = best;
+    c.s[k] = s[best];
+  }
+}
+
+/// Hash layers: the table row of the token's id; false when input_ids[t] is outside [0, V).
+bool lookup(const RouterArgs& r, const detail::RouterProblem& p, int64_t t, Choice& c) {
+  const int64_t row = load_int(*r.input_ids, t);
+  if (row < 0 || row >= p.V) return false;
+  for (int64_t k = 0; k < p.K; ++k) {
+    const int64_t l = load<int32_t>(*r.tid2eid, row, k);
+    const bool ok = l >= 0 && l < p.E;
+    c.id[k] = ok ? l : -1;
+    c.s[k] = ok ? core::router_score(load_real(r.router_logits, t, l)) : 0.0f;
+  }
+  return true;
+}
+
+}  // namespace
+
+void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad) {
+  const bool record = p.eplb && load<int32_t>(*r.record_enabled, 0) != 0;
+  int64_t nonfinite = 0;
+  Choice c;
+  for (int64_t t = 0; t < p.T; ++t) {
+    if (p.has_nonfinite) {
+      for (int64_t e = 0; e < p.E; ++e) nonfinite += core::non_finite(load_real(r.router_logits, t, e)) ? 1 : 0;
+    }
+    bool keep = pad == nullptr || load<uint8_t>(*pad, t) == 0;
+    if (keep) {
+      if (p.hash) {
+        keep = lookup(r, p, t, c);
+      } else {
+        select(r, p, t, c);
+      }
+    }
+    // Weights: the kept scores summed in k order (invalid hash entries add nothing).
+    float sum = 0.0f;
+    for (int64_t k = 0; keep && k < p.K; ++k) {
+      if (c.id[k] >= 0) sum = core::add_rn(sum, c.s[k]);
+    }
+    const float d = core::weight_denominator(sum);
+    for (int64_t k = 0; k < p.K; ++k) {
+      int64_t id = -1;
+      float w = 0.0f;
+      if (keep && c.id[k] >= 0) {
+        id = c.id[k];
+        w = core::router_weight(c.s[k], d, p.alpha);
+        if (p.eplb) {
+          const int64_t slot = core::replica_slot(t * p.K + k, load<int32_t>(*r.logical_replica_count, id), p.R);
+          id = load<int32_t>(*r.logical_to_physical_map, id, slot);
+          if (record && id >= 0 && id < p.P) add_to(*r.expert_load_view, id, 1);
+        }
+      }
+      if (r.topk_ids.dtype == DType::kInt32) {
+        store<int32_t>(r.topk_ids, t, k, static_cast<int32_t>(id));
+      } else {
+        store<int64_t>(r.topk_ids, t, k, id);
+      }
+      store<float>(r.topk_weights, t, k, w);
+    }
+  }
+  if (p.has_nonfinite) add_to(*r.nonfinite_count, 0, nonfinite);
+}
+
+}  // namespace cpu
+}  // namespace megamoe

@@ -1,0 +1,287 @@
+// router.cu: the fused DeepSeek-V4 router on CUDA (docs/ROUTER.md "CUDA").
+//
+// route_and_stage with a fast-kernel plan (contiguous, aligned rows; every format but
+// NVFP4 per-token): ONE launch of route_stage_kernel, whose grid is the quantizing blocks
+// of the staging plan (plan.h: the same shapes, index modes and store policies, the same
+// device code from quantize_fast.cuh, minus its top-k repack) followed by router blocks
+// (router.cuh) that route the tokens and write the public top-k, the staged top-k buffers
+// and their full-buffer tail. The quantization does not depend on the routing, so the two
+// kinds of blocks run side by side.
+//
+// Generic and row-kernel plans (strided or unaligned hidden states, NVFP4 per-token): two
+// launches on the stream, the router kernel (public and staged top-k, tail) then the plan's
+// staging kernel (which repacks the router's outputs into the same bytes again). Those
+// kernels keep their block loops inside their __global__ functions; fusing them needs
+// their bodies as device functions of (block, blocks), as stage_chunk / stage_tile are.
+//
+// route() alone: the router kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/launch_util.cuh"
+#include "cuda/plan.h"
+#include "cuda/quantize_fast.cuh"
+#include "cuda/router.cuh"
+#include "megamoe/error.h"
+#include "megamoe/router.h"
+#include "validate.h"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+/// The fused kernel's parameters: the staging block's, then the router's.
+template <typename Idx>
+struct FusedParams {
+  ParamsT<Idx> q;
+  RouterParams r;
+};
+
+/// The router alone (route(), the two-launch path, a fused call without tokens).
+__global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ RouterParams r) {
+  if (r.flags & kRoutePdl) pdl_wait_and_trigger();
+  router_block(&r, blockIdx.x);
+}
+
+/// Resident blocks per SM the fused kernel is built for: the fast kernel's for 16-bit
+/// inputs (the decode and prefill case: the quantizing blocks keep their occupancy), and
+/// the fast kernel's lowest for fp32 inputs (the router's registers come on top).
+template <int In>
+constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
+
+/// Blocks [0, quant_blocks) quantize exactly as stage_fast_kernel's quantizing blocks of
+/// the same plan; blocks from quant_blocks on are router blocks.
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
+__global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
+    route_stage_kernel(const __grid_constant__ FusedParams<IdxOf<kMode>> fp) {
+  using Idx = IdxOf<kMode>;
+  const ParamsT<Idx>& p = fp.q;
+  constexpr bool kStream = kMode != Mode::kIdx32;
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  if (blockIdx.x >= p.quant_blocks) {  // block-uniform
+    router_block(&fp.r, blockIdx.x - p.quant_blocks);
+    return;
+  }
+  const float s2 = static_scale2<F>(p);
+  uint32_t nf = 0;
+  if constexpr (kShape == Shape::kTile) {
+    for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
+  } else if constexpr (kShape == Shape::kSplitTopk) {
+    stage_chunk<In, F, G, kStream, false, X>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
+  } else {
+    // The loop shape's grid-stride loop over the quantizing blocks only (32-bit modes: the
+    // plan's n_chunks + grid threads < 2^32 covers this smaller stride).
+    const Idx step = static_cast<Idx>(p.quant_blocks) * blockDim.x;
+    for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks; base += step) {
+      stage_chunk<In, F, G, kStream, false, X>(p, base + threadIdx.x, s2, nf);
+    }
+  }
+  if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side.
+
+/// Calls v.template go<In, F, G, Mode, Shape>() for the fast-kernel variant a plan names.
+template <class V, int In, core::Format F, int G, Mode M>
+void visit_shape(const Plan& pl, const V& v) {
+  if constexpr (M == Mode::kIdx64Stream) {
+    v.template go<In, F, G, M, Shape::kLoop>();
+  } else if (pl.shape == Shape::kSplitTopk) {
+    v.template go<In, F, G, M, Shape::kSplitTopk>();
+  } else if (pl.shape == Shape::kTile) {
+    v.template go<In, F, G, M, Shape::kTile>();
+  } else {
+    v.template go<In, F, G, M, Shape::kLoop>();
+  }
+}
+
+template <class V, int In, core::Format F, int G>
+void visit_mode(const Plan& pl, const V& v) {
+  if (pl.index == IndexWidth::k64) return visit_shape<V, In, F, G, Mode::kIdx64Stream>(pl, v);
+  if (pl.store == StorePolicy::kEvictFirst) return visit_shape<V, In, F, G, Mode::kIdx32Stream>(pl, v);
+  visit_shape<V, In, F, G, Mode::kIdx32>(pl, v);
+}
+
+template <class V, int In>
+void visit_format(const Plan& pl, const V& v) {
+  using core::Format;
+  const bool g32 = pl.G == 32;
+  switch (pl.fmt) {
+    case Format::kFp8Ue8m0:
+      return g32 ? visit_mode<V, In, Format::kFp8Ue8m0, 32>(pl, v) : visit_mode<V, In, Format::kFp8Ue8m0, 128>(pl, v);
+    case Format::kFp8Fp32:
+      return g32 ? visit_mode<V, In, Format::kFp8Fp32, 32>(pl, v) : visit_mode<V, In, Format::kFp8Fp32, 128>(pl, v);
+    case Format::kMxfp4: return visit_mode<V, In, Format::kMxfp4, 32>(pl, v);
+    case Format::kMxfp4Rne: return visit_mode<V, In, Format::kMxfp4Rne, 32>(pl, v);
+    case Format::kNvfp4Static: return visit_mode<V, In, Format::kNvfp4Static, 16>(pl, v);
+    case Format::kNvfp4PerToken: break;  // never a fast plan (check_plan)
+  }
+  throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
+}
+
+template <class V>
+void visit_fast(const Plan& pl, const V& v) {
+  switch (in_kind(pl.in)) {
+    case kInBF16: return visit_format<V, kInBF16>(pl, v);
+    case kInF16: return visit_format<V, kInF16>(pl, v);
+    default: return visit_format<V, kInF32>(pl, v);
+  }
+}
+
+/// Launches the fused kernel of one variant.
+struct FusedLaunch {
+  const Plan& pl;
+  const StageArgs& a;
+  const detail::Problem& p;
+  const RouterParams& r;
+  cudaStream_t stream;
+  template <int In, core::Format F, int G, Mode M, Shape S>
+  void go() const {
+    const FusedParams<IdxOf<M>> fp{make_params<IdxOf<M>>(a, p, pl), r};
+    // The staging kernel's variants (launch_fast.cuh): the counter, a floor read from the
+    // parameters, or the default floor compiled in.
+    if (pl.count_nonfinite) return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kCount>, fp, pl, stream);
+    if constexpr (kUsesFloor<F>) {
+      if (p.floor != core::kAmaxFloor) {
+        return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kFloor>, fp, pl, stream);
+      }
+    }
+    launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kNone>, fp, pl, stream);
+  }
+};
+
+/// Makes @p device current for the scope (the caller's device is restored).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// Tail entries a router block fills per thread before more blocks are added.
+constexpr int64_t kTailPerThread = 8;
+
+/// The router blocks' parameters for blocks of @p threads threads. Tokens per block: as
+/// few as keep the router blocks within about two per SM (decode: one token per block,
+/// its E scores over all the block's threads), at most one per warp and what the shared
+/// scores hold.
+RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, int threads,
+                           const DeviceInfo& dev, bool pdl) {
+  RouterParams rp = {};
+  rp.logits = r.router_logits.data;
+  rp.lg_s0 = r.router_logits.strides[0];
+  rp.lg_s1 = r.router_logits.strides[1];
+  uint32_t f = r.router_logits.dtype == DType::kBFloat16 ? kRouteLogitsBF16 : 0u;
+  if (r.e_score_correction_bias) {
+    rp.bias = r.e_score_correction_bias->data;
+    rp.bias_s0 = r.e_score_correction_bias->strides[0];
+    f |= kRouteBias | (r.e_score_correction_bias->dtype == DType::kBFloat16 ? kRouteBiasBF16 : 0u);
+  }
+  rp.ids = r.topk_ids.data;
+  rp.ids_s0 = r.topk_ids.strides[0];
+  rp.ids_s1 = r.topk_ids.strides[1];
+  f |= r.topk_ids.dtype == DType::kInt64 ? kRouteIdsI64 : 0u;
+  rp.w = static_cast<float*>(r.topk_weights.data);
+  rp.w_s0 = r.topk_weights.strides[0];
+  rp.w_s1 = r.topk_weights.strides[1];
+  if (const TensorRef* pad = detail::router_padding(r, s)) {
+    rp.pad = static_cast<const uint8_t*>(pad->data);
+    rp.pad_s0 = pad->strides[0];
+  }
+  if (p.hash) {
+    rp.tid2eid = static_cast<const int32_t*>(r.tid2eid->data);
+    rp.tab_s0 = r.tid2eid->strides[0];
+    rp.tab_s1 = r.tid2eid->strides[1];
+    rp.input_ids = r.input_ids->data;
+    rp.iid_s0 = r.input_ids->strides[0];
+    f |= kRouteHash | (r.input_ids->dtype == DType::kInt64 ? kRouteInputIdsI64 : 0u);
+  }
+  if (p.eplb) {
+    rp.l2p = static_cast<const int32_t*>(r.logical_to_physical_map->data);
+    rp.l2p_s0 = r.logical_to_physical_map->strides[0];
+    rp.l2p_s1 = r.logical_to_physical_map->strides[1];
+    rp.replicas = static_cast<const int32_t*>(r.logical_replica_count->data);
+    rp.rc_s0 = r.logical_replica_count->strides[0];
+    rp.load = r.expert_load_view->data;
+    rp.load_s0 = r.expert_load_view->strides[0];
+    rp.record = static_cast<const int32_t*>(r.record_enabled->data);
+    f |= kRouteEplb | (r.expert_load_view->dtype == DType::kInt64 ? kRouteLoadI64 : 0u);
+  }
+  if (p.has_nonfinite) rp.nonfinite = static_cast<unsigned long long*>(r.nonfinite_count->data);
+  rp.M = p.T;
+  if (s != nullptr) {
+    rp.idx_out = static_cast<int64_t*>(s->topk_idx_out.data);
+    rp.io_s0 = s->topk_idx_out.strides[0];
+    rp.io_s1 = s->topk_idx_out.strides[1];
+    rp.w_out = static_cast<float*>(s->topk_weights_out.data);
+    rp.wo_s0 = s->topk_weights_out.strides[0];
+    rp.wo_s1 = s->topk_weights_out.strides[1];
+    rp.M = p.stage.M;
+    f |= kRouteStaged;
+  }
+  rp.flags = f | (pdl ? kRoutePdl : 0u);
+  rp.T = p.T;
+  rp.E = p.E;
+  rp.K = p.K;
+  rp.V = p.V;
+  rp.R = p.R;
+  rp.P = p.P;
+  rp.alpha = p.alpha;
+  const int64_t spread = ceil_div(p.T, 2 * static_cast<int64_t>(std::max(1, dev.sm_count)));
+  rp.tpb = static_cast<uint32_t>(std::max<int64_t>(1, std::min({int64_t{threads / 32}, kRouterSmemEntries / p.E, spread})));
+  const int64_t token_blocks = ceil_div(p.T, rp.tpb);
+  const int64_t tail_blocks = ceil_div((rp.M - p.T) * p.K, threads * kTailPerThread);
+  rp.blocks = static_cast<uint32_t>(std::max<int64_t>({1, token_blocks, tail_blocks}));
+  return rp;
+}
+
+void launch_router(const RouterParams& rp, bool pdl, cudaStream_t stream) {
+  Plan pl;
+  pl.threads = 256;
+  pl.grid = rp.blocks;
+  pl.pdl = pdl;
+  launch_kernel(route_kernel, rp, pl, stream);
+}
+
+}  // namespace
+
+void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream_handle) {
+  const int index = r.router_logits.device.index;
+  DeviceScope scope(index);
+  const DeviceInfo dev = device_info(index);
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  const bool pdl = (s != nullptr ? s->enable_pdl : r.enable_pdl) && dev.arch >= 90;
+  if (s == nullptr || p.stage.T == 0) {  // the router alone (T == 0: only the staged tail)
+    launch_router(router_params(r, s, p, 256, dev, pdl), pdl, stream);
+    return;
+  }
+  const StageArgs a = detail::staged_args(r, *s);
+  Plan pl = plan(p.stage, a, dev);
+  check_plan(pl, p.stage, a);
+  if (pl.role != Role::kFast) {  // two launches (see the file comment)
+    launch_router(router_params(r, s, p, 256, dev, pdl), pdl, stream);
+    launch(pl, a, p.stage, stream_handle);
+    return;
+  }
+  RouterParams rp = router_params(r, s, p, pl.threads, dev, pdl);
+  pl.grid = pl.quant_blocks + rp.blocks;
+  visit_fast(pl, FusedLaunch{pl, a, p.stage, rp, stream});
+}
+
+}  // namespace cuda
+}  // namespace megamoe

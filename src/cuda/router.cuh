@@ -1,0 +1,257 @@
+// router.cuh: the fused DeepSeek-V4 router's device code (docs/ROUTER.md "CUDA"): a
+// router block routes up to RouterParams::tpb consecutive tokens with the numeric rules of
+// core/router.h (the CPU backend's), then fills its share of the staged top-k buffers'
+// full-buffer tail.
+//
+//  1. Scoring, the whole block: thread i scores experts i, i + blockDim, ... of each of
+//     the block's tokens (the expensive part: exp and log1p in double), writing the
+//     selection key and the score to shared memory. Spreading a token's E experts over the
+//     block is what keeps the decode latency down (T = 1: one or two scores per thread).
+//  2. Selection, one warp per token: lane l owns experts l, l + 32, ...; K rounds of a
+//     warp-wide argmax (redux.sync max of the keys, then min of the ids holding it, so
+//     ties go to the lowest id); only the winner's lane rescans its own experts.
+//  3. Weights and stores, lane k for k < K: the scores are summed in k order (every lane
+//     accumulates the broadcast winners in the same order as the CPU loop), then the
+//     weight, the EPLB map and load, the public outputs and the staged top-k entry.
+// Hash layers skip 1 (except for counting non-finite logits) and 2: lane k reads its
+// table entry and scores that one expert.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/numerics.h"
+#include "core/router.h"
+#include "cuda/common.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB, small enough
+/// not to cut the quantizing blocks' occupancy in the fused kernel (it is static, so every
+/// block of that kernel has it) on any architecture built (100 KiB per SM on sm_86/89).
+constexpr int kRouterSmemEntries = 1536;
+
+enum : uint32_t {
+  kRouteLogitsBF16 = 1u,
+  kRouteBiasBF16 = 2u,
+  kRouteBias = 4u,
+  kRouteIdsI64 = 8u,
+  kRouteHash = 16u,
+  kRouteInputIdsI64 = 32u,
+  kRouteEplb = 64u,
+  kRouteLoadI64 = 128u,
+  kRouteStaged = 256u,  // also write topk_idx_out / topk_weights_out (route_and_stage)
+  kRoutePdl = 512u,     // the standalone router kernel was launched with PDL
+};
+
+/// Everything a router block reads and writes (64-bit offsets: router tensors are small,
+/// the cost is a few instructions per token).
+struct RouterParams {
+  const void* logits;
+  const void* bias;                  // nullable
+  void* ids;                         // public [T, K] int32 / int64
+  float* w;                          // public [T, K]
+  const uint8_t* pad;                // nullable
+  const int32_t* tid2eid;            // hash layers
+  const void* input_ids;             // hash layers, int32 / int64
+  const int32_t* l2p;                // EPLB [E, R]
+  const int32_t* replicas;           // EPLB [E]
+  void* load;                        // EPLB [P] int32 / int64
+  const int32_t* record;             // EPLB flag
+  unsigned long long* nonfinite;     // nullable: NaN / Inf logits are added to it
+  int64_t* idx_out;                  // staged [M, K] (kRouteStaged)
+  float* w_out;                      // staged [M, K]
+  int64_t lg_s0, lg_s1, bias_s0, ids_s0, ids_s1, w_s0, w_s1, pad_s0, tab_s0, tab_s1, iid_s0;
+  int64_t l2p_s0, l2p_s1, rc_s0, load_s0, io_s0, io_s1, wo_s0, wo_s1;
+  int64_t T, M, E, K, V, R, P;
+  float alpha;
+  uint32_t flags;    // kRoute*
+  uint32_t tpb;      // tokens per router block, 1..warps per block
+  uint32_t blocks;   // router blocks
+};
+
+/// Element @p off of an fp32 or (@p bf16) bf16 array, widened to fp32.
+__device__ __forceinline__ float load_real(const void* p, int64_t off, bool bf16) {
+  return bf16 ? core::bf16_to_float(static_cast<const uint16_t*>(p)[off]) : static_cast<const float*>(p)[off];
+}
+
+__device__ __forceinline__ float router_logit(const RouterParams& r, int64_t t, int64_t e) {
+  return load_real(r.logits, t * r.lg_s0 + e * r.lg_s1, (r.flags & kRouteLogitsBF16) != 0);
+}
+
+__device__ __forceinline__ float router_bias(const RouterParams& r, int64_t e) {
+  return load_real(r.bias, e * r.bias_s0, (r.flags & kRouteBiasBF16) != 0);
+}
+
+__device__ __forceinline__ bool router_padded(const RouterParams& r, int64_t t) {
+  return r.pad != nullptr && r.pad[t * r.pad_s0] != 0;
+}
+
+/// The warp's maximum (kMax) or minimum of @p v, in every lane.
+template <bool kMax>
+__device__ __forceinline__ uint32_t warp_extreme(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  return kMax ? __reduce_max_sync(0xFFFFFFFFu, v) : __reduce_min_sync(0xFFFFFFFFu, v);
+#else
+  for (int off = 16; off >= 1; off >>= 1) {
+    const uint32_t o = __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    v = kMax ? max(v, o) : min(v, o);
+  }
+  return v;
+#endif
+}
+
+/// Lane k's entry of token t: logical id @p id (-1: none) with weight @p w, mapped and
+/// recorded (EPLB), written to the public and the staged outputs. @p keep: the token is
+/// routed (not padded, a valid hash row).
+__device__ __forceinline__ void router_store(const RouterParams& r, int64_t t, int64_t k, bool keep, int64_t id,
+                                             float w) {
+  if (!keep || id < 0) {
+    id = -1;
+    w = 0.0f;
+  } else if (r.flags & kRouteEplb) {
+    const int64_t slot = core::replica_slot(t * r.K + k, r.replicas[id * r.rc_s0], r.R);
+    id = r.l2p[id * r.l2p_s0 + slot * r.l2p_s1];
+    if (*r.record != 0 && id >= 0 && id < r.P) {
+      if (r.flags & kRouteLoadI64) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(static_cast<int64_t*>(r.load) + id * r.load_s0), 1ull);
+      } else {
+        atomicAdd(static_cast<int*>(r.load) + id * r.load_s0, 1);
+      }
+    }
+  }
+  const int64_t io = t * r.ids_s0 + k * r.ids_s1;
+  if (r.flags & kRouteIdsI64) static_cast<int64_t*>(r.ids)[io] = id;
+  else static_cast<int32_t*>(r.ids)[io] = static_cast<int32_t>(id);
+  r.w[t * r.w_s0 + k * r.w_s1] = w;
+  if (r.flags & kRouteStaged) {
+    r.idx_out[t * r.io_s0 + k * r.io_s1] = id;
+    r.w_out[t * r.wo_s0 + k * r.wo_s1] = w;
+  }
+}
+
+/// Selection and weights of token t by one warp from the block's scores (key, s) of it.
+__device__ __forceinline__ void router_select(const RouterParams& r, int64_t t, const uint32_t* key, const float* s) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const int64_t J = (r.E + 31) / 32;
+  constexpr uint32_t kNone = 0xFFFFFFFFu;  // no candidate: loses every tie (real ids are smaller)
+  uint32_t removed = 0, bk = 0, bid = kNone;
+  auto rescan = [&] {
+    bk = 0;
+    bid = kNone;
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t e = j * 32 + lane;
+      if (e < r.E && ((removed >> j) & 1u) == 0u) {
+        const uint32_t k = key[e];
+        if (bid == kNone || k > bk) {  // strictly larger: the lower id keeps a tie
+          bk = k;
+          bid = static_cast<uint32_t>(e);
+        }
+      }
+    }
+  };
+  rescan();
+  float sum = 0.0f, mine = 0.0f;
+  uint32_t my_id = kNone;
+  for (int64_t k = 0; k < r.K; ++k) {
+    const uint32_t m = warp_extreme<true>(bk);
+    const uint32_t win = warp_extreme<false>(bk == m ? bid : kNone);
+    const float sk = s[win];  // K <= E: a winner always exists
+    sum = core::add_rn(sum, sk);
+    if (lane == k) {
+      my_id = win;
+      mine = sk;
+    }
+    if (bid == win) {
+      removed |= 1u << (win / 32u);
+      rescan();
+    }
+  }
+  if (lane < r.K) {
+    router_store(r, t, lane, true, my_id, core::router_weight(mine, core::weight_denominator(sum), r.alpha));
+  }
+}
+
+/// Hash layer token t by one warp: lane k scores tid2eid[input_ids[t], k].
+__device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const int64_t row = (r.flags & kRouteInputIdsI64) ? static_cast<const int64_t*>(r.input_ids)[t * r.iid_s0]
+                                                    : static_cast<const int32_t*>(r.input_ids)[t * r.iid_s0];
+  const bool keep = row >= 0 && row < r.V;  // warp-uniform
+  int64_t id = -1;
+  float s = 0.0f;
+  if (keep && lane < r.K) {
+    id = r.tid2eid[row * r.tab_s0 + lane * r.tab_s1];
+    if (id >= 0 && id < r.E) s = core::router_score(router_logit(r, t, id));
+    else id = -1;
+  }
+  // The sum in k order, every lane the same: an invalid entry adds nothing.
+  const uint32_t valid = __ballot_sync(0xFFFFFFFFu, id >= 0);
+  float sum = 0.0f;
+  for (int64_t k = 0; k < r.K; ++k) {
+    const float sk = __shfl_sync(0xFFFFFFFFu, s, static_cast<int>(k));
+    if ((valid >> k) & 1u) sum = core::add_rn(sum, sk);
+  }
+  if (lane < r.K) router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha));
+}
+
+/// Router block @p rb (0-based among the router blocks). Every thread of the block calls
+/// it (barrier, warp shuffles). Not inlined: the fused kernel has one instantiation per
+/// quantizing variant, the router code is compiled once per unit; @p rp points at the
+/// kernel's __grid_constant__ parameter (read in place, no copy).
+__device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
+  const RouterParams& r = *rp;
+  __shared__ uint32_t sh_key[kRouterSmemEntries];
+  __shared__ float sh_s[kRouterSmemEntries];
+  const uint32_t warp = threadIdx.x / 32u;
+  const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
+  const int64_t ntok = t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0;
+  const bool hash = (r.flags & kRouteHash) != 0;
+  // 1. Scores of the block's tokens (padded ones only counted).
+  uint32_t nf = 0;
+  if (!hash || r.nonfinite != nullptr) {
+    for (int64_t w = 0; w < ntok; ++w) {
+      const int64_t t = t0 + w;
+      const bool score = !hash && !router_padded(r, t);
+      for (int64_t e = threadIdx.x; e < r.E; e += blockDim.x) {
+        const float x = router_logit(r, t, e);
+        if (r.nonfinite != nullptr) nf += core::non_finite(x) ? 1u : 0u;
+        if (score) {
+          const float s = core::router_score(x);
+          sh_s[w * r.E + e] = s;
+          sh_key[w * r.E + e] = (r.flags & kRouteBias) ? core::biased_key(s, router_bias(r, e)) : core::selection_key(s);
+        }
+      }
+    }
+  }
+  if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
+  __syncthreads();
+  // 2, 3. One warp per token.
+  if (warp < ntok) {
+    const int64_t t = t0 + warp;
+    if (hash) {
+      router_hash(r, t);
+    } else if (router_padded(r, t)) {
+      if (threadIdx.x % 32u < r.K) router_store(r, t, threadIdx.x % 32u, false, -1, 0.0f);
+    } else {
+      router_select(r, t, sh_key + warp * r.E, sh_s + warp * r.E);
+    }
+  }
+  // Full-buffer tail: rows T..M-1 of the staged top-k, spread over all router blocks.
+  if (r.flags & kRouteStaged) {
+    const int64_t n = (r.M - r.T) * r.K;
+    for (int64_t i = static_cast<int64_t>(rb) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(r.blocks) * blockDim.x) {
+      const int64_t t = r.T + i / r.K, k = i % r.K;
+      r.idx_out[t * r.io_s0 + k * r.io_s1] = -1;
+      r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe
