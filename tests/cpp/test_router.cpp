@@ -1,0 +1,467 @@
+// test_router.cpp: the fused DeepSeek-V4 router on the CPU backend against the
+// independent reference (tests/reference/router_reference.h):
+//  - the shared exp / log1p / sqrt / score (src/core/router.h) bit for bit against the
+//    reference's correctly rounded ones (docs/ROUTER.md: 0 ulp for every fp32 input);
+//  - route(): ids, weights, EPLB load and the logit counter for planted ties, NaN / Inf
+//    logits, all-equal logits, a reversing bias, E not a power of two, E = 512 / K = 16,
+//    hash layers, EPLB with 1..4 replicas (and out-of-range device data), padding;
+//  - route_and_stage(): every staged byte equal to (reference router, then
+//    prepare_inputs with its outputs) for several formats, shared_x_sf, full buffer;
+//  - every argument error, with nothing written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/router.h"
+#include "megamoe/megamoe.h"
+#include "router_cases.h"
+#include "router_reference.h"
+
+namespace {
+
+using namespace router_cases;  // NOLINT: the shared test vocabulary
+
+/// The library's public outputs (and load, counter) equal the reference's.
+void expect_router_outputs(const Spec& s, Built& b, const ref::Result& want) {
+  for (int64_t t = 0; t < s.T; ++t) {
+    for (int64_t k = 0; k < s.K; ++k) {
+      const int64_t id = s.ids_dt == DType::kInt32 ? b.ids.at<int32_t>(t, k) : b.ids.at<int64_t>(t, k);
+      ASSERT_EQ(id, want.ids[static_cast<size_t>(t * s.K + k)]) << "topk_ids[" << t << ", " << k << "]";
+      const float w = b.weights.at<float>(t, k);
+      ASSERT_EQ(hex(u32(w)), hex(u32(want.weights[static_cast<size_t>(t * s.K + k)])))
+          << "topk_weights[" << t << ", " << k << "] = " << w;
+    }
+  }
+  if (s.l2p) {
+    for (int64_t i = 0; i < s.P; ++i) {
+      const int64_t got = s.load_dt == DType::kInt32 ? b.load.at<int32_t>(i) : b.load.at<int64_t>(i);
+      ASSERT_EQ(got, want.load[static_cast<size_t>(i)]) << "expert_load_view[" << i << "]";
+    }
+  }
+  if (s.count) {
+    EXPECT_EQ(b.nonfinite.at<int64_t>(0), 1000 + want.nonfinite);
+  }
+}
+
+/// The library's tensors of @p s after route() on the CPU.
+std::unique_ptr<Built> routed(const Spec& s) {
+  auto b = build(s);
+  megamoe::route(b->args);
+  return b;
+}
+
+/// route() on the CPU against the reference.
+void check_route(const Spec& s) { expect_router_outputs(s, *routed(s), ref::route(reference_problem(s))); }
+
+// ---------------------------------------------------------------------------------------
+// Shared numerics against the reference.
+
+/// Inputs for the function tests: every 4099th bit pattern (all binades, both signs, NaNs),
+/// the neighbours of every power of two and of the thresholds and clamps. (Every fp32
+/// input: bench/router_accuracy.cpp.)
+std::vector<uint32_t> sample_inputs() {
+  std::vector<uint32_t> v;
+  for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 4099) v.push_back(static_cast<uint32_t>(b));
+  for (uint32_t e = 0; e < 256; ++e) {
+    for (int d = -3; d <= 3; ++d) {
+      v.push_back((e << 23) + static_cast<uint32_t>(d));
+      v.push_back(0x80000000u | ((e << 23) + static_cast<uint32_t>(d)));
+    }
+  }
+  for (float x : {20.0f, 88.7f, 89.0f, -87.33f, -103.97f, -104.0f, -1.0f, 0x1p-29f, 0x1p-25f, -0x1p-25f}) {
+    for (int d = -64; d <= 64; ++d) v.push_back(u32(x) + static_cast<uint32_t>(d));
+  }
+  return v;
+}
+
+bool same_bits_or_nan(float a, float b) { return (std::isnan(a) && std::isnan(b)) || u32(a) == u32(b); }
+
+TEST(RouterNumerics, ExpIsCorrectlyRounded) {
+  for (uint32_t b : sample_inputs()) {
+    const float x = f32(b);
+    ASSERT_TRUE(same_bits_or_nan(megamoe::core::exp_f32(x), ref::exp32(x))) << "exp(" << hex(b) << ")";
+  }
+}
+
+TEST(RouterNumerics, Log1pIsCorrectlyRounded) {
+  for (uint32_t b : sample_inputs()) {
+    const float x = f32(b);
+    ASSERT_TRUE(same_bits_or_nan(megamoe::core::log1p_f32(x), ref::log1p32(x))) << "log1p(" << hex(b) << ")";
+  }
+}
+
+TEST(RouterNumerics, SqrtAndScore) {
+  for (uint32_t b : sample_inputs()) {
+    const float x = f32(b);
+    if (x >= 0.0f) {
+      ASSERT_EQ(u32(megamoe::core::sqrt_rn(x)), u32(ref::sqrt32(x))) << "sqrt(" << hex(b) << ")";
+    }
+    // The score is a number or the one quiet NaN, never another NaN.
+    const float s = megamoe::core::router_score(x);
+    ASSERT_EQ(hex(u32(s)), hex(u32(ref::score(x)))) << "score(" << hex(b) << ")";
+  }
+}
+
+TEST(RouterNumerics, NanResultsAreTheQuietNaN) {
+  for (uint32_t nan : {0x7F800001u, 0x7FC00001u, 0xFFC12345u, 0xFFFFFFFFu}) {
+    EXPECT_EQ(u32(megamoe::core::exp_f32(f32(nan))), 0x7FC00000u);
+    EXPECT_EQ(u32(megamoe::core::log1p_f32(f32(nan))), 0x7FC00000u);
+    EXPECT_EQ(u32(megamoe::core::router_score(f32(nan))), 0x7FC00000u);
+  }
+  EXPECT_EQ(u32(megamoe::core::log1p_f32(-2.0f)), 0x7FC00000u);
+  EXPECT_EQ(u32(megamoe::core::log1p_f32(-1.0f)), 0xFF800000u);
+  EXPECT_EQ(u32(megamoe::core::exp_f32(-INFINITY)), 0u);
+  EXPECT_EQ(u32(megamoe::core::router_score(-INFINITY)), 0u);
+  EXPECT_EQ(u32(megamoe::core::router_score(INFINITY)), 0x7F800000u);
+}
+
+TEST(RouterNumerics, SelectionKeyOrder) {
+  using megamoe::core::selection_key;
+  const float order[] = {INFINITY, 3.0f, 1.0f, 0x1p-149f, 0.0f, -0x1p-149f, -1.0f, -3.4e38f, -INFINITY};
+  for (size_t i = 0; i + 1 < sizeof order / sizeof order[0]; ++i) {
+    EXPECT_GT(selection_key(order[i]), selection_key(order[i + 1])) << order[i];
+  }
+  EXPECT_EQ(selection_key(0.0f), selection_key(-0.0f));
+  EXPECT_EQ(selection_key(f32(0x7FC00000u)), 0u);
+  EXPECT_EQ(selection_key(f32(0xFFFFFFFFu)), 0u);
+  EXPECT_GT(selection_key(-INFINITY), 0u);
+}
+
+// ---------------------------------------------------------------------------------------
+// route() against the reference.
+
+TEST(Route, RandomDeepSeekShapes) {
+  uint32_t seed = 1;
+  for (auto [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {256, 8}, {384, 6}, {384, 8}}) {
+    for (DType ldt : {DType::kFloat32, DType::kBFloat16}) {
+      for (DType bdt : {DType::kFloat32, DType::kBFloat16}) {
+        Spec s = random_spec(37, E, K, seed++);
+        s.logits_dt = ldt;
+        s.bias_dt = bdt;
+        s.alpha = 1.5f;
+        s.ids_dt = seed % 2 ? DType::kInt32 : DType::kInt64;
+        SCOPED_TRACE("E=" + std::to_string(E) + " K=" + std::to_string(K));
+        check_route(s);
+      }
+    }
+  }
+}
+
+TEST(Route, NoBiasAndTransposedLogits) {
+  Spec s = random_spec(19, 384, 8, 7);
+  s.bias.reset();
+  check_route(s);
+  s.transposed_logits = true;
+  check_route(s);
+}
+
+TEST(Route, PlantedTiesGoToTheLowestId) {
+  const Spec s = planted_ties_spec();
+  check_route(s);
+  auto b = routed(s);
+  const int64_t want[] = {3, 17, 90, 200, 250, 64};
+  for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(b->ids.at<int32_t>(0, k), want[k]);
+  const Spec u = bias_tie_spec(megamoe::core::router_score);
+  check_route(u);
+  auto c = routed(u);
+  EXPECT_EQ(c->ids.at<int32_t>(0, 0), 5);
+}
+
+TEST(Route, AllEqualLogitsPickTheFirstK) {
+  const Spec s = all_equal_spec();
+  check_route(s);
+  auto b = routed(s);
+  for (int64_t k = 0; k < 8; ++k) EXPECT_EQ(b->ids.at<int32_t>(2, k), k);
+}
+
+TEST(Route, BiasReversesTheOrder) {
+  const Spec s = reversed_bias_spec();
+  check_route(s);
+  auto b = routed(s);
+  for (int64_t k = 0; k < 5; ++k) EXPECT_EQ(b->ids.at<int32_t>(1, k), k);  // lowest logits win
+}
+
+TEST(Route, NanAndInfLogits) {
+  const Spec s = nan_inf_spec();
+  check_route(s);
+  auto b = routed(s);
+  for (int64_t k = 0; k < 6; ++k) {
+    EXPECT_EQ(b->ids.at<int32_t>(1, k), k);
+    EXPECT_EQ(u32(b->weights.at<float>(1, k)), 0x7FC00000u);
+  }
+  // Expert 21's bias is NaN (row 4's case), so its biased score is NaN in every row.
+  const int64_t row2[] = {61, 41, 1, 0, 2, 3};
+  for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(b->ids.at<int32_t>(2, k), row2[k]);
+  EXPECT_EQ(b->nonfinite.at<int64_t>(0), 1000 + 4 + 64 + 60 + 2);
+}
+
+TEST(Route, OddExpertCountsAndExtremes) {
+  for (auto [E, K] : {std::pair<int64_t, int64_t>{1, 1}, {7, 7}, {33, 16}, {200, 6}, {257, 9}, {511, 16}, {512, 16},
+                      {512, 1}}) {
+    SCOPED_TRACE("E=" + std::to_string(E) + " K=" + std::to_string(K));
+    check_route(random_spec(5, E, K, static_cast<uint32_t>(E * 31 + K)));
+  }
+}
+
+TEST(Route, LargeAndTinyLogits) { check_route(extremes_spec()); }
+
+TEST(Route, Padding) {
+  const Spec s = padding_spec();
+  check_route(s);
+  auto b = routed(s);
+  for (int64_t k = 0; k < 6; ++k) {
+    EXPECT_EQ(b->ids.at<int32_t>(1, k), -1);
+    EXPECT_EQ(u32(b->weights.at<float>(9, k)), 0u);
+  }
+}
+
+TEST(Route, HashLayers) {
+  for (DType idt : {DType::kInt32, DType::kInt64}) {
+    Spec s = hash_spec(18);
+    s.input_ids_dt = idt;
+    s.alpha = 1.5f;
+    s.count = true;
+    check_route(s);
+    auto b = routed(s);
+    EXPECT_EQ(b->ids.at<int32_t>(0, 1), -1);
+    EXPECT_EQ(b->ids.at<int32_t>(0, 2), -1);
+    EXPECT_EQ(u32(b->weights.at<float>(0, 2)), 0u);
+    EXPECT_EQ(b->ids.at<int32_t>(3, 0), -1);
+    EXPECT_EQ(b->ids.at<int32_t>(5, 0), (*s.tid2eid)[static_cast<size_t>(s.input_ids[5] * 6)]);
+  }
+}
+
+TEST(Route, EplbReplicasAndRecording) {
+  for (int64_t R : {1, 2, 3, 4}) {
+    for (bool record : {true, false}) {
+      for (DType ldt : {DType::kInt32, DType::kInt64}) {
+        Spec s = eplb_spec(static_cast<uint32_t>(19 + R), R);
+        s.record = record;
+        s.load_dt = ldt;
+        SCOPED_TRACE("R=" + std::to_string(R) + " record=" + std::to_string(record));
+        check_route(s);
+        auto b = routed(s);
+        int64_t total = 0;
+        for (int64_t i = 0; i < s.P; ++i) total += ldt == DType::kInt32 ? b->load.at<int32_t>(i) : b->load.at<int64_t>(i);
+        // 17 kept tokens (every 4th of 23 padded) x K entries, or nothing.
+        EXPECT_EQ(total, record ? 17 * 8 : 0);
+      }
+    }
+  }
+}
+
+TEST(Route, EplbDeviceDataOutOfRange) { check_route(eplb_out_of_range_spec()); }
+
+TEST(Route, HashWithEplb) { check_route(hash_eplb_spec()); }
+
+TEST(Route, Catalog) {
+  for (const auto& [name, s] : catalog(megamoe::core::router_score)) {
+    SCOPED_TRACE(name);
+    check_route(s);
+  }
+}
+
+TEST(Route, ZeroTokens) {
+  Spec s = random_spec(0, 256, 6, 28);
+  auto b = routed(s);
+  // T == 0 returns before any other check: even a bad top_k is fine.
+  b->args.top_k = 99;
+  megamoe::route(b->args);
+}
+
+// ---------------------------------------------------------------------------------------
+// route_and_stage() == reference router, then prepare_inputs.
+
+/// Every byte of the two buffers (elements and poisoned gaps) equal.
+void expect_same_bytes(const Tensor& a, const Tensor& b, const char* name) {
+  ASSERT_EQ(a.mem.size(), b.mem.size()) << name;
+  for (size_t i = 0; i < a.mem.size(); ++i) {
+    ASSERT_EQ(a.mem[i], b.mem[i]) << name << ": byte " << i;
+  }
+}
+
+/// route_and_stage against (reference router, then prepare_inputs with its outputs).
+void check_fused(Spec s, const StageCase& c) {
+  if (c.pad && !s.pad) {
+    s.pad = std::vector<uint8_t>(static_cast<size_t>(s.T), 0);
+    for (int64_t t = 2; t < s.T; t += 5) (*s.pad)[static_cast<size_t>(t)] = 1;
+  }
+  const std::vector<uint8_t>* pad = s.pad ? &*s.pad : nullptr;
+  auto rb = build(s, /*with_pad_in_router=*/false);
+  auto fused = stage_bufs(c, s.T, s.K, pad);
+  megamoe::route_and_stage(rb->args, fused->args);
+
+  const ref::Result want = ref::route(reference_problem(s));
+  expect_router_outputs(s, *rb, want);
+  // The reference's ids / weights as the top-k inputs of an ordinary staging call.
+  auto plain = stage_bufs(c, s.T, s.K, pad);
+  Tensor ids(DType::kInt64, {s.T, s.K}), ws(DType::kFloat32, {s.T, s.K});
+  std::memcpy(ids.mem.data(), want.ids.data(), want.ids.size() * 8);
+  std::memcpy(ws.mem.data(), want.weights.data(), want.weights.size() * 4);
+  plain->args.topk_ids = ids.ref;
+  plain->args.topk_weights = ws.ref;
+  megamoe::prepare_inputs(plain->args);
+  expect_same_bytes(fused->xq, plain->xq, "x_q");
+  expect_same_bytes(fused->xsf, plain->xsf, "x_sf");
+  expect_same_bytes(fused->idx, plain->idx, "topk_idx_out");
+  expect_same_bytes(fused->w, plain->w, "topk_weights_out");
+  if (c.shared_bm) expect_same_bytes(fused->shared, plain->shared, "shared_x_sf");
+  if (plain->args.x_scales) expect_same_bytes(fused->xscales, plain->xscales, "x_scales");
+  if (c.count) expect_same_bytes(fused->nonfinite, plain->nonfinite, "nonfinite_count");
+}
+
+TEST(RouteAndStage, EqualsReferenceThenPrepareInputs) {
+  StageCase c;
+  c.count = true;
+  for (auto [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {384, 6}, {384, 8}}) {
+    Spec s = random_spec(21, E, K, static_cast<uint32_t>(E + K));
+    s.alpha = 1.5f;
+    s.count = true;
+    check_fused(s, c);
+  }
+}
+
+TEST(RouteAndStage, Formats) {
+  for (QuantScheme q : {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_ue8m0_g128(),
+                        QuantScheme::mxfp4(), QuantScheme::nvfp4_static(), QuantScheme::nvfp4_per_token()}) {
+    StageCase c;
+    c.scheme = q;
+    SCOPED_TRACE(megamoe::to_string(q));
+    check_fused(random_spec(9, 256, 6, 31), c);
+  }
+}
+
+TEST(RouteAndStage, SharedFullBufferHashEplb) {
+  StageCase c;
+  c.shared_bm = 64;
+  c.M = 40;
+  check_fused(random_spec(13, 384, 6, 32), c);
+  check_fused(hash_spec(33), c);
+  Spec e = eplb_spec(34, 3);
+  e.ids_dt = DType::kInt64;
+  check_fused(e, c);
+  c.pad = false;
+  Spec n = random_spec(13, 384, 6, 35);
+  n.pad.reset();
+  check_fused(n, c);
+}
+
+TEST(RouteAndStage, ZeroTokensFillTheTail) {
+  StageCase c;
+  c.M = 7;
+  c.pad = false;
+  Spec s = random_spec(0, 256, 6, 36);
+  auto rb = build(s);
+  auto b = stage_bufs(c, 0, 6, nullptr);
+  megamoe::route_and_stage(rb->args, b->args);
+  for (int64_t t = 0; t < 7; ++t) {
+    for (int64_t k = 0; k < 6; ++k) {
+      EXPECT_EQ(b->idx.at<int64_t>(t, k), -1);
+      EXPECT_EQ(u32(b->w.at<float>(t, k)), 0u);
+    }
+  }
+  EXPECT_EQ(b->xq.mem[0], 0xCD);  // activations untouched
+}
+
+// ---------------------------------------------------------------------------------------
+// Argument errors: a clear message naming the argument, nothing written.
+
+struct ErrorCase {
+  const char* name;
+  std::function<void(Built&, StageBufs&)> mutate;
+  const char* needle;
+  bool fused = true;
+};
+
+void expect_rejected(const ErrorCase& e) {
+  SCOPED_TRACE(e.name);
+  Spec s = random_spec(6, 256, 6, 40);
+  s.count = true;
+  auto rb = build(s, false);
+  StageCase c;
+  c.pad = false;
+  auto sb = stage_bufs(c, s.T, s.K, nullptr);
+  e.mutate(*rb, *sb);
+  const std::vector<uint8_t> ids_before = rb->ids.mem, w_before = rb->weights.mem, xq_before = sb->xq.mem;
+  try {
+    if (e.fused) megamoe::route_and_stage(rb->args, sb->args);
+    else megamoe::route(rb->args);
+    ADD_FAILURE() << "no error";
+  } catch (const megamoe::Error& err) {
+    EXPECT_EQ(err.code(), megamoe::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(err.what()).find(e.needle), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(rb->ids.mem, ids_before);
+  EXPECT_EQ(rb->weights.mem, w_before);
+  EXPECT_EQ(sb->xq.mem, xq_before);
+  const megamoe::Status st = e.fused ? megamoe::try_route_and_stage(rb->args, sb->args) : megamoe::try_route(rb->args);
+  EXPECT_FALSE(st.ok);
+}
+
+TEST(RouterErrors, EveryCheck) {
+  static Tensor tab(DType::kInt32, {10, 6}, 0), iid(DType::kInt32, {6}, 0), l2p(DType::kInt32, {256, 2}, 0),
+      rc(DType::kInt32, {256}, 0), load(DType::kInt64, {300}, 0), rec(DType::kInt32, {1}, 0), pad(DType::kBool, {6}, 0);
+  auto eplb = [](Built& b) {
+    b.args.logical_to_physical_map = l2p.ref;
+    b.args.logical_replica_count = rc.ref;
+    b.args.expert_load_view = load.ref;
+    b.args.record_enabled = rec.ref;
+  };
+  const std::vector<ErrorCase> cases = {
+      {"logits rank", [](Built& b, StageBufs&) { b.args.router_logits.ndim = 1; }, "router_logits: expected 2-D"},
+      {"logits dtype", [](Built& b, StageBufs&) { b.args.router_logits.dtype = DType::kFloat16; }, "router_logits: expected dtype float32 or bfloat16"},
+      {"E > 512", [](Built& b, StageBufs&) { b.args.router_logits.shape[1] = 513; }, "1 to 512 experts"},
+      {"K = 0", [](Built& b, StageBufs&) { b.args.top_k = 0; }, "top_k"},
+      {"K = 17", [](Built& b, StageBufs&) { b.args.top_k = 17; }, "top_k"},
+      {"K > E", [](Built& b, StageBufs&) { b.args.router_logits.shape[1] = 4; }, "top_k"},
+      {"alpha", [](Built& b, StageBufs&) { b.args.routed_scaling_factor = INFINITY; }, "routed_scaling_factor"},
+      {"ids shape", [](Built& b, StageBufs&) { b.args.topk_ids.shape[1] = 5; }, "topk_ids: expected shape (6, 6)"},
+      {"ids dtype", [](Built& b, StageBufs&) { b.args.topk_ids.dtype = DType::kFloat32; }, "topk_ids: expected dtype"},
+      {"weights dtype", [](Built& b, StageBufs&) { b.args.topk_weights.dtype = DType::kBFloat16; }, "topk_weights: expected dtype float32"},
+      {"bias shape", [](Built& b, StageBufs&) { b.args.e_score_correction_bias->shape[0] = 255; }, "e_score_correction_bias: expected shape (256,)"},
+      {"bias dtype", [](Built& b, StageBufs&) { b.args.e_score_correction_bias->dtype = DType::kInt32; }, "e_score_correction_bias: expected dtype"},
+      {"tid2eid alone", [](Built& b, StageBufs&) { b.args.e_score_correction_bias.reset(); b.args.tid2eid = tab.ref; }, "input_ids: expected a tensor"},
+      {"input_ids alone", [](Built& b, StageBufs&) { b.args.e_score_correction_bias.reset(); b.args.input_ids = iid.ref; }, "tid2eid: expected a tensor"},
+      {"hash with bias", [](Built& b, StageBufs&) { b.args.tid2eid = tab.ref; b.args.input_ids = iid.ref; }, "e_score_correction_bias: expected none"},
+      {"tid2eid width", [](Built& b, StageBufs&) {
+         b.args.e_score_correction_bias.reset(); b.args.tid2eid = tab.ref; b.args.tid2eid->shape[1] = 5; b.args.input_ids = iid.ref; }, "tid2eid: expected shape"},
+      {"tid2eid dtype", [](Built& b, StageBufs&) {
+         b.args.e_score_correction_bias.reset(); b.args.tid2eid = tab.ref; b.args.tid2eid->dtype = DType::kInt64; b.args.input_ids = iid.ref; }, "tid2eid: expected dtype int32"},
+      {"input_ids shape", [](Built& b, StageBufs&) {
+         b.args.e_score_correction_bias.reset(); b.args.tid2eid = tab.ref; b.args.input_ids = iid.ref; b.args.input_ids->shape[0] = 5; }, "input_ids: expected shape (6,)"},
+      {"eplb partial", [](Built& b, StageBufs&) { b.args.logical_to_physical_map = l2p.ref; }, "logical_replica_count: expected a tensor"},
+      {"eplb no record", [eplb](Built& b, StageBufs&) { eplb(b); b.args.record_enabled.reset(); }, "record_enabled: expected a tensor"},
+      {"map rows", [eplb](Built& b, StageBufs&) { eplb(b); b.args.logical_to_physical_map->shape[0] = 255; }, "logical_to_physical_map: expected shape"},
+      {"map dtype", [eplb](Built& b, StageBufs&) { eplb(b); b.args.logical_to_physical_map->dtype = DType::kInt64; }, "logical_to_physical_map: expected dtype int32"},
+      {"replicas shape", [eplb](Built& b, StageBufs&) { eplb(b); b.args.logical_replica_count->shape[0] = 3; }, "logical_replica_count: expected shape (256,)"},
+      {"load dtype", [eplb](Built& b, StageBufs&) { eplb(b); b.args.expert_load_view->dtype = DType::kFloat32; }, "expert_load_view: expected dtype"},
+      {"record shape", [eplb](Built& b, StageBufs&) { eplb(b); b.args.record_enabled->shape[0] = 2; }, "record_enabled: expected a one-element"},
+      {"record dtype", [eplb](Built& b, StageBufs&) { eplb(b); b.args.record_enabled->dtype = DType::kBool; }, "record_enabled: expected dtype int32"},
+      {"counter dtype", [](Built& b, StageBufs&) { b.args.nonfinite_count->dtype = DType::kInt32; }, "nonfinite_count (router): expected dtype int64"},
+      {"router pad in fused", [](Built& b, StageBufs&) { b.args.is_padding = pad.ref; }, "is_padding (router): expected none"},
+      {"route pad shape", [](Built& b, StageBufs&) { b.args.is_padding = pad.ref; b.args.is_padding->shape[0] = 5; }, "is_padding: expected shape (6,)", false},
+      {"stage alpha", [](Built&, StageBufs& s) { s.args.routed_scaling_factor = 1.5f; }, "routed_scaling_factor (staging): expected none"},
+      {"stage T", [](Built&, StageBufs& s) { s.args.hidden_states.shape[0] = 5; }, "hidden_states"},
+      {"stage H", [](Built&, StageBufs& s) { s.args.hidden_states.shape[1] = 500; }, "multiple of 128"},
+      {"stage x_sf", [](Built&, StageBufs& s) { s.args.x_sf.dtype = DType::kFloat32; }, "x_sf: expected dtype int32"},
+      {"device", [](Built& b, StageBufs&) { b.args.topk_weights.device = megamoe::Device::cuda(0); }, "topk_weights: expected device cpu"},
+      {"ids overlap weights", [](Built& b, StageBufs&) { b.args.topk_ids.data = b.args.topk_weights.data; }, "overlapping memory"},
+      {"weights overlap logits", [](Built& b, StageBufs&) { b.args.topk_weights.data = b.args.router_logits.data; }, "topk_weights: expected memory disjoint from router_logits"},
+      {"x_q overlaps logits", [](Built& b, StageBufs& s) { s.args.x_q.data = b.args.router_logits.data; }, "x_q: expected memory disjoint from router_logits"},
+      {"idx_out overlaps ids", [](Built& b, StageBufs& s) { s.args.topk_idx_out.data = b.args.topk_ids.data; }, "overlapping memory"},
+      {"same counter", [](Built& b, StageBufs& s) { s.args.nonfinite_count = b.args.nonfinite_count; }, "nonfinite_count"},
+      {"ids aliasing strides", [](Built& b, StageBufs&) { b.args.topk_ids.strides[1] = 0; }, "topk_ids: expected strides that give every element its own address"},
+      {"load overlaps ids", [eplb](Built& b, StageBufs&) { eplb(b); b.args.expert_load_view->data = b.args.topk_ids.data; }, "overlapping memory", false},
+      {"null logits", [](Built& b, StageBufs&) { b.args.router_logits.data = nullptr; }, "router_logits: expected a non-null data pointer"},
+  };
+  for (const ErrorCase& e : cases) expect_rejected(e);
+}
+
+}  // namespace

@@ -1,0 +1,248 @@
+// test_router_cuda.cu: the fused router on the GPU equals the CPU backend byte for byte
+// (the CPU backend is checked against the independent reference by tests/cpp/
+// test_router.cpp): every buffer of the call, elements and poisoned gaps, after an eager
+// call and after CUDA-graph replays. Cases: the router catalog (tests/cpp/router_cases.h:
+// planted ties, NaN / Inf, all-equal logits, a reversing bias, odd E, E = 512 / K = 16,
+// hash layers, EPLB with 1..4 replicas, recording on and off, out-of-range device data,
+// padding) through route() and route_and_stage(), and route_and_stage over every format
+// and kernel shape: one launch for fast plans (split, loop, tile), two for the generic and
+// row kernels; full buffer, T = 0, shared_x_sf, PDL. Every test SKIPs without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/router.h"
+#include "megamoe/megamoe.h"
+#include "router_cases.h"
+
+namespace {
+
+using namespace router_cases;  // NOLINT: the shared test vocabulary
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/// Device copies of a call's host tensors; TensorRefs are mapped by address.
+class Mirror {
+ public:
+  explicit Mirror(std::vector<Tensor*> ts) {
+    for (Tensor* t : ts) {
+      if (t->mem.empty()) continue;
+      void* d = nullptr;
+      if (cudaMalloc(&d, t->mem.size()) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+      entries_.push_back({t, d, t->mem});
+    }
+  }
+  ~Mirror() {
+    for (auto& e : entries_) cudaFree(e.dev);
+  }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+
+  /// Every device buffer back to the host bytes it had when the mirror was made.
+  void reset() const {
+    for (const auto& e : entries_) cudaMemcpy(e.dev, e.initial.data(), e.initial.size(), cudaMemcpyHostToDevice);
+  }
+  /// @p r with its data pointing into the device copy of its buffer.
+  TensorRef map(TensorRef r) const {
+    for (const auto& e : entries_) {
+      const auto* base = e.t->mem.data();
+      const auto* p = static_cast<const uint8_t*>(r.data);
+      if (p >= base && p < base + e.t->mem.size()) {
+        r.data = static_cast<uint8_t*>(e.dev) + (p - base);
+        r.device = megamoe::Device::cuda(0);
+        return r;
+      }
+    }
+    ADD_FAILURE() << "tensor outside every mirrored buffer";
+    return r;
+  }
+  std::optional<TensorRef> map(const std::optional<TensorRef>& r) const {
+    return r ? std::optional<TensorRef>(map(*r)) : std::nullopt;
+  }
+  RouterArgs map(RouterArgs a) const {
+    a.router_logits = map(a.router_logits);
+    a.topk_ids = map(a.topk_ids);
+    a.topk_weights = map(a.topk_weights);
+    for (auto* o : {&a.e_score_correction_bias, &a.tid2eid, &a.input_ids, &a.logical_to_physical_map,
+                    &a.logical_replica_count, &a.expert_load_view, &a.record_enabled, &a.nonfinite_count, &a.is_padding}) {
+      *o = map(*o);
+    }
+    return a;
+  }
+  StageArgs map(StageArgs a) const {
+    for (TensorRef* t : {&a.hidden_states, &a.x_q, &a.x_sf, &a.topk_idx_out, &a.topk_weights_out}) *t = map(*t);
+    for (auto* o : {&a.is_padding, &a.shared_x_sf, &a.global_scale, &a.x_scales, &a.nonfinite_count}) *o = map(*o);
+    return a;
+  }
+  /// Every device buffer equals its host tensor's bytes (the CPU backend's result).
+  void expect_equal_to_host(const std::string& what) const {
+    for (const auto& e : entries_) {
+      std::vector<uint8_t> got(e.t->mem.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), e.dev, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(static_cast<int>(got[i]), static_cast<int>(e.t->mem[i]))
+            << what << ": byte " << i << " of a " << got.size() << "-byte buffer (dtype "
+            << megamoe::dtype_name(e.t->ref.dtype) << ")";
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    Tensor* t;
+    void* dev;
+    std::vector<uint8_t> initial;
+  };
+  std::vector<Entry> entries_;
+};
+
+std::vector<Tensor*> tensors_of(Built& b) {
+  return {&b.logits, &b.bias, &b.ids, &b.weights, &b.tid2eid, &b.input_ids, &b.l2p, &b.replicas,
+          &b.load, &b.record, &b.nonfinite, &b.pad};
+}
+std::vector<Tensor*> tensors_of(StageBufs& s) {
+  return {&s.hs, &s.xq, &s.xsf, &s.idx, &s.w, &s.shared, &s.xscales, &s.gs, &s.nonfinite, &s.pad};
+}
+
+/// The call on @p m's device buffers: eagerly, then captured into a graph and replayed
+/// twice (each replay from the initial bytes).
+void run_and_compare(const Mirror& m, const RouterArgs& r, const StageArgs* s) {
+  const RouterArgs dr = m.map(r);
+  const StageArgs ds = s != nullptr ? m.map(*s) : StageArgs{};
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto call = [&] {
+    if (s != nullptr) megamoe::route_and_stage(dr, ds, stream);
+    else megamoe::route(dr, stream);
+  };
+  m.reset();
+  call();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  m.expect_equal_to_host("eager");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  call();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    m.reset();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    m.expect_equal_to_host("graph replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+/// route() on the GPU == on the CPU.
+void check_route(const Spec& spec) {
+  auto b = build(spec);
+  const Mirror m(tensors_of(*b));  // initial (poisoned) bytes
+  megamoe::route(b->args);          // the CPU result, into the host tensors
+  run_and_compare(m, b->args, nullptr);
+}
+
+/// route_and_stage() on the GPU == on the CPU.
+void check_fused(Spec spec, const StageCase& c) {
+  if (c.pad && !spec.pad) {
+    spec.pad = std::vector<uint8_t>(static_cast<size_t>(spec.T), 0);
+    for (int64_t t = 2; t < spec.T; t += 5) (*spec.pad)[static_cast<size_t>(t)] = 1;
+  }
+  auto b = build(spec, /*with_pad_in_router=*/false);
+  auto sb = stage_bufs(c, spec.T, spec.K, spec.pad ? &*spec.pad : nullptr);
+  std::vector<Tensor*> all = tensors_of(*b);
+  for (Tensor* t : tensors_of(*sb)) all.push_back(t);
+  const Mirror m(all);
+  megamoe::route_and_stage(b->args, sb->args);
+  run_and_compare(m, b->args, &sb->args);
+}
+
+TEST(RouterCuda, RouteCatalog) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& [name, s] : catalog(megamoe::core::router_score)) {
+    SCOPED_TRACE(name);
+    check_route(s);
+  }
+}
+
+TEST(RouterCuda, RouteAndStageCatalog) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  StageCase c;
+  c.count = true;
+  for (const auto& [name, s] : catalog(megamoe::core::router_score)) {
+    SCOPED_TRACE(name);
+    check_fused(s, c);
+  }
+}
+
+TEST(RouterCuda, EveryFormat) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (QuantScheme q : {QuantScheme::mxfp8(), QuantScheme::fp8_ue8m0_g128(), QuantScheme::fp8_fp32_g128(),
+                        QuantScheme::fp8_fp32_g32(), QuantScheme::mxfp4(),
+                        QuantScheme::mxfp4(megamoe::Rounding::kNearestEven), QuantScheme::nvfp4_static(),
+                        QuantScheme::nvfp4_per_token()}) {
+    for (DType hdt : {DType::kBFloat16, DType::kFloat32}) {
+      StageCase c;
+      c.scheme = q;
+      c.hidden_dt = hdt;
+      c.count = true;
+      SCOPED_TRACE(megamoe::to_string(q) + " " + megamoe::dtype_name(hdt));
+      check_fused(random_spec(37, 384, 6, 41), c);
+    }
+  }
+}
+
+TEST(RouterCuda, KernelShapesAndLayouts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  StageCase generic;  // unaligned hidden rows: the generic kernel, two launches
+  generic.strided_hidden = true;
+  check_fused(random_spec(33, 256, 8, 42), generic);
+  StageCase tile;  // MN-major x_sf from 2^18 chunks: the tile shape
+  tile.H = 7168;
+  tile.mn_major_sf = true;
+  tile.scheme = QuantScheme::fp8_fp32_g128();
+  check_fused(random_spec(600, 384, 6, 43), tile);
+  StageCase loop;  // beyond one pass of the capped grid: the loop shape
+  loop.H = 7168;
+  check_fused(random_spec(12000, 256, 8, 44), loop);
+  StageCase shared;  // shared-expert scales, a long full-buffer tail, PDL
+  shared.H = 4096;
+  shared.shared_bm = 64;
+  shared.M = 9000;
+  shared.pdl = true;
+  check_fused(random_spec(5, 256, 6, 45), shared);
+  check_fused(hash_spec(46), shared);
+  Spec e = eplb_spec(47, 3);
+  e.ids_dt = DType::kInt64;
+  check_fused(e, shared);
+}
+
+TEST(RouterCuda, ZeroTokensFillTheTail) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  StageCase c;
+  c.M = 3000;
+  c.pad = false;
+  check_fused(random_spec(0, 256, 6, 48), c);
+}
+
+TEST(RouterCuda, PdlRoute) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Spec s = random_spec(3, 384, 6, 49);
+  auto b = build(s);
+  b->args.enable_pdl = true;
+  const Mirror m(tensors_of(*b));
+  megamoe::route(b->args);
+  run_and_compare(m, b->args, nullptr);
+}
+
+}  // namespace
