@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <optional>
 
 namespace megamoe_cli {
 namespace {
@@ -55,26 +56,12 @@ std::string cuda_device_name(int dev) {
   return p.name;
 }
 
-std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters) {
-  check(cudaSetDevice(dev), "cudaSetDevice");
-  megamoe::StageArgs h = host, d = host;
-  std::vector<std::unique_ptr<DeviceCopy>> bufs;
-  auto move = [&](megamoe::TensorRef& hr, megamoe::TensorRef& dr) {
-    bufs.push_back(std::make_unique<DeviceCopy>(&hr, dev));
-    dr = bufs.back()->dev;
-  };
-  move(h.hidden_states, d.hidden_states);
-  move(h.topk_weights, d.topk_weights);
-  move(h.topk_ids, d.topk_ids);
-  move(h.x_q, d.x_q);
-  move(h.x_sf, d.x_sf);
-  move(h.topk_idx_out, d.topk_idx_out);
-  move(h.topk_weights_out, d.topk_weights_out);
-  if (h.is_padding) move(*h.is_padding, *d.is_padding);
-  if (h.shared_x_sf) move(*h.shared_x_sf, *d.shared_x_sf);
-  if (h.global_scale) move(*h.global_scale, *d.global_scale);  // nvfp4-static's [1] input (read on the device)
-  if (h.x_scales) move(*h.x_scales, *d.x_scales);              // nvfp4-per-token's output
+namespace {
 
+/// One warmup call of @p call(stream), then @p iters calls, each between a pair of events,
+/// on a fresh non-blocking stream; the time of each in seconds.
+template <typename F>
+std::vector<double> time_calls(int iters, F&& call) {
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> stream_guard(
@@ -92,25 +79,88 @@ std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters)
   } ev_guard{ev};
   for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
 
-  megamoe::prepare_inputs(d, stream);  // warmup
+  call(stream);  // warmup
   for (size_t i = 0; i < n; ++i) {
     check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
-    megamoe::prepare_inputs(d, stream);
+    call(stream);
     check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
   }
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (after prepare_inputs)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (after the timed calls)");
   std::vector<double> times(n);
   for (size_t i = 0; i < n; ++i) {
     float ms = 0.0f;
     check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
     times[i] = ms * 1e-3;
   }
-  for (auto& b : bufs) {
-    if (b->bytes == 0) continue;
-    check(cudaMemcpy(b->host->data, b->ptr, b->bytes, cudaMemcpyDeviceToHost),
-          "cudaMemcpy (device to host)");
-  }
   return times;
+}
+
+/// Device copies of host tensors; copy_back() returns their bytes to the host views.
+struct Copies {
+  int dev;
+  std::vector<std::unique_ptr<DeviceCopy>> bufs;
+  void move(megamoe::TensorRef& hr, megamoe::TensorRef& dr) {
+    bufs.push_back(std::make_unique<DeviceCopy>(&hr, dev));
+    dr = bufs.back()->dev;
+  }
+  void move(std::optional<megamoe::TensorRef>& hr, std::optional<megamoe::TensorRef>& dr) {
+    if (hr) move(*hr, *dr);
+  }
+  void copy_back() const {
+    for (const auto& b : bufs) {
+      if (b->bytes == 0) continue;
+      check(cudaMemcpy(b->host->data, b->ptr, b->bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+    }
+  }
+};
+
+/// The staging tensors of @p h, moved to the device in @p d (the top-k inputs only when
+/// @p topk_inputs).
+void move_stage(Copies& c, megamoe::StageArgs& h, megamoe::StageArgs& d, bool topk_inputs) {
+  c.move(h.hidden_states, d.hidden_states);
+  if (topk_inputs) {
+    c.move(h.topk_weights, d.topk_weights);
+    c.move(h.topk_ids, d.topk_ids);
+  }
+  c.move(h.x_q, d.x_q);
+  c.move(h.x_sf, d.x_sf);
+  c.move(h.topk_idx_out, d.topk_idx_out);
+  c.move(h.topk_weights_out, d.topk_weights_out);
+  c.move(h.is_padding, d.is_padding);
+  c.move(h.shared_x_sf, d.shared_x_sf);
+  c.move(h.global_scale, d.global_scale);  // nvfp4-static's [1] input (read on the device)
+  c.move(h.x_scales, d.x_scales);          // nvfp4-per-token's output
+}
+
+}  // namespace
+
+std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters) {
+  check(cudaSetDevice(dev), "cudaSetDevice");
+  megamoe::StageArgs h = host, d = host;
+  Copies c{dev, {}};
+  move_stage(c, h, d, true);
+  const std::vector<double> times = time_calls(iters, [&](cudaStream_t s) { megamoe::prepare_inputs(d, s); });
+  c.copy_back();
+  return times;
+}
+
+RouterTimes run_cuda_router(const megamoe::RouterArgs& router, const megamoe::StageArgs& stage, int dev, int iters) {
+  check(cudaSetDevice(dev), "cudaSetDevice");
+  megamoe::StageArgs h = stage, d = stage;
+  megamoe::RouterArgs hr = router, dr = router;
+  Copies c{dev, {}};
+  move_stage(c, h, d, false);
+  c.move(hr.router_logits, dr.router_logits);
+  c.move(hr.e_score_correction_bias, dr.e_score_correction_bias);
+  c.move(hr.topk_ids, dr.topk_ids);
+  c.move(hr.topk_weights, dr.topk_weights);
+  RouterTimes t;
+  t.fused = time_calls(iters, [&](cudaStream_t s) { megamoe::route_and_stage(dr, d, s); });
+  megamoe::RouterArgs alone = dr;  // route() takes the padding mask from RouterArgs
+  alone.is_padding = d.is_padding;
+  t.route = time_calls(iters, [&](cudaStream_t s) { megamoe::route(alone, s); });
+  c.copy_back();
+  return t;
 }
 
 }  // namespace megamoe_cli

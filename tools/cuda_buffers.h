@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "megamoe/router.h"
 #include "megamoe/stage.h"
 #include "safetensors.h"
 
@@ -20,6 +21,15 @@ std::string cuda_device_name(int dev);
 /// timed with a pair of CUDA events, and copy the outputs back into @p host's buffers.
 /// Returns the time of each timed call in seconds. Throws CliError on a CUDA failure.
 std::vector<double> run_cuda(const megamoe::StageArgs& host, int dev, int iters);
+/// Times of --router on the GPU: route_and_stage, and route() alone.
+struct RouterTimes {
+  std::vector<double> fused;  ///< route_and_stage per call
+  std::vector<double> route;  ///< route() per call
+};
+/// As run_cuda for megamoe::route_and_stage(@p router, @p stage) (the stage's top-k inputs
+/// empty), then as many calls of megamoe::route(@p router) alone; the outputs of the last
+/// route_and_stage (and routes, which write the same) are copied back.
+RouterTimes run_cuda_router(const megamoe::RouterArgs& router, const megamoe::StageArgs& stage, int dev, int iters);
 #else
 inline int cuda_device_count(std::string* why) {
   if (why != nullptr) *why = "this megamoe-stage was built without CUDA support";
@@ -27,6 +37,12 @@ inline int cuda_device_count(std::string* why) {
 }
 inline std::string cuda_device_name(int) { return {}; }
 inline std::vector<double> run_cuda(const megamoe::StageArgs&, int, int) {
+  throw CliError("this megamoe-stage was built without CUDA support");
+}
+struct RouterTimes {
+  std::vector<double> fused, route;
+};
+inline RouterTimes run_cuda_router(const megamoe::RouterArgs&, const megamoe::StageArgs&, int, int) {
   throw CliError("this megamoe-stage was built without CUDA support");
 }
 #endif

@@ -51,6 +51,9 @@ struct Options {
   int64_t max_tokens = 0;             // --max-tokens: M, the full buffer's rows
   std::string input, output, save_inputs;
   bool json = false;
+  bool router = false;  // --router: the fused DeepSeek-V4 router
+  float routed_scaling_factor = 1.5f;
+  std::string logits_dtype = "bf16";
 };
 
 const std::map<std::string, megamoe::QuantScheme>& schemes() {
@@ -105,6 +108,18 @@ Report:
   reference  every output compared bitwise with tests/reference/megamoe_reference.h
              (shared_x_sf rows through megamoe_ref::shared_row): "bit-exact match" or the
              first mismatch (tensor, [row, col], megamoe's bits, the reference's bits).
+
+With --router (the fused DeepSeek-V4 router, megamoe::route_and_stage): router_logits
+[T, E] (--logits-dtype, default bf16) = randn * 2 and e_score_correction_bias [E] fp32 =
+randn * 0.5 (std::mt19937 seeded with --seed + 1), E = --experts (<= 512), K = --topk
+(<= 16), routed scaling --routed-scaling-factor (default 1.5). The router picks the K
+largest sqrt(softplus(logit)) + bias per token and writes topk_ids [T, K] int32 and
+topk_weights [T, K] fp32; the staging uses them in place of generated top-k inputs (one
+launch on CUDA). Reported in addition: "router" = route() alone per call, and "router
+reference" = topk_ids / topk_weights compared bitwise with
+tests/reference/router_reference.h; "reference" then checks the staged outputs against
+the staging reference fed with the router reference's ids and weights. --output also
+writes topk_ids and topk_weights. --router excludes --input and --save-inputs.
 
 Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
 error (the message names the file, tensor, what was expected and what was got).)";
@@ -362,21 +377,60 @@ int run(const Options& o) {
   }
   progress.step("staging (1 warmup + " + std::to_string(iters) + " timed calls)");
   args.hidden_quant = q;
-  megamoe::validate(args);  // megamoe::Error, printed as-is, before anything runs
+
+  // --router: the router's inputs and outputs; the staging's top-k inputs are its outputs.
+  RouterInputs rin;
+  Tensor r_ids, r_weights;
+  megamoe::RouterArgs rargs;
+  if (o.router) {
+    rin = generate_router_inputs(o.gen, o.logits_dtype == "bf16");
+    r_ids = Tensor("I32", {T, K}, "output 'topk_ids'");
+    r_weights = Tensor("F32", {T, K}, "output 'topk_weights'");
+    rargs.router_logits = rin.logits.ref();
+    rargs.e_score_correction_bias = rin.bias.ref();
+    rargs.top_k = K;
+    rargs.routed_scaling_factor = o.routed_scaling_factor;
+    rargs.topk_ids = r_ids.ref();
+    rargs.topk_weights = r_weights.ref();
+    args.topk_ids = megamoe::TensorRef();
+    args.topk_weights = megamoe::TensorRef();
+    megamoe::validate_router(rargs, &args);  // megamoe::Error, printed as-is, before anything runs
+  } else {
+    megamoe::validate(args);
+  }
 
   // Run and time.
-  std::vector<double> times;
+  std::vector<double> times, route_times;
   std::string device_desc;
-  if (cuda) {
-    times = run_cuda(args, 0, iters);
-    device_desc = "cuda:0 (" + cuda_device_name(0) + ")";
-  } else {
-    megamoe::prepare_inputs(args);  // warmup
+  auto host_times = [&](auto&& call) {
+    std::vector<double> v;
+    call();  // warmup
     for (int i = 0; i < iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      megamoe::prepare_inputs(args);
+      call();
       const auto t1 = std::chrono::steady_clock::now();
-      times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      v.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    return v;
+  };
+  if (cuda) {
+    if (o.router) {
+      RouterTimes rt = run_cuda_router(rargs, args, 0, iters);
+      times = std::move(rt.fused);
+      route_times = std::move(rt.route);
+    } else {
+      times = run_cuda(args, 0, iters);
+    }
+    device_desc = "cuda:0 (" + cuda_device_name(0) + ")";
+  } else {
+    if (o.router) {
+      times = host_times([&] { megamoe::route_and_stage(rargs, args); });
+      // route() takes the padding mask from RouterArgs (route_and_stage from StageArgs).
+      megamoe::RouterArgs alone = rargs;
+      alone.is_padding = args.is_padding;
+      route_times = host_times([&] { megamoe::route(alone); });
+    } else {
+      times = host_times([&] { megamoe::prepare_inputs(args); });
     }
     device_desc = "cpu (" + std::to_string(std::max(1u, std::thread::hardware_concurrency())) +
                   " hardware threads)";
@@ -388,13 +442,30 @@ int run(const Options& o) {
   const int64_t G = q.group_k;
   const std::vector<float> hidden = to_float(in.hidden_states);
   const Quality qual = measure_quality(hidden, T, H, out, G, q.ue8m0());
-  const RefCheck ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
+  RefCheck rcheck, ref;
+  if (o.router) {
+    // The staging reference gets the router reference's ids and weights as its top-k
+    // inputs (swapped in for the comparison only).
+    RouterRef rref = reference_router(rin.logits, rin.bias, in, K, o.routed_scaling_factor);
+    rcheck = compare_router(rref, r_ids, r_weights);
+    std::swap(in.topk_ids, rref.ids);
+    std::swap(in.topk_weights, rref.weights);
+    ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
+    std::swap(in.topk_ids, rref.ids);
+    std::swap(in.topk_weights, rref.weights);
+  } else {
+    ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
+  }
 
   if (!o.output.empty()) {
     std::vector<std::pair<std::string, const Tensor*>> ts = {
         {q.elem == megamoe::QuantElem::kFloat4E2M1 ? "x_q" : "x_fp8", &out.x_fp8}, {"x_sf", &out.x_sf}, {"topk_idx_out", &out.topk_idx_out},
         {"topk_weights_out", &out.topk_weights_out}};
     if (out.shared_x_sf) ts.emplace_back("shared_x_sf", &*out.shared_x_sf);
+    if (o.router) {
+      ts.emplace_back("topk_ids", &r_ids);
+      ts.emplace_back("topk_weights", &r_weights);
+    }
     if (out.x_scales) ts.emplace_back("x_scales", &*out.x_scales);
     std::map<std::string, std::string> md = format_metadata(q, o);
     if (q.scale2 == megamoe::Scale2::kStatic) md["global_scale"] = fmt("%.9g", out.global_scale);
@@ -405,14 +476,42 @@ int run(const Options& o) {
   // Report. With T == 0 nothing moves and nothing is quantized: no rate, no quality.
   progress.done();
   const bool empty = T == 0;
-  const int64_t bytes = bytes_per_call(in, out);
+  // With --router the staging reads no top-k inputs but the logits and bias, and the
+  // router writes its public ids and weights.
+  const int64_t bytes = o.router ? checked_value(megamoe::core::Checked(bytes_per_call(in, out)) -
+                                                     static_cast<int64_t>(in.topk_ids.data.size()) -
+                                                     static_cast<int64_t>(in.topk_weights.data.size()) +
+                                                     static_cast<int64_t>(rin.logits.data.size()) +
+                                                     static_cast<int64_t>(rin.bias.data.size()) +
+                                                     static_cast<int64_t>(r_ids.data.size()) +
+                                                     static_cast<int64_t>(r_weights.data.size()),
+                                                 "the byte count per call")
+                                 : bytes_per_call(in, out);
   const bool has_rate = bytes > 0 && t_med > 0;
   const double gbps = has_rate ? static_cast<double>(bytes) / t_med * 1e-9 : 0;
   int64_t padded = 0;
   if (in.is_padding) {
     for (uint8_t b : in.is_padding->data) padded += b != 0;
   }
-  const int rc = ref.first ? 1 : 0;
+  const int rc = ref.first || rcheck.first ? 1 : 0;
+  auto mismatch_json = [](const RefCheck& c) {
+    ojson r = {{"match", !c.first.has_value()}, {"mismatches", c.mismatches}};
+    if (c.first) {
+      r["first_mismatch"] = {{"tensor", c.first->tensor}, {"row", c.first->row},         {"col", c.first->col},
+                             {"index", c.first->index},   {"got", c.first->got},         {"expected", c.first->expected}};
+    } else {
+      r["first_mismatch"] = nullptr;
+    }
+    return r;
+  };
+  auto mismatch_text = [](const RefCheck& c) {
+    if (!c.first) return std::string("bit-exact match");
+    const Mismatch& m = *c.first;
+    return "MISMATCH, first in " + m.tensor + "[" + std::to_string(m.row) + ", " + std::to_string(m.col) +
+           "] (flat index " + std::to_string(m.index) + "): got " + m.got + ", expected " + m.expected + " (" +
+           std::to_string(c.mismatches) + " differing elements)";
+  };
+  const double r_med = o.router ? median(route_times) : 0.0;
 
   if (o.json) {
     ojson j;
@@ -463,18 +562,19 @@ int run(const Options& o) {
                     {"max_rel_err", empty ? ojson() : ojson(qual.max_rel_err)},
                     {"rel_err_floor", kRelErrFloor},
                     {"finite_elements", qual.finite}};
-    ojson r = {{"match", !ref.first.has_value()}, {"mismatches", ref.mismatches}};
-    if (ref.first) {
-      r["first_mismatch"] = {{"tensor", ref.first->tensor},
-                             {"row", ref.first->row},
-                             {"col", ref.first->col},
-                             {"index", ref.first->index},
-                             {"got", ref.first->got},
-                             {"expected", ref.first->expected}};
+    j["reference"] = mismatch_json(ref);
+    if (o.router) {
+      j["router"] = {{"experts", rin.logits.shape[1]},
+                     {"topk", K},
+                     {"logits", dtype_label(rin.logits.dtype)},
+                     {"bias", dtype_label(rin.bias.dtype)},
+                     {"routed_scaling_factor", o.routed_scaling_factor},
+                     {"route_median_us", r_med * 1e6},
+                     {"fused_median_us", t_med * 1e6},
+                     {"reference", mismatch_json(rcheck)}};
     } else {
-      r["first_mismatch"] = nullptr;
+      j["router"] = nullptr;
     }
-    j["reference"] = r;
     j["plan"] = o.explain ? ojson(plan_text) : ojson();
     j["output"] = o.output.empty() ? ojson() : ojson(o.output);
     j["exit_code"] = rc;
@@ -539,14 +639,16 @@ int run(const Options& o) {
     std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err)
               << " (elements with |x| > 1e-3 * group amax)\n";
   }
-  if (ref.first) {
-    const Mismatch& m = *ref.first;
-    std::cout << "reference: MISMATCH, first in " << m.tensor << "[" << m.row << ", " << m.col
-              << "] (flat index " << m.index << "): got " << m.got << ", expected " << m.expected << " (" << ref.mismatches
-              << " differing elements)\n";
-  } else {
-    std::cout << "reference: bit-exact match\n";
+  if (o.router) {
+    std::cout << "router: E=" << rin.logits.shape[1] << " K=" << K << ", router_logits "
+              << dtype_label(rin.logits.dtype) << ", e_score_correction_bias " << dtype_label(rin.bias.dtype)
+              << ", routed scaling " << fmt("%g", o.routed_scaling_factor) << "; route alone "
+              << (r_med < 1e-3 ? fmt("%.2f us", r_med * 1e6) : fmt("%.3f ms", r_med * 1e3))
+              << " per call, route_and_stage (time above) "
+              << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3)) << "\n";
+    std::cout << "router reference: " << mismatch_text(rcheck) << "\n";
   }
+  std::cout << "reference: " << mismatch_text(ref) << "\n";
   if (!o.output.empty()) std::cout << "output: " << o.output << "\n";
   return rc;
 }
@@ -625,10 +727,24 @@ int main(int argc, char** argv) {
   app.add_option("--output", o.output,
                  "write x_fp8, x_sf, topk_idx_out, topk_weights_out (and shared_x_sf) to this "
                  "safetensors file");
-  app.add_option("--save-inputs", o.save_inputs,
+  auto* save = app.add_option("--save-inputs", o.save_inputs,
                  "write the inputs (generated or read) to this safetensors file, readable "
                  "with --input");
   app.add_flag("--json", o.json, "print the report as one JSON object on stdout");
+  auto* router = app.add_flag("--router", o.router,
+                              "fused DeepSeek-V4 router: generate router logits [T, E] and a bias, "
+                              "route with megamoe::route_and_stage (E = --experts, K = --topk) and "
+                              "check the router against its reference too (see below)")
+                     ->excludes(input)
+                     ->excludes(save);
+  app.add_option("--routed-scaling-factor", o.routed_scaling_factor,
+                 "--router: the routed scaling factor applied to the weights")
+      ->capture_default_str()
+      ->needs(router);
+  app.add_option("--logits-dtype", o.logits_dtype, "--router: dtype of the generated router logits")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->needs(router);
 
   try {
     app.parse(argc, argv);

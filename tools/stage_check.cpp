@@ -9,6 +9,7 @@
 
 #include "dequant.h"
 #include "megamoe_reference.h"
+#include "router_reference.h"
 
 namespace megamoe_cli {
 namespace {
@@ -115,6 +116,34 @@ Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
     q.snr_db = noise == 0 ? std::numeric_limits<double>::infinity() : 10 * std::log10(signal / noise);
   }
   return q;
+}
+
+RouterRef reference_router(const Tensor& logits, const Tensor& bias, const StageInputs& in, int64_t K, float alpha) {
+  megamoe_router_ref::Problem p;
+  p.T = logits.shape[0];
+  p.E = logits.shape[1];
+  p.K = K;
+  p.logits = to_float(logits);
+  p.bias = to_float(bias);
+  p.alpha = alpha;
+  if (in.is_padding) p.pad = in.is_padding->data;
+  const megamoe_router_ref::Result res = megamoe_router_ref::route(p);
+  RouterRef r;
+  r.ids = Tensor("I64", {p.T, K}, "reference 'topk_ids'");
+  r.weights = Tensor("F32", {p.T, K}, "reference 'topk_weights'");
+  std::memcpy(r.ids.data.data(), res.ids.data(), res.ids.size() * sizeof(int64_t));
+  std::memcpy(r.weights.data.data(), res.weights.data(), res.weights.size() * sizeof(float));
+  return r;
+}
+
+RefCheck compare_router(const RouterRef& want, const Tensor& ids, const Tensor& weights) {
+  RefCheck r;
+  const int64_t K = ids.shape[1], n = ids.numel();
+  std::vector<int64_t> got(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) got[static_cast<size_t>(i)] = as<int32_t>(ids)[i];
+  compare(r, "topk_ids", got.data(), as<int64_t>(want.ids), n, K, [](int64_t v) { return std::to_string(v); });
+  compare(r, "topk_weights", as<float>(weights), as<float>(want.weights), n, K, [](float v) { return float_text(v); });
+  return r;
 }
 
 RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,

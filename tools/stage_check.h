@@ -67,6 +67,19 @@ std::vector<float> to_float(const Tensor& t);
 Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
                         const StageOutputs& out, int64_t G, bool ue8m0);
 
+/// The router reference's outputs (tests/reference/router_reference.h) for --router.
+struct RouterRef {
+  Tensor ids;      ///< I64 [T, K], -1 on padded tokens
+  Tensor weights;  ///< F32 [T, K]
+};
+
+/// Route @p logits / @p bias (F32 or BF16 [T, E], F32 [E]) with the independent reference:
+/// top @p K, routed scaling @p alpha, padding from in.is_padding.
+RouterRef reference_router(const Tensor& logits, const Tensor& bias, const StageInputs& in, int64_t K, float alpha);
+
+/// Compare megamoe's public router outputs (I32 ids, F32 weights) with the reference's.
+RefCheck compare_router(const RouterRef& want, const Tensor& ids, const Tensor& weights);
+
 /// Run megamoe_ref::stage on @p in and compare every output bitwise (shared_x_sf rows
 /// through megamoe_ref::shared_row).
 RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,

@@ -92,6 +92,25 @@ StageInputs generate_inputs(const GenOptions& o) {
   return in;
 }
 
+RouterInputs generate_router_inputs(const GenOptions& o, bool bf16_logits) {
+  RouterInputs r;
+  r.logits = Tensor(bf16_logits ? "BF16" : "F32", {o.tokens, o.experts}, "tensor 'router_logits'");
+  r.bias = Tensor("F32", {o.experts}, "tensor 'e_score_correction_bias'");
+  std::mt19937 rng(o.seed + 1u);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = r.logits.numel();
+  if (bf16_logits) {
+    auto* p = reinterpret_cast<uint16_t*>(r.logits.data.data());
+    for (int64_t i = 0; i < n; ++i) p[i] = float_to_bf16(normal(rng) * 2.0f);
+  } else {
+    auto* p = reinterpret_cast<float*>(r.logits.data.data());
+    for (int64_t i = 0; i < n; ++i) p[i] = normal(rng) * 2.0f;
+  }
+  auto* b = reinterpret_cast<float*>(r.bias.data.data());
+  for (int64_t e = 0; e < o.experts; ++e) b[e] = normal(rng) * 0.5f;
+  return r;
+}
+
 StageInputs load_inputs(const std::string& path) {
   StageInputs in;
   std::map<std::string, Tensor> m = read_safetensors(path, &in.metadata);

@@ -46,6 +46,16 @@ StageInputs generate_inputs(const GenOptions& o);
 /// a missing tensor, wrong dtype, wrong rank or shape, or inconsistent token counts.
 StageInputs load_inputs(const std::string& path);
 
+/// The fused router's generated inputs (megamoe-stage --router).
+struct RouterInputs {
+  Tensor logits;  ///< [T, E] F32 or BF16: randn * 2
+  Tensor bias;    ///< [E] F32: randn * 0.5 (the selection bias)
+};
+
+/// logits [T, E] (bf16: rounded to nearest even) and bias [E], from a std::mt19937 seeded
+/// with seed + 1 (the staging inputs use seed itself), row-major order, logits first.
+RouterInputs generate_router_inputs(const GenOptions& o, bool bf16_logits);
+
 /// Write the inputs to @p path in the layout load_inputs reads.
 /// @p metadata goes to the file's __metadata__.
 void save_inputs(const std::string& path, const StageInputs& in,

@@ -435,6 +435,51 @@ def case_hostile():
         check("shared_x_sf [0, 4]" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
 
 
+
+def case_router():
+    """--router: the fused router, bit-exact against both references, in every scheme and
+    shape the router takes; its flags, report, JSON, outputs and errors."""
+    for extra in [[], ["--logits-dtype", "fp32"], ["--experts", "384", "-K", "6"], ["--experts", "512", "-K", "16"],
+                  ["--experts", "7", "-K", "7", "--pad-every", "0"], ["--routed-scaling-factor", "1"],
+                  ["--shared-block-m", "64"], ["--scheme", "fp32-g128"], ["--scheme", "ue8m0-g128"],
+                  ["--scheme", "fp32-g32"]]:
+        p = expect_pass(SMALL + ["--router"] + extra)
+        check("router reference: bit-exact match" in p.stdout, f"--router {extra}:\n{p.stdout}")
+        check(re.search(r"^router: E=\d+ K=\d+, router_logits (bfloat16|float32), .*route alone ", p.stdout, re.M),
+              p.stdout)
+    p = run(*SMALL, "--router", "--experts", "384", "-K", "6", "--json", expect_rc=0)
+    j = json.loads(p.stdout)
+    r = j["router"]
+    check(r["experts"] == 384 and r["topk"] == 6 and r["logits"] == "bfloat16" and r["routed_scaling_factor"] == 1.5, r)
+    check(r["reference"]["match"] is True and r["route_median_us"] > 0 and j["reference"]["match"] is True, j)
+    # bytes: T*H*2 + T*H + T*(H/128)*4 + T*K*(8 + 4) + T, plus logits (bf16), bias, ids, weights
+    check(j["timing"]["bytes"] == 96 * 512 * 3 + 96 * 4 * 4 + 96 * 6 * 12 + 96 + 96 * 384 * 2 + 384 * 4 + 96 * 6 * 8,
+          j["timing"])
+    check(json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["router"] is None, "router without --router")
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.st")
+        run(*SMALL, "--router", "-K", "6", "--output", out, expect_rc=0)
+        ts = tensors(out)
+        check(ts["topk_ids"][:2] == ("I32", [96, 6]) and ts["topk_weights"][:2] == ("F32", [96, 6]), ts.keys())
+        ids = struct.unpack(f"<{96 * 6}i", ts["topk_ids"][2])
+        idx = struct.unpack(f"<{96 * 6}q", ts["topk_idx_out"][2])
+        check(list(ids) == list(idx), "topk_idx_out is topk_ids widened")
+        check(all(i == -1 for i in ids[4 * 6:5 * 6]) and all(0 <= i < 256 for i in ids[:6]), ids[:30])
+        expect_error(["--router", "--input", out], "excludes")
+        expect_error(["--router", "--save-inputs", out], "excludes")
+    p = run("-T", "0", "-H", "512", "--iters", "1", "--router", expect_rc=0)
+    check("router reference: bit-exact match" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
+    expect_error(SMALL + ["--router", "--experts", "600"], "router_logits", "1 to 512 experts")
+    expect_error(SMALL + ["--router", "-K", "17", "--experts", "300"], "top_k")
+    expect_error(SMALL + ["--router", "--routed-scaling-factor", "inf"], "routed_scaling_factor", "finite")
+    expect_error(SMALL + ["--routed-scaling-factor", "2"], "--router")
+    expect_error(SMALL + ["--logits-dtype", "fp32"], "--router")
+    expect_error(SMALL + ["--router", "--logits-dtype", "fp16"], "--logits-dtype")
+    p = run("--help", expect_rc=0)
+    for word in ["--router", "--routed-scaling-factor", "--logits-dtype", "router_logits",
+                 "e_score_correction_bias", "router reference"]:
+        check(word in p.stdout, f"--help lacks {word!r}")
+
 def case_explain():
     """--explain prints megamoe::explain's plan; alone it exits 0 without running."""
     p = run("-T", "96", "-H", "512", "--explain", expect_rc=0)
