@@ -355,7 +355,9 @@ def test_output_shapes_errors():
     with pytest.raises(ValueError, match=re.escape("non-negative T, H and K")):
         megamoe.output_shapes(-1, 256, 8)
     with pytest.raises(ValueError, match=re.escape("more than int64 can count")):
-        megamoe.output_shapes(2**62, 256, 8, megamoe.MXFP8, 2**62 - 1)
+        megamoe.output_shapes(4, 256, 8, megamoe.MXFP8, 2**63 - 1)
+    with pytest.raises(ValueError, match=re.escape("T * H and T * K must fit in int64")):
+        megamoe.output_shapes(2**62, 256, 8, megamoe.MXFP8)
     with pytest.raises(TypeError, match=re.escape("megamoe: T: expected an int or None, got float")):
         megamoe.output_shapes(4.0, 256, 8)
     with pytest.raises(TypeError, match=re.escape("megamoe.output_shapes: K: expected an int, got None")):
