@@ -2,14 +2,22 @@
 // core/router.h (the ones the CUDA kernel uses). route_and_stage on the CPU runs this, then
 // cpu::prepare_inputs with the router's outputs as the top-k inputs (api.cpp), so the
 // staged bytes are those of route() followed by prepare_inputs() by construction.
-// Single-threaded: per token it is E scores and K selection passes over E keys, small
-// next to quantizing the token's H hidden values (docs/ROUTER.md has the measured cost).
+// Tokens are split into chunks over the CPU backend's worker pool for large calls (each
+// token's outputs are its own; the EPLB load and the counter take atomic or summed adds,
+// whose order does not matter for integers). The arithmetic runs in the default IEEE
+// environment whatever the caller's thread has set (flush-to-zero, another rounding mode),
+// as the staging does: the bytes must be the GPU's.
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <cfenv>
 #include <cstdint>
 #include <cstring>
 
 #include "core/numerics.h"
 #include "core/router.h"
+#include "cpu/pool.h"
+#include "megamoe/cpu.h"
 #include "megamoe/router.h"
 #include "validate.h"
 
@@ -42,15 +50,35 @@ int64_t load_int(const TensorRef& t, int64_t i, int64_t j = 0) {
   return t.dtype == DType::kInt32 ? load<int32_t>(t, i, j) : load<int64_t>(t, i, j);
 }
 
-/// Add @p n to a one-element int32 or int64 tensor.
+/// Add @p n to element i of an int32 or int64 rank-1 / one-element tensor, atomically
+/// (chunks on several threads record into the same load). Counters wrap in two's
+/// complement, as the device's atomicAdd does.
 void add_to(const TensorRef& t, int64_t i, int64_t n) {
+  char* at = static_cast<char*>(t.data) + (t.ndim > 0 ? i * t.strides[0] : 0) * dtype_size(t.dtype);
   if (t.dtype == DType::kInt32) {
-    // int32 counters wrap as the device's atomicAdd does (two's complement).
-    store<int32_t>(t, i, 0, static_cast<int32_t>(static_cast<uint32_t>(load<int32_t>(t, i)) + static_cast<uint32_t>(n)));
+    __atomic_fetch_add(reinterpret_cast<uint32_t*>(at), static_cast<uint32_t>(n), __ATOMIC_RELAXED);
   } else {
-    store<int64_t>(t, i, 0, static_cast<int64_t>(static_cast<uint64_t>(load<int64_t>(t, i)) + static_cast<uint64_t>(n)));
+    __atomic_fetch_add(reinterpret_cast<uint64_t*>(at), static_cast<uint64_t>(n), __ATOMIC_RELAXED);
   }
 }
+
+/// The default floating-point environment (round to nearest, no flush-to-zero) for the
+/// scope, the caller's restored afterwards.
+class DefaultFpEnvironment {
+ public:
+  DefaultFpEnvironment() : saved_(std::fegetenv(&env_) == 0) {
+    if (saved_) std::fesetenv(FE_DFL_ENV);
+  }
+  ~DefaultFpEnvironment() {
+    if (saved_) std::fesetenv(&env_);
+  }
+  DefaultFpEnvironment(const DefaultFpEnvironment&) = delete;
+  DefaultFpEnvironment& operator=(const DefaultFpEnvironment&) = delete;
+
+ private:
+  std::fenv_t env_;
+  bool saved_;
+};
 
 /// One token's choice: ids (logical; -1 for an invalid hash entry) and unbiased scores.
 struct Choice {
@@ -92,13 +120,12 @@ bool lookup(const RouterArgs& r, const detail::RouterProblem& p, int64_t t, Choi
   return true;
 }
 
-}  // namespace
-
-void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad) {
-  const bool record = p.eplb && load<int32_t>(*r.record_enabled, 0) != 0;
+/// Tokens [t0, t1): their outputs and load; returns their non-finite logits.
+int64_t route_rows(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad, bool record, int64_t t0,
+                   int64_t t1) {
   int64_t nonfinite = 0;
   Choice c;
-  for (int64_t t = 0; t < p.T; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     if (p.has_nonfinite) {
       for (int64_t e = 0; e < p.E; ++e) nonfinite += core::non_finite(load_real(r.router_logits, t, e)) ? 1 : 0;
     }
@@ -135,6 +162,33 @@ void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef*
       }
       store<float>(r.topk_weights, t, k, w);
     }
+  }
+  return nonfinite;
+}
+
+/// Below this many scores (T * E) a call stays on the calling thread (about a
+/// millisecond); chunks have at least this many.
+constexpr int64_t kSerialScores = int64_t{1} << 14;
+
+}  // namespace
+
+void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad) {
+  const DefaultFpEnvironment fp_env;
+  const bool record = p.eplb && load<int32_t>(*r.record_enabled, 0) != 0;
+  const int threads = cpu_threads();
+  int64_t nonfinite = 0;
+  const int64_t rows = std::max<int64_t>(1, kSerialScores / p.E);  // tokens per chunk, at least
+  if (threads <= 1 || p.T <= rows) {
+    nonfinite = route_rows(r, p, pad, record, 0, p.T);
+  } else {
+    // About four chunks per thread, so that a core slowed by other load takes fewer.
+    const int64_t per = std::max(rows, (p.T + 4 * threads - 1) / (4 * threads));
+    std::atomic<int64_t> count{0};
+    parallel_for((p.T + per - 1) / per, threads, [&](int64_t c) {
+      const int64_t t0 = c * per;
+      count.fetch_add(route_rows(r, p, pad, record, t0, std::min(p.T, t0 + per)), std::memory_order_relaxed);
+    });
+    nonfinite = count.load();
   }
   if (p.has_nonfinite) add_to(*r.nonfinite_count, 0, nonfinite);
 }
