@@ -10,6 +10,7 @@
 //  - every argument error, with nothing written.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "core/router.h"
 #include "megamoe/megamoe.h"
@@ -266,6 +269,29 @@ TEST(Route, Catalog) {
     SCOPED_TRACE(name);
     check_route(s);
   }
+}
+
+TEST(Route, CallerFloatingPointEnvironmentIgnored) {
+  // A caller's thread with flush-to-zero, denormals-are-zero and upward rounding (as some
+  // libraries leave it): the bytes stay those of the default environment.
+  Spec s = extremes_spec();
+  s.logits[3] = 0x1p-140f;  // subnormal logits and biases
+  (*s.bias)[5] = -0x1p-135f;
+  const ref::Result want = ref::route(reference_problem(s));
+  auto b = build(s);
+  const unsigned csr = _mm_getcsr();
+  const int round = std::fegetround();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
+  std::fesetround(FE_UPWARD);
+  const unsigned set = _mm_getcsr();
+  megamoe::route(b->args);
+  const unsigned after = _mm_getcsr();
+  const int round_after = std::fegetround();
+  _mm_setcsr(csr);
+  std::fesetround(round);
+  EXPECT_EQ(after, set);  // the caller's environment is restored
+  EXPECT_EQ(round_after, FE_UPWARD);
+  expect_router_outputs(s, *b, want);
 }
 
 TEST(Route, ZeroTokens) {
