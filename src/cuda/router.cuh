@@ -3,10 +3,11 @@
 // core/router.h (the CPU backend's), then fills its share of the staged top-k buffers'
 // full-buffer tail.
 //
-//  1. Scoring, the whole block: thread i scores experts i, i + blockDim, ... of each of
-//     the block's tokens (the expensive part: exp and log1p in double), writing the
-//     selection key and the score to shared memory. Spreading a token's E experts over the
-//     block is what keeps the decode latency down (T = 1: one or two scores per thread).
+//  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
+//     exp and log1p in double) are spread over all its threads, two independent ones per
+//     thread at a time, each writing the selection key and the score to shared memory.
+//     Spreading a token's E experts over the block is what keeps the decode latency down
+//     (T = 1, E = 384, 128 threads: three scores a thread).
 //  2. Selection, one warp per token: lane l owns experts l, l + 32, ...; K rounds of a
 //     warp-wide argmax (redux.sync max of the keys, then min of the ids holding it, so
 //     ties go to the lowest id); only the winner's lane rescans its own experts.
@@ -210,20 +211,26 @@ __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
   const int64_t ntok = t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0;
   const bool hash = (r.flags & kRouteHash) != 0;
-  // 1. Scores of the block's tokens (padded ones only counted).
+  // 1. Scores of the block's tokens (padded ones only counted): entry i = w * E + e of
+  // the block's ntok x E, two per thread and iteration (i and i + blockDim.x), so that
+  // each thread runs two independent score chains side by side (decode latency).
   uint32_t nf = 0;
   if (!hash || r.nonfinite != nullptr) {
-    for (int64_t w = 0; w < ntok; ++w) {
-      const int64_t t = t0 + w;
-      const bool score = !hash && !router_padded(r, t);
-      for (int64_t e = threadIdx.x; e < r.E; e += blockDim.x) {
-        const float x = router_logit(r, t, e);
-        if (r.nonfinite != nullptr) nf += core::non_finite(x) ? 1u : 0u;
-        if (score) {
-          const float s = core::router_score(x);
-          sh_s[w * r.E + e] = s;
-          sh_key[w * r.E + e] = (r.flags & kRouteBias) ? core::biased_key(s, router_bias(r, e)) : core::selection_key(s);
-        }
+    const uint32_t n = static_cast<uint32_t>(ntok * r.E), E = static_cast<uint32_t>(r.E);  // <= 1536
+    for (uint32_t i = threadIdx.x; i < n; i += 2u * blockDim.x) {
+      const uint32_t j = i + blockDim.x < n ? i + blockDim.x : i;  // the second entry, or i again
+      const uint32_t wi = i / E, ei = i - wi * E, wj = j / E, ej = j - wj * E;
+      const float xi = router_logit(r, t0 + wi, ei), xj = router_logit(r, t0 + wj, ej);
+      if (r.nonfinite != nullptr) nf += (core::non_finite(xi) ? 1u : 0u) + (j != i && core::non_finite(xj) ? 1u : 0u);
+      if (hash) continue;
+      const float si = core::router_score(xi), sj = core::router_score(xj);
+      if (!router_padded(r, t0 + wi)) {
+        sh_s[i] = si;
+        sh_key[i] = (r.flags & kRouteBias) ? core::biased_key(si, router_bias(r, ei)) : core::selection_key(si);
+      }
+      if (j != i && !router_padded(r, t0 + wj)) {
+        sh_s[j] = sj;
+        sh_key[j] = (r.flags & kRouteBias) ? core::biased_key(sj, router_bias(r, ej)) : core::selection_key(sj);
       }
     }
   }
