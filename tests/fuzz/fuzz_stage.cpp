@@ -17,11 +17,13 @@
 //   - only megamoe::Error escapes, with a CPU-build error code; both calls agree;
 //   - a rejected call leaves every pool byte unchanged (validate() always does);
 //   - an accepted call leaves inputs, gaps and red zones unchanged and writes every output
-//     element as SPEC.md says: through the independent reference (tests/reference) for the
-//     fp8 formats with the default amax floor; for the other formats (which that reference
-//     does not model) the top-k outputs and nonfinite_count exactly, x_q / x_sf / x_scales
-//     anywhere inside their own elements only, and each mapped shared_x_sf row equal to the
-//     token's x_sf row as written; unmapped shared rows untouched in every case.
+//     element as SPEC.md says, through the independent reference (tests/reference) for
+//     every scheme it models (fp8 with any amax floor, MXFP4 with either tie rule and the
+//     drop-in, NVFP4 per-token, NVFP4 static with a finite positive global scale): x_q,
+//     x_sf, x_scales, top-k, nonfinite_count, and each mapped shared_x_sf row a copy of the
+//     token's x_sf row; unmapped shared rows untouched. For a scheme it does not model, the
+//     same except that x_q / x_sf / x_scales may hold anything inside their own elements
+//     (the shared rows must then copy what the library wrote to x_sf).
 // Any violation prints what was decoded and why, then __builtin_trap().
 #include <algorithm>
 #include <cmath>
@@ -575,10 +577,13 @@ int fuzz_one(const uint8_t* data, size_t size) {
       q.is_static || !q.symmetric || q.group_m != 1 || !g_ok || in.scale2 > 2 || in.rounding > 2 ||
       (!fp4 && (q.scale == ScaleType::kFloat8E4M3 || q.scale2 != megamoe::Scale2::kNone)) ||
       (fp4 && q.scale == ScaleType::kFloat32);
-  // The fp8 contract proper (SPEC "Inputs and outputs" .. "Beyond the reference"), modelled
-  // in full; anything else the library may accept or refuse.
+  // The fp8 contract proper (SPEC "Inputs and outputs" .. "Beyond the reference") is
+  // modelled in full, acceptance included; for the rest (other amax floors, MXFP4, NVFP4)
+  // the library may accept or refuse, and what it writes when it accepts is checked
+  // through the reference wherever the reference models the scheme (ref_format below).
   const bool fp8 = !scheme_bad && !fp4;
-  const bool fp8_exact =
+  const bool floor_ok = std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
+  const bool fp8_plain =
       fp8 && q.amax_floor == 1e-4f &&
       (q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kNearestEven);
 
@@ -770,7 +775,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   std::string bad;             // first definite violation: the call must be rejected
   std::string unsure;          // first reason the call may be refused although nothing is violated
   bool validate_only = false;  // a non-empty tensor is not backed, or T is too large to run
-  bool exact = fp8_exact;      // outputs checked through the reference (else generically)
+  bool dropin = false;         // the default scheme with a packed x_q: MXFP4 (SPEC)
   auto violate = [&](const std::string& why) {
     if (bad.empty()) bad = why;
   };
@@ -807,16 +812,12 @@ int fuzz_one(const uint8_t* data, size_t size) {
     if (!scheme_bad && packed && (aH / q.group_k) % 4 != 0)
       violate("packed scales with H/G not a multiple of 4");
     if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP4/NVFP4 family)");
-    if (fp8 && !fp8_exact) maybe("fp8 with a non-default amax floor or tie rule");
+    if (fp8 && !fp8_plain) maybe("fp8 with a non-default amax floor or tie rule");
     // SPEC: the default scheme with an int8/uint8 x_q of width H/2 means MXFP4.
     const TensorRef& xq = a.x_q;
-    const bool dropin = fp8 && ue8m0 && q.group_k == 32 && q.rounding == megamoe::Rounding::kDefault &&
-                        aH > 0 && xq.ndim == 2 && xq.shape[1] == aH / 2 &&
-                        (xq.dtype == DType::kUInt8 || xq.dtype == DType::kInt8);
-    if (dropin) {
-      maybe("MXFP4 drop-in (x_q of width H/2)");
-      exact = false;
-    }
+    dropin = fp8 && ue8m0 && q.group_k == 32 && q.rounding == megamoe::Rounding::kDefault && aH > 0 &&
+             xq.ndim == 2 && xq.shape[1] == aH / 2 && (xq.dtype == DType::kUInt8 || xq.dtype == DType::kInt8);
+    if (dropin) maybe("MXFP4 drop-in (x_q of width H/2)");
     const bool model_quant_outputs = fp8 && !dropin;  // x_q / x_sf shapes modelled exactly
     const int64_t cols = !scheme_bad ? (packed ? aH / (4 * q.group_k) : aH / q.group_k) : 0;
     const TensorRef& ids = a.topk_ids;
@@ -974,8 +975,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
                               : !unsure.empty() ? "either: " + unsure
                               : zero_tokens     ? std::string("must accept: T == 0")
                                                 : std::string("must accept");
-  g_context += "verdict: " + verdict + (validate_only ? " (validate only)" : "") +
-               (exact ? " (exact outputs)" : " (generic outputs)") + "\n";
+  g_context += "verdict: " + verdict + (validate_only ? " (validate only)" : "") + "\n";
 
   poison(true);
   const Outcome v = run_api("validate", [&] { megamoe::validate(a); });
@@ -1085,21 +1085,56 @@ int fuzz_one(const uint8_t* data, size_t size) {
       std::memset(free_byte.data() + o0 + off, 1, static_cast<size_t>(p.es));
     });
   };
-  if (exact) {
+  // The reference's model of the accepted scheme, when it has one.
+  using RF = megamoe_ref::Format;
+  const bool ties_rne = q.rounding == megamoe::Rounding::kNearestEven;
+  const bool fp4_ttz =
+      q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kTiesTowardZero;
+  std::optional<RF> ref_format;
+  if (floor_ok && dropin) {
+    ref_format = RF::mxfp4(megamoe_ref::Fp4Ties::kTowardZero, q.amax_floor);
+  } else if (floor_ok && fp8 && (q.rounding == megamoe::Rounding::kDefault || ties_rne)) {
+    ref_format = RF::fp8(ue8m0, q.group_k, q.amax_floor);
+  } else if (floor_ok && fp4 && ue8m0 && q.group_k == 32 && q.scale2 == megamoe::Scale2::kNone &&
+             (fp4_ttz || ties_rne)) {
+    ref_format = RF::mxfp4(ties_rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
+                           q.amax_floor);
+  } else if (floor_ok && fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
+             q.scale2 == megamoe::Scale2::kPerToken) {
+    ref_format = RF::nvfp4_per_token(q.amax_floor);
+  } else if (fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
+             q.scale2 == megamoe::Scale2::kStatic && a.global_scale && plans[kGlobal].kind == Kind::kReal &&
+             plans[kGlobal].nonempty() && plans[kGlobal].ref.dtype == DType::kFloat32) {
+    // Only a finite positive gs: SPEC's clamp of a NaN quotient is not pinned down.
+    float gs;
+    std::memcpy(&gs, before.data() + elem_off(kGlobal, 0, 0), 4);
+    if (std::isfinite(gs) && gs > 0.0f) ref_format = RF::nvfp4_static(gs);
+  }
+  if (ref_format) {
+    const RF& rf = *ref_format;
+    const int64_t qc = rf.q_cols(aH), sc = rf.sf_cols(aH);
+    if (a.x_q.shape[1] != qc || cols != sc) {
+      finding("accepted x_q / x_sf widths " + std::to_string(a.x_q.shape[1]) + " / " + std::to_string(cols) +
+              " where the format has " + std::to_string(qc) + " / " + std::to_string(sc));
+    }
     const megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), aT, aH, ids.data(), w.data(), aK,
-                                                       a.is_padding ? pad.data() : nullptr, q.group_k, ue8m0);
+                                                       a.is_padding ? pad.data() : nullptr, rf);
+    if (ref.nonfinite != nonfinite)
+      finding("the reference and the harness count non-finite values differently");
+    const bool words = rf.packed_scales();
     [&]() MEGAMOE_FUZZ_BULK {
       for (int64_t t = 0; t < aT; ++t) {
-        for (int64_t h = 0; h < aH; ++h) put(kXq, t, h, &ref.x_q[static_cast<size_t>(t * aH + h)]);
-        for (int64_t s = 0; s < cols; ++s) {
-          const size_t i = static_cast<size_t>(t * cols + s);
+        for (int64_t h = 0; h < qc; ++h) put(kXq, t, h, &ref.x_q[static_cast<size_t>(t * qc + h)]);
+        for (int64_t s = 0; s < sc; ++s) {
+          const size_t i = static_cast<size_t>(t * sc + s);
           put(kXsf, t, s,
-              ue8m0 ? static_cast<const void*>(&ref.sf_words[i]) : static_cast<const void*>(&ref.sf_f32[i]));
+              words ? static_cast<const void*>(&ref.sf_words[i]) : static_cast<const void*>(&ref.sf_f32[i]));
         }
+        if (!ref.x_scales.empty() && a.x_scales) put(kXScales, t, 0, &ref.x_scales[static_cast<size_t>(t)]);
       }
     }();
-    // An accepted fp8 call with an x_scales tensor may write it or not (nothing says what).
-    if (a.x_scales) set_free(kXScales);
+    // x_scales passed to a format without per-token scales: nothing says what happens to it.
+    if (a.x_scales && ref.x_scales.empty()) set_free(kXScales);
   } else {
     set_free(kXq);
     set_free(kXsf);
@@ -1131,7 +1166,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
         const int64_t row = megamoe_ref::shared_row(t, *a.shared_block_m);
         for (int64_t s = 0; s < cols; ++s) {
           std::memcpy(expect.data() + elem_off(kShared, row, s),
-                      (exact ? expect.data() : base) + elem_off(kXsf, t, s), 4);
+                      (ref_format ? expect.data() : base) + elem_off(kXsf, t, s), 4);
         }
       }
     }();

@@ -195,9 +195,12 @@ def seeds():
         2, 128, 1, mode=NONFINITE,
         payload=bf16(float("nan"), float("inf"), -float("inf"), 1.0, 0.0, -0.0, 448.0, 1e-30))
     # Findings (reproducers of library bugs; see the report of the fuzzing session).
-    # 1. bf16 hidden_states at an odd address: the CPU backend loads it through a
-    #    const uint16_t* (UBSan: misaligned load), though TensorRef::data "may be unaligned".
-    s["bug_unaligned_bf16_hidden"] = make(2, 128, 2, tensors={"hidden_states": {"misalign": 1}})
+    # 1. bf16 hidden_states at an odd address, columns strided (every other element): the
+    #    CPU backend's strided row loader reads it through a const uint16_t* (UBSan:
+    #    misaligned load), though TensorRef::data "may be unaligned". (Contiguous rows take
+    #    the SIMD path, which loads unaligned data correctly.)
+    s["bug_unaligned_bf16_hidden"] = make(
+        2, 128, 2, tensors={"hidden_states": {"misalign": 1, "layout": 5}})
     # 2. MXFP4 with a rounding value naming no Rounding enumerator (7) is accepted and staged
     #    as nearest-even; fp8 rejects the same field by name.
     s["bug_mxfp4_unknown_rounding"] = make(4, 256, 2, elem=3, rounding=7)
