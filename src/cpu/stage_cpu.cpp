@@ -29,11 +29,14 @@ void store(const TensorRef& t, int64_t i, int64_t j, T v, bool rank1 = false) {
 /// Elements [h0, h0 + n) of row t of a bf16/fp16/fp32 tensor, widened exactly to fp32.
 template <typename Bits, float (*Widen)(Bits)>
 void widen_span(const TensorRef& a, int64_t t, int64_t h0, int64_t n, float* out) {
-  const Bits* base = static_cast<const Bits*>(a.data) + t * a.strides[0] + h0 * a.strides[1];
-  if (a.strides[1] == 1) {
-    for (int64_t h = 0; h < n; ++h) out[h] = Widen(base[h]);
-  } else {
-    for (int64_t h = 0; h < n; ++h) out[h] = Widen(base[h * a.strides[1]]);
+  // Byte loads (memcpy): the caller's data need not be aligned to the element size.
+  const char* base = static_cast<const char*>(a.data) +
+                     (t * a.strides[0] + h0 * a.strides[1]) * static_cast<int64_t>(sizeof(Bits));
+  const int64_t step = a.strides[1] * static_cast<int64_t>(sizeof(Bits));
+  for (int64_t h = 0; h < n; ++h) {
+    Bits v;
+    std::memcpy(&v, base + h * step, sizeof v);
+    out[h] = Widen(v);
   }
 }
 float identity(float f) { return f; }
