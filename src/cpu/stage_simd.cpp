@@ -464,7 +464,7 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
       const size_t nb = std::min(L, groups - g0);
       for (size_t j = 0; j < nb; ++j) {
         scan[j] = ScanGroup<kIn, kPairs, kScratch, core::elem_of(F) == core::Elem::kE4M3>(
-            row, (g0 + j) * G, G, r.count_nonfinite, cnt, scratch + j * G);
+            row, (g0 + j) * G, G, r.count_nonfinite, cnt, kScratch ? scratch + j * G : nullptr);
         amax[j] = scan[j].amax;
       }
       for (size_t j = nb; j < L; ++j) amax[j] = 0;
@@ -472,7 +472,7 @@ int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
       for (size_t j = 0; j < nb; ++j) {
         const VF m = hn::Set(df, mult[j]);
         const size_t i0 = (g0 + j) * G;
-        const uint32_t* sc = scratch + j * G;
+        const uint32_t* sc = kScratch ? scratch + j * G : nullptr;  // (no offset past a 1-element array)
         if constexpr (core::elem_of(F) == core::Elem::kE4M3) {
           const float min_y = core::mul_rn(core::bits_float(static_cast<uint32_t>(scan[j].minabs)), mult[j]);
           if (!scan[j].nan && min_y >= kE4m3MinNormal) {
