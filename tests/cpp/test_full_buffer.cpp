@@ -122,8 +122,10 @@ TEST(FullBuffer, TailRowsFilledEveryCallActivationRowsUntouched) {
     }
     expect_topk(full, std::nullopt);
     // Rows < T equal the plain call's bytes; rows >= T of x_q and x_sf keep their poison.
-    ASSERT_EQ(0, std::memcmp(full.xq.data(), ref.xq.data(), static_cast<size_t>(T * 256)));
-    ASSERT_EQ(0, std::memcmp(full.sf.data(), ref.sf.data(), static_cast<size_t>(T * 2 * 4)));
+    if (T > 0) {  // (memcmp must not see the null data of an empty vector)
+      ASSERT_EQ(0, std::memcmp(full.xq.data(), ref.xq.data(), static_cast<size_t>(T * 256)));
+      ASSERT_EQ(0, std::memcmp(full.sf.data(), ref.sf.data(), static_cast<size_t>(T * 2 * 4)));
+    }
     for (size_t i = static_cast<size_t>(T * 256); i < full.xq.size(); ++i) ASSERT_EQ(full.xq[i], 0xAB);
     for (size_t i = static_cast<size_t>(T * 2); i < full.sf.size(); ++i) ASSERT_EQ(full.sf[i], 0x5A5A5A5A);
     // No memo: a second call after the tail is scribbled on fills it again.
@@ -180,7 +182,9 @@ TEST(RoutingOnly, EqualsTheTopkOfAFullStagingCall) {
       ASSERT_NO_THROW(megamoe::prepare_inputs(a));
       ASSERT_NO_THROW(megamoe::stage_routing(r));
       ASSERT_EQ(staged.io, routed.io);
-      ASSERT_EQ(0, std::memcmp(staged.wo.data(), routed.wo.data(), staged.wo.size() * 4));
+      if (!staged.wo.empty()) {
+        ASSERT_EQ(0, std::memcmp(staged.wo.data(), routed.wo.data(), staged.wo.size() * 4));
+      }
       for (uint8_t v : routed.xq) ASSERT_EQ(v, 0xAB);  // routing-only touches no activations
       expect_topk(routed, 1.5f, full ? routed.M : T);
       if (!full) {
