@@ -114,10 +114,10 @@ if step fuzz; then
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
   # One line naming a finding: the harness' account or the sanitizer's first report, with
-  # addresses blanked so that one bug gives one signature.
+  # addresses and indices blanked so that one bug gives one signature.
   signature() {
     "$fuzzer" "$1" 2>&1 | grep -E -m1 -A1 '=== megamoe fuzz finding ===|runtime error:|ERROR: (Address|Leak)Sanitizer|ERROR: libFuzzer' |
-      grep -v '=== megamoe fuzz finding ===' | head -n 1 | sed -E 's/0x[0-9a-f]+/0x_/g; s/^==[0-9]+==//' | cut -c1-200
+      grep -v '=== megamoe fuzz finding ===' | head -n 1 | sed -E 's/0x[0-9a-f]+/0x_/g; s/^==[0-9]+==//; s/(index|size|offset) [0-9]+/\1 N/g' | cut -c1-200
   }
   # 1. Every checked-in seed, replayed alone: a reproducer of an open finding fails here
   #    by name. The seeds then go to the fuzzing corpus (a copy: the tree stays clean).
