@@ -92,6 +92,7 @@ bool resolve_format(const QuantScheme& q, core::Format* out) {
     return false;
   }
   if (q.elem != QuantElem::kFloat4E2M1) return false;
+  if (r != Rounding::kDefault && r != Rounding::kNearestEven && r != Rounding::kTiesTowardZero) return false;
   const bool ttz = r == Rounding::kDefault || r == Rounding::kTiesTowardZero;
   if (q.scale == ScaleType::kUE8M0 && q.group_k == 32 && q.scale2 == Scale2::kNone) {
     return *out = ttz ? core::Format::kMxfp4 : core::Format::kMxfp4Rne, true;

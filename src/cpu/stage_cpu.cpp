@@ -186,7 +186,8 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
     if (!p.has_nonfinite) return;
     int64_t v;
     std::memcpy(&v, a.nonfinite_count->data, sizeof v);
-    v += c;
+    // Wraps like the device's atomics (two's complement), never signed overflow.
+    v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(c));
     std::memcpy(a.nonfinite_count->data, &v, sizeof v);
   };
   // Work in elements per token; min(T * per_row, kSerialWork) without overflow.
