@@ -16,6 +16,7 @@
 
 #include "core/numerics.h"
 #include "core/router.h"
+#include "cpu/fp_env.h"
 #include "cpu/pool.h"
 #include "megamoe/cpu.h"
 #include "megamoe/router.h"
@@ -61,24 +62,6 @@ void add_to(const TensorRef& t, int64_t i, int64_t n) {
     __atomic_fetch_add(reinterpret_cast<uint64_t*>(at), static_cast<uint64_t>(n), __ATOMIC_RELAXED);
   }
 }
-
-/// The default floating-point environment (round to nearest, no flush-to-zero) for the
-/// scope, the caller's restored afterwards.
-class DefaultFpEnvironment {
- public:
-  DefaultFpEnvironment() : saved_(std::fegetenv(&env_) == 0) {
-    if (saved_) std::fesetenv(FE_DFL_ENV);
-  }
-  ~DefaultFpEnvironment() {
-    if (saved_) std::fesetenv(&env_);
-  }
-  DefaultFpEnvironment(const DefaultFpEnvironment&) = delete;
-  DefaultFpEnvironment& operator=(const DefaultFpEnvironment&) = delete;
-
- private:
-  std::fenv_t env_;
-  bool saved_;
-};
 
 /// One token's choice: ids (logical; -1 for an invalid hash entry) and unbiased scores.
 struct Choice {
@@ -173,7 +156,7 @@ constexpr int64_t kSerialScores = int64_t{1} << 14;
 }  // namespace
 
 void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad) {
-  const DefaultFpEnvironment fp_env;
+  const DefaultFpEnv fp_env;
   const bool record = p.eplb && load<int32_t>(*r.record_enabled, 0) != 0;
   const int threads = cpu_threads();
   int64_t nonfinite = 0;

@@ -4,6 +4,7 @@
 // as the scalar rules); everything else runs the scalar loop below. Large problems are
 // split into row chunks over the persistent pool (pool.h).
 #include "cpu/stage_cpu.h"
+#include "cpu/fp_env.h"
 
 #include <algorithm>
 #include <atomic>
@@ -159,26 +160,6 @@ constexpr int64_t kSerialWork = int64_t{1} << 18;
 constexpr int64_t kChunkWork = int64_t{1} << 16;
 
 }  // namespace
-
-/// The default floating-point environment (round to nearest, no flush-to-zero, no
-/// denormals-are-zero) for its lifetime, the caller's own restored after (flags included):
-/// the rules are exact only there, and a host that set FTZ/DAZ (torch.set_flush_denormal)
-/// or another rounding mode must get the same bytes. Pool workers run in it too.
-class DefaultFpEnv {
- public:
-  DefaultFpEnv() : saved_(std::fegetenv(&env_) == 0) {
-    if (saved_) std::fesetenv(FE_DFL_ENV);
-  }
-  ~DefaultFpEnv() {
-    if (saved_) std::fesetenv(&env_);
-  }
-  DefaultFpEnv(const DefaultFpEnv&) = delete;
-  DefaultFpEnv& operator=(const DefaultFpEnv&) = delete;
-
- private:
-  std::fenv_t env_;
-  bool saved_;
-};
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   const DefaultFpEnv fp_env;
