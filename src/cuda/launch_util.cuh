@@ -31,6 +31,24 @@ inline void check_cuda(cudaError_t e, const char* what) {
                                     cudaGetErrorString(e) + ")");
 }
 
+/// Makes @p device current for the scope (the caller's device is restored).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
 /// Launch @p kernel with the plan's grid, block and PDL choice. A launch that fails (a bad
 /// configuration, or a sticky error left by an earlier fault in this context) throws
 /// Error(kCuda); faults inside the kernel surface later, asynchronously.

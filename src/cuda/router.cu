@@ -153,24 +153,6 @@ struct FusedLaunch {
   }
 };
 
-/// Makes @p device current for the scope (the caller's device is restored).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Tail entries a router block fills per thread before more blocks are added.
@@ -262,7 +244,7 @@ void launch_router(const RouterParams& rp, bool pdl, cudaStream_t stream) {
 
 void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream_handle) {
   const int index = r.router_logits.device.index;
-  DeviceScope scope(index);
+  DeviceGuard scope(index);
   const DeviceInfo dev = device_info(index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const bool pdl = (s != nullptr ? s->enable_pdl : r.enable_pdl) && dev.arch >= 90;

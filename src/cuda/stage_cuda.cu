@@ -16,26 +16,6 @@
 
 namespace megamoe {
 namespace cuda {
-namespace {
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
-}  // namespace
 
 DeviceInfo device_info(int device) {
   // Cached per ordinal (attribute queries cost about a microsecond each); 0 = not yet known.
