@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/numerics.h"
+#include "cuda/launch_util.cuh"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
 #include "validate.h"
@@ -58,13 +59,6 @@ __global__ void __launch_bounds__(256) routing_kernel(const RoutingParams p) {
   }
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw Error(ErrorCode::kCuda, std::string("megamoe: CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" +
-                                      cudaGetErrorString(e) + ")");
-  }
-}
-
 }  // namespace
 
 void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream stream) {
@@ -93,10 +87,7 @@ void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream strea
   p.pdl = a.enable_pdl ? 1 : 0;
   const int64_t n = pr.M * pr.K;
   if (n == 0) return;
-  int prev = 0;
-  check(cudaGetDevice(&prev), "cudaGetDevice");
-  const int dev = a.topk_ids.device.index;
-  if (prev != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+  const DeviceGuard guard(a.topk_ids.device.index);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)));
   cfg.blockDim = dim3(256);
@@ -106,9 +97,7 @@ void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream strea
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.enable_pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, routing_kernel, p);
-  if (prev != dev) cudaSetDevice(prev);
-  check(e, "cudaLaunchKernelEx(routing)");
+  check_cuda(cudaLaunchKernelEx(&cfg, routing_kernel, p), "cudaLaunchKernelEx(routing)");
 }
 
 }  // namespace cuda
