@@ -131,8 +131,11 @@ RouterRef reference_router(const Tensor& logits, const Tensor& bias, const Stage
   RouterRef r;
   r.ids = Tensor("I64", {p.T, K}, "reference 'topk_ids'");
   r.weights = Tensor("F32", {p.T, K}, "reference 'topk_weights'");
-  std::memcpy(r.ids.data.data(), res.ids.data(), res.ids.size() * sizeof(int64_t));
-  std::memcpy(r.weights.data.data(), res.weights.data(), res.weights.size() * sizeof(float));
+  // T == 0: both vectors are empty and their data() may be null, which memcpy forbids.
+  if (!res.ids.empty()) std::memcpy(r.ids.data.data(), res.ids.data(), res.ids.size() * sizeof(int64_t));
+  if (!res.weights.empty()) {
+    std::memcpy(r.weights.data.data(), res.weights.data(), res.weights.size() * sizeof(float));
+  }
   return r;
 }
 
