@@ -270,14 +270,38 @@ def torchrun(nproc: int, args: list, tmp_path: pathlib.Path, timeout: int) -> su
 def test_torchrun_world_size_1_gloo(tmp_path):
     """Under torchrun with one CPU process: a gloo process group, the same checks."""
     if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present: the world-size-1 run would use it (test_two_gpus covers CUDA)")
+        pytest.skip("a CUDA device is present: torchrun would use it (test_one_gpu_symmetric_world_size_1 runs that)")
     p = torchrun(1, SMALL + ["--device", "cpu"], tmp_path, 600)
     assert p.returncode == 0, p.stdout + p.stderr
     check_coverage(records(tmp_path), 1)
 
 
 # ---------------------------------------------------------------------------------------
-# Two GPUs
+# GPUs
+
+
+def _one_gpu_reason() -> str:
+    if torch is None:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    if not megamoe.has_cuda_backend():
+        return "megamoe was built without its CUDA backend"
+    return ""
+
+
+@pytest.mark.skipif(bool(_one_gpu_reason()), reason=_one_gpu_reason() or "-")
+def test_one_gpu_symmetric_world_size_1(tmp_path):
+    """torchrun with one process on one GPU: NCCL, a symmetric-memory allocation and its
+    handle (get_buffer checked against the allocation), every format staged on CUDA,
+    eager and from a CUDA graph, bitwise against the CPU backend; the reader is the
+    writer (no peer to signal)."""
+    p = torchrun(1, ["--timing", "--iters", "20", "--timing-tokens", "128"], tmp_path, 600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(tmp_path)
+    check_coverage(recs, 1)
+    assert recs[-1]["allocator"] == "symmetric" and recs[-1]["device"] != "cpu"
+    assert all(r["graph"] == "captured" for r in recs if r.get("mode") == "graph" and r["kind"] == "check")
 
 
 def _two_gpus_reason() -> str:
