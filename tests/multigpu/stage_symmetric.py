@@ -26,6 +26,8 @@ stream; one JSON line per rank, scheme, token count and mode (docs/PERFORMANCE.m
 Without torchrun (no process group) or with world size 1 the same staging, read and check
 run on one device: CPU tensors (or NumPy arrays without torch), the allocation's own views
 standing in for the peer's; that is what CI runs (tests/multigpu/test_symmetric.py).
+``--host-shared-dir DIR`` runs the cross-rank protocol with CPU processes under torchrun
+(gloo): buffers in files every rank maps, behind a stand-in handle (HostHandle).
 Results: JSON lines (``--out DIR``: DIR/rank<r>.jsonl), a summary on stdout; exit status 1
 when any check failed.
 """
@@ -189,6 +191,69 @@ def reference(host: dict, fw: str, scheme: Any, layout: mb.StagingLayout) -> dic
 
 
 # ---------------------------------------------------------------------------------------
+# A symmetric-memory stand-in for CPU processes (the protocol at world size > 1 without GPUs)
+
+
+class HostHandle:
+    """What the script and megamoe.buffers use of a rendezvous handle (``rank``,
+    ``world_size``, ``offset``, ``get_buffer``, ``put_signal``, ``wait_signal``,
+    ``barrier``) over CPU memory: ``blocks[r]`` is rank r's allocation block (a 1-D uint8
+    tensor), this rank's tensor starting ``offset`` bytes into its block; ``get_buffer``
+    addresses a block as CUDASymmetricMemory::get_buffer does (base + storage_offset *
+    itemsize). Signals go through the process group's store (a key per signal, ``tag``
+    naming the allocation: each has its own signals, as each symmetric allocation has its
+    own signal pad), the barrier through the process group; without a store they are
+    no-ops (one process)."""
+
+    def __init__(self, rank: int, blocks: list, offset: int = 0, store: Any = None, dist: Any = None,
+                 tag: str = "") -> None:  # fmt: skip
+        self.rank, self.world_size, self.offset, self.blocks = rank, len(blocks), offset, blocks
+        self._store, self._dist, self._tag, self._sent, self._seen = store, dist, tag, {}, {}
+
+    def get_buffer(self, rank: int, sizes: tuple, dtype: Any, storage_offset: int = 0) -> Any:
+        item = torch.empty((), dtype=dtype).element_size()
+        n = int(np.prod(sizes)) * item
+        start = storage_offset * item
+        if start + n > self.blocks[rank].numel():
+            raise ValueError(f"HostHandle.get_buffer: {start + n} bytes exceed the block's {self.blocks[rank].numel()}")
+        return self.blocks[rank][start : start + n].view(dtype).view(tuple(sizes))
+
+    def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
+        k = (channel, dst_rank)
+        self._sent[k] = self._sent.get(k, 0) + 1
+        if self._store is not None:
+            self._store.set(f"megamoe-signal/{self._tag}/{channel}/{self.rank}->{dst_rank}/{self._sent[k]}", "1")
+
+    def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
+        k = (channel, src_rank)
+        self._seen[k] = self._seen.get(k, 0) + 1
+        if self._store is not None:
+            self._store.wait([f"megamoe-signal/{self._tag}/{channel}/{src_rank}->{self.rank}/{self._seen[k]}"])
+
+    def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
+        if self._dist is not None:
+            self._dist.barrier()
+
+
+def alloc_host_shared(layout: mb.StagingLayout, directory: str, tag: str, rank: int, world: int,
+                      dist: Any) -> mb.StagingBuffers:  # fmt: skip
+    """Staging buffers whose blocks are files every rank maps (a collective): this rank's
+    views and a HostHandle over all ranks' blocks, as alloc_staging_buffers(allocator=
+    "symmetric") returns them, with a 64-byte offset into each block (as a memory pool may
+    place a tensor) so that the peer views' offset arithmetic is exercised."""
+    offset = 64
+    path = lambda r: os.path.join(directory, f"{tag}-rank{r}.bin")  # noqa: E731
+    np.memmap(path(rank), np.uint8, mode="w+", shape=(offset + layout.nbytes,)).flush()
+    dist.barrier()
+    blocks = [torch.from_numpy(np.memmap(path(r), np.uint8, mode="r+", shape=(offset + layout.nbytes,)))
+              for r in range(world)]  # fmt: skip
+    handle = HostHandle(rank, blocks, offset, dist.distributed_c10d._get_default_store(), dist, tag)
+    storage = blocks[rank][offset:]
+    return mb.StagingBuffers(**mb._views(storage, layout, torch), storage=storage, layout=layout, handle=handle,
+                             rank=rank)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
 # The run: ranks, devices, the signal between a writer and its reader
 
 
@@ -219,15 +284,18 @@ class Run:
         else:
             self.device = "cpu"
         self.cuda = want_cuda
-        if self.world > 1 and not self.cuda:
-            raise SystemExit("stage_symmetric: world size > 1 needs CUDA (symmetric memory)")
+        if self.world > 1 and not self.cuda and not args.host_shared_dir:
+            raise SystemExit("stage_symmetric: world size > 1 needs CUDA (symmetric memory) or --host-shared-dir")
         if self.dist is not None:
             if self.cuda:  # bound to this rank's GPU: NCCL's barrier and communicator use it
                 self.dist.init_process_group("nccl", device_id=self.device)
             else:
                 self.dist.init_process_group("gloo")
         self.allocator = args.allocator or ("symmetric" if self.cuda and self.dist is not None else
+                                            "host-shared" if args.host_shared_dir else
                                             "numpy" if self.fw == "numpy" else "torch")  # fmt: skip
+        if self.allocator == "host-shared" and (self.cuda or self.dist is None or not args.host_shared_dir):
+            raise SystemExit("stage_symmetric: allocator host-shared: CPU processes under torchrun, --host-shared-dir")
         if args.symm_backend:
             import torch.distributed._symmetric_memory as symm_mem
 
@@ -235,6 +303,7 @@ class Run:
         self.dst, self.src = (self.rank + 1) % self.world, (self.rank - 1) % self.world
         self.records: list = []
         self.keep: list = []  # every allocation lives until the end: no peer reads freed memory
+        self.allocs = 0
         self.out = None
         if args.out:
             os.makedirs(args.out, exist_ok=True)
@@ -253,8 +322,13 @@ class Run:
 
     def alloc(self, max_tokens: int, scheme: Any, bm: Optional[int]) -> mb.StagingBuffers:
         a = self.args
-        bufs = mb.alloc_staging_buffers(max_tokens, a.hidden, a.top_k, scheme, bm, device=self.device,
-                                        allocator=self.allocator)  # fmt: skip
+        if self.allocator == "host-shared":
+            layout = mb.staging_layout(max_tokens, a.hidden, a.top_k, scheme, bm)
+            self.allocs += 1
+            bufs = alloc_host_shared(layout, a.host_shared_dir, f"a{self.allocs}", self.rank, self.world, self.dist)
+        else:
+            bufs = mb.alloc_staging_buffers(max_tokens, a.hidden, a.top_k, scheme, bm, device=self.device,
+                                            allocator=self.allocator)  # fmt: skip
         self.keep.append(bufs)
         return bufs
 
@@ -421,7 +495,7 @@ class Run:
                     if turn == self.rank:
                         self.record(mode="alone", **base, **_stats(self.time_calls(fn, a.iters)))
                     self.sync_all()
-                if self.world > 1:
+                if self.world > 1 and self.cuda:
                     self.record(mode="peer_reading", **base, **self.time_while_peer_reads(bufs, fn))
                 self.sync_all()
 
@@ -510,8 +584,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda under torchrun with world size > 1 or when available, else cpu")
     p.add_argument("--framework", choices=["torch", "numpy"], default=None, help="default: torch when installed")
-    p.add_argument("--allocator", choices=["torch", "numpy", "symmetric"], default=None,
-                   help="default: symmetric on CUDA under torchrun, else torch (numpy without torch)")
+    p.add_argument("--allocator", choices=["torch", "numpy", "symmetric", "host-shared"], default=None,
+                   help="default: symmetric on CUDA under torchrun, host-shared with --host-shared-dir, "
+                        "else torch (numpy without torch)")
+    p.add_argument("--host-shared-dir", default=None,
+                   help="CPU processes under torchrun (gloo): buffers in files there that every rank maps, "
+                        "signals through the store (the cross-rank protocol without GPUs)")
     p.add_argument("--symm-backend", default=None, help="torch.distributed._symmetric_memory.set_backend(NAME)")
     p.add_argument("--signal-timeout-ms", type=int, default=120000)
     p.add_argument("--timing", action="store_true", help="also time staging alone and while the peer reads")

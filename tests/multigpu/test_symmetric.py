@@ -119,25 +119,11 @@ def test_staging_into_the_views_is_staging_into_arrays(fw):
     assert np.all(got["x_fp8"][17:] == ss.POISON)  # rows T.. of x untouched
 
 
-class FakeHandle:
-    """What alloc_staging_buffers needs of a rendezvous handle, over CPU memory: each rank's
-    allocation block, the tensor starting ``offset`` bytes into it, get_buffer addressing
-    the block as CUDASymmetricMemory::get_buffer does (base + storage_offset * itemsize)."""
-
-    def __init__(self, rank, blocks, offset):
-        self.rank, self.world_size, self.offset, self.blocks = rank, len(blocks), offset, blocks
-
-    def get_buffer(self, rank, sizes, dtype, storage_offset=0):
-        item = torch.empty((), dtype=dtype).element_size()
-        n = int(np.prod(sizes)) * item
-        start = storage_offset * item
-        return self.blocks[rank][start : start + n].view(dtype).view(tuple(sizes))
-
-
 @needs_torch
 @pytest.mark.parametrize("name", ["MXFP8", "FP8_FP32_G32", "MXFP4", "NVFP4_PER_TOKEN"])
 def test_peer_views_read_the_peers_bytes(name):
-    """Two ranks over a stand-in handle whose tensors start 512 bytes into their blocks:
+    """Two ranks over the script's stand-in handle (get_buffer addressing blocks as
+    CUDASymmetricMemory does), the tensors starting 512 bytes into their blocks:
     rank 1 stages into its buffers, rank 0's peer(1) views are those bytes, field by field,
     and peer(1).storage is all of them."""
     s = ss.PRESETS[name]
@@ -148,7 +134,7 @@ def test_peer_views_read_the_peers_bytes(name):
     ranks = []
     for r in range(2):
         views = mb._views(blocks[r][off:], lay, torch)
-        handle = FakeHandle(r, blocks, off)
+        handle = ss.HostHandle(r, blocks, off)
         ranks.append(mb.StagingBuffers(**views, storage=blocks[r][off:], layout=lay, handle=handle, rank=r))
     host = ss.host_inputs(9, 20, 512, 6, s, 0)
     ranks[1].storage.fill_(ss.POISON)  # the 512 bytes before it keep 0x22
@@ -274,6 +260,34 @@ def test_torchrun_world_size_1_gloo(tmp_path):
     p = torchrun(1, SMALL + ["--device", "cpu"], tmp_path, 600)
     assert p.returncode == 0, p.stdout + p.stderr
     check_coverage(records(tmp_path), 1)
+
+
+@needs_torch
+def test_torchrun_world_size_2_on_the_cpu(tmp_path):
+    """Two CPU processes (gloo) over file-backed buffers every rank maps and signals through
+    the store: the cross-rank protocol of the GPU run (rank r stages, signals r+1, which
+    reads r's buffers and checks them against its CPU run of r's inputs, with r's token
+    counts) on a machine without GPUs; and a corrupted read fails both ranks."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: torchrun would use it (test_two_gpus runs that)")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    args = SMALL + ["--device", "cpu", "--host-shared-dir", str(shared)]
+    timing = ["--timing", "--iters", "2", "--timing-tokens", "8", "--timing-schemes", "MXFP8"]
+    p = torchrun(2, args + timing, tmp_path / "ok", 600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(tmp_path / "ok")
+    check_coverage(recs, 2)
+    assert all(r["allocator"] == "host-shared" for r in recs if r["kind"] == "summary")
+    by_case = {(r["rank"], r["scheme"], r["case"]): r["tokens"] for r in recs if r["kind"] == "check"}
+    assert any(by_case[(0, n, c)] != by_case[(1, n, c)] for n in ss.PRESETS for c in range(4))  # peers differ
+    assert {(r["rank"], r["mode"]) for r in recs if r["kind"] == "timing"} == {(0, "alone"), (1, "alone")}
+    p = torchrun(2, args + ["--schemes", "MXFP8", "--modes", "eager", "--cases", "1", "--corrupt", "x_sf"],
+                 tmp_path / "bad", 600)  # fmt: skip
+    assert p.returncode != 0
+    bad = [r for r in records(tmp_path / "bad") if r["kind"] == "check"]
+    assert len(bad) == 2 and not any(r["ok"] for r in bad)
+    assert all(r["mismatches"][0].startswith("x_sf: 1 of") for r in bad)
 
 
 # ---------------------------------------------------------------------------------------
