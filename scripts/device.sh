@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/device.sh: one batched GPU session (build, test, sanitize, benchmark) for the
 # lent H200. Usage: bash scripts/device.sh [steps...]   (default: all)
-# Steps: info build test sanitize bench ncu python pybench. Results and logs go to $OUT.
+# Steps: info build test sanitize bench ncu python pybench multigpu (multigpu: not by default; after python,
+# on a machine of two or more GPUs). Results and logs go to $OUT.
 # Env: MEGAMOE_COMMIT (recorded in gpu.txt), ARCHS (default 90), BUILD_TARGETS (default all), BENCH_ARGS, NCU_ARGS (bench_kernel
 # arguments profiled by ncu, default "--one 16384 4096"), NCU_SECTIONS, SKIP_PYTEST, SANITIZE_TOOLS (default
 # memcheck racecheck initcheck synccheck), SANITIZE_FILTER (gtest positive filter, default *).
@@ -100,8 +101,19 @@ if has python; then
   export PYTHONPATH=/tmp/pypkg${PYTHONPATH:+:$PYTHONPATH}
   python3 -c 'import megamoe; print("megamoe", megamoe.__version__, "cuda", megamoe.has_cuda_backend())'
   echo "python package rc=$?"
-  [ -n "${SKIP_PYTEST:-}" ] || (cd tests/python && timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --durations=15 . >"$OUT/pytest.log" 2>&1)
+  [ -n "${SKIP_PYTEST:-}" ] || (cd tests/python && timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --durations=15 . ../multigpu >"$OUT/pytest.log" 2>&1)
   echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
+fi
+
+if has multigpu; then
+  log multigpu
+  # tests/multigpu/stage_symmetric.py under torchrun, one process per GPU, on the package the
+  # python step laid out in /tmp/pypkg; NVLink multicast stays off.
+  export PYTHONPATH=/tmp/pypkg${PYTHONPATH:+:$PYTHONPATH}
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout ${MULTIGPU_TIMEOUT:-540} \
+    python3 -m torch.distributed.run --standalone --nproc-per-node "${NPROC:-$(nvidia-smi -L | wc -l)}" \
+    tests/multigpu/stage_symmetric.py --timing --out "$OUT/multigpu" ${MULTIGPU_ARGS:-} >"$OUT/multigpu.log" 2>&1
+  echo "multigpu rc=$?"; tail -40 "$OUT/multigpu.log"
 fi
 
 if has pybench; then
