@@ -177,7 +177,7 @@ def part_full_buffer(args, out):
 
 def part_nonfinite(args, out):
     Ts, Hs = sizes(args, "nonfinite")
-    names = FORMAT_NAMES[:4] if not args.quick else ("mxfp8", "mxfp4")
+    names = ("mxfp8", "fp8_fp32_g128", "mxfp4") if not args.quick else ("mxfp8", "mxfp4")
     for H in Hs:
         for name in names:
             scheme = FORMATS[name]

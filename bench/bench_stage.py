@@ -6,8 +6,8 @@ empty kernel and Python host overhead. Writes bench.json, bench.md and bench.png
 (tables and plot by bench/perfdoc.py, which also rebuilds them from a saved bench.json).
 
     python3 bench/bench_stage.py --out /tmp/out [--quick] [--update-doc docs/PERFORMANCE.md]
-    python3 bench/bench_stage.py --out DIR --only megamoe --json NAME.json   # megamoe + memcpy
-        rows only (the A/B of two builds, bench/ab_compare.py); no plot, no tables
+    python3 bench/bench_stage.py --out DIR --only megamoe --json NAME.json   # megamoe rows
+        only (the A/B of two builds, bench/ab_compare.py); no plot, no tables
     python3 bench/bench_stage.py --dry-run | --cpu-check   # configurations / checks on the CPU
 """
 import argparse
@@ -133,7 +133,7 @@ def run(args):
                          triton_us=bench(f_t, T) if timing and with_triton else None,
                          eager_us=bench(f_e, T) if timing and not megamoe_only and (T <= 16384 or not args.quick)
                          else None,
-                         memcpy_us=bench(lambda: dst.copy_(src), T) if timing else None,
+                         memcpy_us=bench(lambda: dst.copy_(src), T) if timing and not megamoe_only else None,
                          match_eager=match_eager, match_triton=match_triton)
                 if args.cpu_check and with_triton:
                     # Triton's interpreter converts fp32 to e4m3 off by one code on some
@@ -141,6 +141,7 @@ def run(args):
                     r["match_triton_interpreter"] = r.pop("match_triton")
                 if timing:
                     r["megamoe_TBps"] = nb / r["megamoe_us"] * 1e-6
+                if r["memcpy_us"] is not None:
                     r["memcpy_TBps"] = nb / r["memcpy_us"] * 1e-6
                     r["frac_memcpy"] = r["memcpy_us"] / r["megamoe_us"]
                     if r["triton_us"] is not None:
@@ -207,7 +208,7 @@ def main(argv=None):
     ap.add_argument("--update-doc", metavar="MD", help="also splice the tables into MD (e.g. docs/PERFORMANCE.md) "
                     "between its bench_stage markers")
     ap.add_argument("--only", choices=("all", "megamoe"), default="all",
-                    help="megamoe: megamoe and memcpy rows only (the A/B of two builds)")
+                    help="megamoe: megamoe rows only (the A/B of two builds)")
     ap.add_argument("--json", default="bench.json", help="name of the results file in --out")
     ap.add_argument("--rows-file", default="bench_rows.jsonl", help="name of the per-row JSON lines in --out")
     ap.add_argument("--label", default=None, help="recorded in every row (e.g. 'this' / 'base' in an A/B)")

@@ -11,16 +11,25 @@ import sys
 import time
 
 
+def rep_scale():
+    """BENCH_REP_SCALE (default 1): multiplies every benchmark's replay time, so that a
+    device session can trade repetitions for time (scripts/device.sh sets 0.5)."""
+    return float(os.environ.get("BENCH_REP_SCALE", "1"))
+
+
 def timer(device):
     """fn -> median microseconds per call. On CUDA: CUDA-graph replays
-    (triton.testing.do_bench_cudagraph, median), about `rep_ms` of replays. On the CPU (the
-    check modes): the median of a few wall-clock calls; those numbers only show that the
-    code path runs, they are not benchmark figures."""
+    (triton.testing.do_bench_cudagraph, median of 10 replays of a graph of about `rep_ms`
+    of calls, times BENCH_REP_SCALE). On the CPU (the check modes): the median of a few
+    wall-clock calls; those numbers only show that the code path runs, they are not
+    benchmark figures."""
     if device == "cuda":
         from triton.testing import do_bench_cudagraph
 
+        scale = rep_scale()
+
         def bench(fn, rep_ms=60):
-            return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1000.0
+            return do_bench_cudagraph(fn, rep=max(1, int(rep_ms * scale)), return_mode="median") * 1000.0
     else:
 
         def bench(fn, rep_ms=60):
@@ -58,6 +67,7 @@ def header(**extra):
     except ImportError:
         h["megamoe"] = None
     h["commit"] = os.environ.get("MEGAMOE_COMMIT")
+    h["rep_scale"] = rep_scale()
     h.update(extra)
     return h
 
