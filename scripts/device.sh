@@ -12,7 +12,8 @@
 #   sanitize       compute-sanitizer memcheck, racecheck, initcheck, synccheck over both GPU test
 #                  binaries, the 8 runs in parallel in the background; then the slow tests in a
 #                  second time box (collected by sanitize-wait, or at the end)
-#   suite          megamoe_cuda_tests, megamoe_router_cuda_tests, megamoe_plan_tests (plain)
+#   suite          megamoe_cuda_tests, megamoe_router_cuda_tests, megamoe_plan_tests (plain), side
+#                  by side in the background (collected by suite-wait, or at the end)
 #   ctest-cpu      the CPU tests through ctest
 #   pytest         tests/python on the GPU (PYTEST_FILES, default test_gpu.py test_gpu_consumer.py)
 #   sanitize-wait  wait for the sanitizer runs and summarize them
@@ -26,7 +27,7 @@
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
 #   pybench        the full side-by-side bench/bench_stage.py
 # Earlier names: test = suite ctest-cpu, bench = bench-kernel, python = pytest of all tests/python.
-# Groups: call1 = info build sanitize suite pytest sanitize-wait
+# Groups: call1 = info build sanitize suite pytest suite-wait sanitize-wait
 #         call2 = info build bench-formats nonfinite bench-router ab bench-op
 #           (BUILD_TARGETS defaults to "_C megamoe_bench_router" there; bench-op, which
 #           times the host, runs after the base build of `ab` has ended)
@@ -62,7 +63,7 @@ ARGS=("$@")
 STEPS=()
 for a in "${ARGS[@]}"; do
   case "$a" in
-    call1) STEPS+=(info build sanitize suite pytest sanitize-wait) ;;
+    call1) STEPS+=(info build sanitize suite pytest suite-wait sanitize-wait) ;;
     call2)
       STEPS+=(info build bench-formats nonfinite bench-router ab bench-op)
       BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_bench_router}
@@ -71,7 +72,7 @@ for a in "${ARGS[@]}"; do
     test) STEPS+=(suite ctest-cpu) ;;
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
-    info | build | sanitize | suite | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
+    info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
       bench-op | ab | bench-kernel | ncu | pybench) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
@@ -80,7 +81,8 @@ done
 # Time box of each step in seconds (cut to what is left of DEADLINE_S when it starts).
 box() {
   case "$1" in
-    info) echo 30 ;; build) echo 240 ;; sanitize) echo 10 ;; suite) echo 240 ;; ctest-cpu) echo 120 ;;
+    info) echo 30 ;; build) echo 240 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
+    ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;;
     pybench) echo 200 ;; *) echo 60 ;;
@@ -217,19 +219,35 @@ step_build() {
 GPU_BINS="megamoe_cuda_tests megamoe_router_cuda_tests"
 bin_path() { echo "build-dev/tests/cuda/$1"; }
 
+suite_one() {  # binary box
+  local b=$1 rc t
+  t=$(date +%s)
+  timeout -k 5 "$2" "$(bin_path "$b")" --gtest_output=json:"$WORK/suite_$b.json" >"$WORK/suite_$b.log" 2>&1
+  rc=$?
+  gtest_row suite "$b" "$rc" "$WORK/suite_$b.json" "$WORK/suite_$b.log" $(($(date +%s) - t)) >>"$WORK/suite.jsonl"
+}
+
+# The three binaries run side by side in the background (the plain suite took 160 s on one
+# binary before); suite-wait collects them.
 step_suite() {
-  local b rc t worst=0
+  local b box
+  box=$(limit suite)
+  : >"$WORK/suite.pids"
   for b in $GPU_BINS megamoe_plan_tests; do
-    t=$(date +%s)
-    timeout -k 5 "$(limit suite)" "$(bin_path "$b")" --gtest_output=json:"$WORK/suite_$b.json" >"$WORK/suite_$b.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && worst=$rc
-    gtest_row suite "$b" "$rc" "$WORK/suite_$b.json" "$WORK/suite_$b.log" $(($(date +%s) - t)) |
-      tee -a "$WORK/suite.jsonl" >>"$SUMMARY"
-    tail -1 "$WORK/suite.jsonl"
-    grep -E '^\[  FAILED  \]' "$WORK/suite_$b.log" | head -20
+    suite_one "$b" "$box" &
+    echo $! >>"$WORK/suite.pids"
   done
-  return $worst
+  echo "suite: 3 binaries started (box ${box}s)"
+}
+
+step_suite_wait() {
+  [ -f "$WORK/suite.pids" ] || { echo "no suite runs started"; return 0; }
+  local p
+  while read -r p; do wait "$p" 2>/dev/null; done <"$WORK/suite.pids"
+  rm -f "$WORK/suite.pids"
+  tee -a "$SUMMARY" <"$WORK/suite.jsonl"
+  grep -h -E '^\[  FAILED  \]' "$WORK"/suite_*.log | head -20
+  ! grep -q '"rc": [1-9]' "$WORK/suite.jsonl"
 }
 
 step_ctest_cpu() {
@@ -399,8 +417,12 @@ for s in "${STEPS[@]}"; do
   note "$s rc=$rc $(($(date +%s) - t))s"
   pack
 done
-# Runs still in the background (sanitizers, the base build) are collected or cut before
-# the last pack.
+# Runs still in the background (suite, sanitizers, the base build) are collected or cut
+# before the last pack.
+if [ -f "$WORK/suite.pids" ]; then
+  echo "== suite-wait (at the end)"
+  step_suite_wait | tee -a "$WORK/suite-wait.log"
+fi
 if [ -f "$WORK/sanitize.pids" ]; then
   echo "== sanitize-wait (at the end)"
   step_sanitize_wait | tee -a "$WORK/sanitize-wait.log"
