@@ -80,8 +80,10 @@ def _bench_json(path, us):
 
 def test_ab_compare(tmp_path):
     ab = _module("ab_compare")
-    this = [_bench_json(tmp_path / "t1.json", {1: 1.30, 64: 1.50}), _bench_json(tmp_path / "t2.json", {1: 1.32, 64: 1.52})]
-    base = [_bench_json(tmp_path / "b1.json", {1: 1.31, 64: 1.40}), _bench_json(tmp_path / "b2.json", {1: 1.29, 64: 1.42})]
+    this = [_bench_json(tmp_path / "t1.json", {1: 1.30, 64: 1.50}),
+            _bench_json(tmp_path / "t2.json", {1: 1.32, 64: 1.52})]
+    base = [_bench_json(tmp_path / "b1.json", {1: 1.31, 64: 1.40}),
+            _bench_json(tmp_path / "b2.json", {1: 1.29, 64: 1.42})]
     out = tmp_path / "ab.jsonl"
     assert ab.main(["--this", *this, "--base", *base, "--out", str(out)]) == 1  # T = 64 is 7% slower
     rows = [json.loads(line) for line in out.read_text().splitlines()]
