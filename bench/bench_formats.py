@@ -5,44 +5,48 @@ Part A (formats): megamoe staging for every activation format (MXFP8, FP8 fp32/1
 NVFP4 static, NVFP4 per-token), T from 1 to 65536, H 7168 and 4096, next to a same-run
 device copy of the same number of bytes (read + written).
 
-Part B (full buffer, symmetric-memory flavour): megamoe in full-buffer mode (tail of the
+Part B (full_buffer, symmetric-memory flavour): megamoe in full-buffer mode (tail of the
 top-k buffers filled in the same launch) against megamoe staging alone, megamoe staging
 plus a separate tail fill, a PyTorch eager rendering of vLLM's SM90 path (DeepGEMM-style
 cast, then copies into the buffer and the tail fill), and a same-run copy of the same bytes.
 
-    python3 bench/bench_formats.py --out /tmp/out [--quick]
-Writes formats.jsonl and full_buffer.jsonl (one JSON row per configuration) to --out.
+Part C (nonfinite): the cost of the non-finite counter (nonfinite_count given) against
+the same call without it, same run, measured off / on / off / on (the two offs give the
+noise), per format and T; each after a check that the counter counts planted NaN / Inf.
+
+    python3 bench/bench_formats.py --out /tmp/out [--quick] [--parts formats,full_buffer,nonfinite]
+    python3 bench/bench_formats.py --dry-run      # the configurations (no torch needed)
+    python3 bench/bench_formats.py --cpu-check    # every check on the CPU backend, small sizes, no figures
+Writes formats.jsonl, full_buffer.jsonl and nonfinite.jsonl (one JSON row per
+configuration) to --out.
 """
 import argparse
 import json
 import os
 import sys
 
-import torch
-from triton.testing import do_bench_cudagraph
-
-import megamoe
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import Rows, dry_run, header, timer  # noqa: E402
 
 K = 8
-FORMATS = {
-    "mxfp8": megamoe.MXFP8,
-    "fp8_fp32_g128": megamoe.FP8_FP32_G128,
-    "mxfp4": megamoe.MXFP4,
-    "nvfp4_static": megamoe.NVFP4_STATIC,
-    "nvfp4_per_token": megamoe.NVFP4_PER_TOKEN,
-}
+FORMAT_NAMES = ("mxfp8", "fp8_fp32_g128", "mxfp4", "nvfp4_static", "nvfp4_per_token")
+# Set by main(): torch and megamoe are imported only for a real or CPU-check run.
+torch = megamoe = None
+DEV = "cuda"
+FORMATS = {}
+_bench = None
 
 
 def bench(fn, T):
-    return do_bench_cudagraph(fn, rep=100 if T >= 16384 else 40, return_mode="median") * 1000.0
+    return _bench(fn, 100 if T >= 16384 else 40)
 
 
 def inputs(T, H, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    hs = (torch.randn(T, H, device="cuda", generator=gen) * 17).bfloat16()
-    ids = torch.randint(0, 256, (T, K), device="cuda", dtype=torch.int32, generator=gen)
-    w = torch.rand(T, K, device="cuda", generator=gen)
-    pad = torch.arange(T, device="cuda") % 5 == 4
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    hs = (torch.randn(T, H, device=DEV, generator=gen) * 17).bfloat16()
+    ids = torch.randint(0, 256, (T, K), device=DEV, dtype=torch.int32, generator=gen)
+    w = torch.rand(T, K, device=DEV, generator=gen)
+    pad = torch.arange(T, device=DEV) % 5 == 4
     return hs, w, ids, pad
 
 
@@ -52,10 +56,10 @@ def alloc(T, H, scheme, rows=None):
     o = megamoe.output_shapes(rows, H, K, scheme)
     dt = {"float8_e4m3fn": torch.uint8, "uint8": torch.uint8, "int32": torch.int32, "float32": torch.float32,
           "int64": torch.int64}
-    t = lambda spec: torch.empty(*spec.shape, device="cuda", dtype=dt[spec.dtype])  # noqa: E731
+    t = lambda spec: torch.empty(*spec.shape, device=DEV, dtype=dt[spec.dtype])  # noqa: E731
     out = dict(xq=t(o.x_fp8), sf=t(o.x_sf), io=t(o.topk_idx_out), wo=t(o.topk_weights_out))
     out["x_scales"] = t(o.x_scales) if o.x_scales is not None else None
-    out["global_scale"] = (torch.full((1,), 7.5, device="cuda") if o.global_scale is not None else None)
+    out["global_scale"] = (torch.full((1,), 7.5, device=DEV) if o.global_scale is not None else None)
     return out
 
 
@@ -67,27 +71,39 @@ def nbytes(T, H, o):
 
 
 def copy_us(nb, T):
-    src = torch.empty(max(nb // 2, 1), device="cuda", dtype=torch.uint8)
+    src = torch.empty(max(nb // 2, 1), device=DEV, dtype=torch.uint8)
     dst = torch.empty_like(src)
     return bench(lambda: dst.copy_(src), T)
 
 
-def stage_fn(hs, w, ids, pad, o, scheme, full=False, alpha=None):
+def stage_fn(hs, w, ids, pad, o, scheme, full=False, alpha=None, counter=None):
     return lambda: megamoe.prepare_megamoe_inputs(
         hs, w, ids, o["xq"], o["sf"], o["io"], o["wo"], is_padding=pad, hidden_quant=scheme,
-        global_scale=o["global_scale"], x_scales=o["x_scales"], full_buffer=full, routed_scaling_factor=alpha)
+        global_scale=o["global_scale"], x_scales=o["x_scales"], full_buffer=full, routed_scaling_factor=alpha,
+        nonfinite_count=counter)
+
+
+def sizes(args, part):
+    """(Ts, Hs) of a part: the full grid, --quick, or the CPU check's small sizes."""
+    if args.cpu_check:
+        return [1, 5], [256]
+    if part == "formats":
+        return ([1, 64, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384, 65536]), [7168, 4096]
+    if part == "nonfinite":
+        return ([1, 1024, 16384] if args.quick else [1, 64, 1024, 16384, 65536]), [7168]
+    raise ValueError(part)
 
 
 def part_formats(args, out):
-    Ts = [1, 8, 64, 256, 1024, 4096, 16384, 65536] if not args.quick else [1, 64, 16384]
-    for H in (7168, 4096):
+    Ts, Hs = sizes(args, "formats")
+    for H in Hs:
         for name, scheme in FORMATS.items():
             for T in Ts:
                 hs, w, ids, pad = inputs(T, H, T * 31 + H)
                 o = alloc(T, H, scheme)
                 f = stage_fn(hs, w, ids, pad, o, scheme)
                 f()
-                torch.cuda.synchronize()
+                sync()
                 nb = nbytes(T, H, o)
                 r = dict(part="formats", H=H, format=name, T=T, bytes=nb, megamoe_us=bench(f, T),
                          copy_us=copy_us(nb, T))
@@ -95,10 +111,9 @@ def part_formats(args, out):
                 r["copy_TBps"] = nb / r["copy_us"] * 1e-6
                 r["frac_copy"] = r["copy_us"] / r["megamoe_us"]
                 r["over_copy_us"] = r["megamoe_us"] - r["copy_us"]
-                print(json.dumps(r), flush=True)
-                out.write(json.dumps(r) + "\n")
+                out.write(r)
                 del hs, w, ids, pad, o
-                torch.cuda.empty_cache()
+                empty_cache()
 
 
 def eager_sm90(hs, w, ids, pad, buf, T, alpha):
@@ -117,12 +132,14 @@ def eager_sm90(hs, w, ids, pad, buf, T, alpha):
 
 
 def part_full_buffer(args, out):
-    H = 7168
+    H = 256 if args.cpu_check else 7168
     scheme = megamoe.FP8_FP32_G128.with_amax_floor(1e-10)
     alpha = 1.5
     cases = [(T, M) for T in (1, 8, 64) for M in (256, 8192)] + [(T, 8192) for T in (256, 1024, 4096)]
     if args.quick:
         cases = [(1, 256), (64, 8192), (1024, 8192)]
+    if args.cpu_check:
+        cases = [(1, 16), (5, 64)]
     for T, M in cases:
         hs, w, ids, pad = inputs(T, H, T * 17 + M)
         full = alloc(T, H, scheme, rows=M)
@@ -142,36 +159,119 @@ def part_full_buffer(args, out):
         f_eager = lambda: eager_sm90(hs, w, ids, pad, eag, T, alpha)  # noqa: E731
         for f in (f_full, f_alone, f_sep, f_eager):
             f()
-        torch.cuda.synchronize()
+        sync()
         same = all(torch.equal(full[k], sep[k]) for k in ("io", "wo")) and torch.equal(full["xq"][:T], sep["xq"][:T])
+        # The eager rendering writes the same bytes as megamoe's full-buffer call.
+        same_eager = (all(torch.equal(full[k], eag[k]) for k in ("io", "wo"))
+                      and all(torch.equal(full[k][:T], eag[k][:T]) for k in ("xq", "sf")))
         nb = nbytes(T, H, alone) + (M - T) * K * 12
         r = dict(part="full_buffer", H=H, T=T, max_tokens=M, bytes=nb, full_us=bench(f_full, T),
                  alone_us=bench(f_alone, T), separate_fill_us=bench(f_sep, T), eager_sm90_us=bench(f_eager, T),
-                 copy_us=copy_us(nb, T), full_equals_separate=same)
+                 copy_us=copy_us(nb, T), full_equals_separate=same, full_equals_eager_sm90=same_eager)
         r["full_over_alone_us"] = r["full_us"] - r["alone_us"]
         r["speedup_vs_eager"] = r["eager_sm90_us"] / r["full_us"]
-        print(json.dumps(r), flush=True)
-        out.write(json.dumps(r) + "\n")
+        out.write(r)
         del hs, w, ids, pad, full, alone, sep, eag
+        empty_cache()
+
+
+def part_nonfinite(args, out):
+    Ts, Hs = sizes(args, "nonfinite")
+    names = ("mxfp8", "fp8_fp32_g128", "mxfp4") if not args.quick else ("mxfp8", "mxfp4")
+    for H in Hs:
+        for name in names:
+            scheme = FORMATS[name]
+            for T in Ts:
+                hs, w, ids, pad = inputs(T, H, T * 13 + H)
+                o = alloc(T, H, scheme)
+                counter = torch.zeros(1, dtype=torch.int64, device=DEV)
+                # Check: the counter adds the planted non-finite elements (one NaN, one Inf).
+                planted = hs.clone()
+                planted[0, 0] = float("nan")
+                planted[-1, -1] = float("inf")
+                stage_fn(planted, w, ids, pad, o, scheme, counter=counter)()
+                sync()
+                counted = int(counter.item())
+                counter.zero_()
+                off = stage_fn(hs, w, ids, pad, o, scheme)
+                on = stage_fn(hs, w, ids, pad, o, scheme, counter=counter)
+                t = [bench(f, T) for f in (off, on, off, on)]
+                sync()
+                r = dict(part="nonfinite", H=H, format=name, T=T, counted_planted=counted,
+                         counter_ok=counted == 2 and int(counter.item()) == 0,
+                         off_us=min(t[0], t[2]), on_us=min(t[1], t[3]), off_runs_us=[t[0], t[2]],
+                         on_runs_us=[t[1], t[3]])
+                r["on_minus_off_us"] = r["on_us"] - r["off_us"]
+                r["on_over_off"] = r["on_us"] / r["off_us"]
+                r["noise_us"] = abs(t[0] - t[2])
+                out.write(r)
+                del hs, w, ids, pad, o, planted
+                empty_cache()
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def empty_cache():
+    if DEV == "cuda":
         torch.cuda.empty_cache()
 
 
-def main():
+PARTS = {"formats": part_formats, "full_buffer": part_full_buffer, "nonfinite": part_nonfinite}
+
+
+def plan(args):
+    for part in args.parts.split(","):
+        if part == "full_buffer":
+            yield dict(part=part, cases="decode T 1/8/64 x max_tokens 256/8192, prefill T 256/1024/4096 x 8192")
+            continue
+        Ts, Hs = sizes(args, part)
+        for H in Hs:
+            yield dict(part=part, H=H, T=Ts)
+
+
+def main(argv=None):
+    global torch, megamoe, DEV, FORMATS, _bench
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--parts", default="formats,full_buffer")
-    args = ap.parse_args()
+    ap.add_argument("--parts", default="formats,full_buffer,nonfinite")
+    ap.add_argument("--dry-run", action="store_true", help="list the configurations and exit (no torch)")
+    ap.add_argument("--cpu-check", action="store_true",
+                    help="run every part on the CPU backend at small sizes (checks only, no figures)")
+    args = ap.parse_args(argv)
+    for part in args.parts.split(","):
+        if part not in PARTS:
+            ap.error(f"--parts: {part!r} is none of {sorted(PARTS)}")
+    if args.dry_run:
+        return dry_run(plan(args), args.out)
+    import torch as _torch
+
+    import megamoe as _megamoe
+    torch, megamoe = _torch, _megamoe
+    DEV = "cpu" if args.cpu_check else "cuda"
+    FORMATS = {n: getattr(megamoe, n.upper()) for n in FORMAT_NAMES}
+    _bench = timer(DEV)
     os.makedirs(args.out, exist_ok=True)
-    print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                          megamoe=megamoe.__version__)), flush=True)
-    if "formats" in args.parts:
-        with open(os.path.join(args.out, "formats.jsonl"), "w") as f:
-            part_formats(args, f)
-    if "full_buffer" in args.parts:
-        with open(os.path.join(args.out, "full_buffer.jsonl"), "w") as f:
-            part_full_buffer(args, f)
-    return 0
+    print(json.dumps(header(cpu_check=args.cpu_check)), flush=True)
+    bad = 0
+    for part in args.parts.split(","):
+        rows = Rows(None if args.cpu_check else os.path.join(args.out, f"{part}.jsonl"))
+        checked = []
+        write = rows.write
+
+        def keep(r, write=write, checked=checked):
+            checked.append(r)
+            write(r)
+        rows.write = keep
+        PARTS[part](args, rows)
+        rows.close()
+        for r in checked:
+            bad += not all(r.get(k, True) for k in ("full_equals_separate", "full_equals_eager_sm90", "counter_ok"))
+    print(json.dumps(dict(kind="summary", rows_failing_checks=bad)), flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -23,15 +23,7 @@
 #include "megamoe/megamoe.h"
 #include "megamoe/plan.h"
 #include "validate.h"
-
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "cuda_bench.cuh"
 
 using namespace megamoe;
 using namespace std::string_literals;
@@ -232,37 +224,6 @@ __global__ void probe_rowblock(ProbeArgs a, uint8_t* __restrict__ shared_sf) {
   if (shared_sf != nullptr) {
     shared_sf[static_cast<uint64_t>(j / 8) * (gridDim.y * 4) + t * 4 + (j / 2) % 4] = static_cast<uint8_t>(gs.sf);
   }
-}
-
-/// Median per-call microseconds of fn, captured `calls` times into one graph, replayed.
-double time_graph(cudaStream_t s, const std::function<void()>& fn, int calls, int reps) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < calls; ++i) fn();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<double> v;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a, s);
-    CK(cudaGraphLaunch(ge, s));
-    cudaEventRecord(b, s);
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    v.push_back(ms * 1000.0 / calls);
-  }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 /// A staging call run through an explicit plan: the library's own, changed by `change`

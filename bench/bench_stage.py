@@ -6,6 +6,9 @@ empty kernel and Python host overhead. Writes bench.json, bench.md and bench.png
 (tables and plot by bench/perfdoc.py, which also rebuilds them from a saved bench.json).
 
     python3 bench/bench_stage.py --out /tmp/out [--quick] [--update-doc docs/PERFORMANCE.md]
+    python3 bench/bench_stage.py --out DIR --only megamoe --json NAME.json   # megamoe rows
+        only (the A/B of two builds, bench/ab_compare.py); no plot, no tables
+    python3 bench/bench_stage.py --dry-run | --cpu-check   # configurations / checks on the CPU
 """
 import argparse
 import json
@@ -13,22 +16,28 @@ import os
 import sys
 import time
 
-import torch
-import triton
-from triton.testing import do_bench_cudagraph
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import megamoe  # noqa: E402
+from benchutil import dry_run, timer  # noqa: E402
 from perfdoc import markdown, plot, update_doc  # noqa: E402
-from triton_reference import stage_triton  # noqa: E402
 
 K = 8
-SCHEMES = {"mxfp8": (32, True, megamoe.MXFP8), "fp32-g128": (128, False, megamoe.FP8_FP32_G128)}
+SCHEME_NAMES = {"mxfp8": (32, True, "MXFP8"), "fp32-g128": (128, False, "FP8_FP32_G128")}
+# Set by main(): torch, triton and megamoe are imported only for a real or CPU-check run.
+torch = triton = megamoe = stage_triton = None
+SCHEMES = {}
+DEV = "cuda"
+_bench = None
+_empty_kernel = None
 
 
-@triton.jit
-def _empty_kernel(x):
-    pass
+def _define_empty_kernel():
+    global _empty_kernel
+
+    @triton.jit
+    def _empty(x):
+        pass
+
+    _empty_kernel = _empty
 
 
 def eager_stage(hs, w, ids, pad, xq, sf, io, wo, group_k, ue8m0):
@@ -50,7 +59,8 @@ def eager_stage(hs, w, ids, pad, xq, sf, io, wo, group_k, ue8m0):
     wo.copy_(torch.where(pad[:, None], 0.0, w))
 
 
-def make(T, H, scheme, dev="cuda"):
+def make(T, H, scheme, dev=None):
+    dev = dev or DEV
     g, ue, _ = SCHEMES[scheme]
     gen = torch.Generator(device=dev).manual_seed(T * 7 + H)
     hs = (torch.randn(T, H, device=dev, generator=gen) * 17).bfloat16()
@@ -74,18 +84,30 @@ def nbytes(T, H, scheme):
 
 
 def bench(fn, T):
-    return do_bench_cudagraph(fn, rep=200 if T >= 16384 else 60, return_mode="median") * 1000.0
+    return _bench(fn, 200 if T >= 16384 else 60)
 
 
-def run(args):
-    dev = torch.cuda.get_device_name()
-    rows = []
-    empty_buf = torch.empty(1, device="cuda")
-    empty_us = bench(lambda: _empty_kernel[(1,)](empty_buf), 1)
+def grid(args):
     Ts = [1, 8, 64, 256, 1024, 2048, 4096, 16384, 65536]
     if args.quick:
         Ts = [1, 64, 1024, 16384]
-    for H in (7168, 4096):
+    Hs = (7168, 4096)
+    if args.cpu_check:
+        Ts, Hs = [1, 5, 64], (256,)
+    return Ts, Hs
+
+
+def run(args):
+    dev = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    rows = []
+    megamoe_only = args.only == "megamoe"
+    with_triton = not megamoe_only and stage_triton is not None
+    empty_us = None
+    if with_triton and DEV == "cuda":
+        empty_buf = torch.empty(1, device=DEV)
+        empty_us = bench(lambda: _empty_kernel[(1,)](empty_buf), 1)
+    Ts, Hs = grid(args)
+    for H in Hs:
         for scheme in SCHEMES:
             g, ue, hq = SCHEMES[scheme]
             for T in Ts:
@@ -94,31 +116,54 @@ def run(args):
                 f_m = lambda: megamoe.prepare_megamoe_inputs(hs, w, ids, *om, is_padding=pad, hidden_quant=hq)
                 f_t = lambda: stage_triton(hs, w, ids, *ot, is_padding=pad, group_k=g, ue8m0=ue)
                 f_e = lambda: eager_stage(hs, w, ids, pad, *oe, g, ue)
-                f_m(), f_t(), f_e()
-                torch.cuda.synchronize()
-                match_eager = all(torch.equal(a, b) for a, b in zip(om, oe))
-                match_triton = all(torch.equal(a, b) for a, b in zip(om, ot))
+                f_m()
+                if not megamoe_only:
+                    f_e()
+                if with_triton:
+                    f_t()
+                sync()
+                match_eager = None if megamoe_only else all(torch.equal(a, b) for a, b in zip(om, oe))
+                match_triton = all(torch.equal(a, b) for a, b in zip(om, ot)) if with_triton else None
                 nb = nbytes(T, H, scheme)
-                src = torch.empty(nb // 2, device="cuda", dtype=torch.uint8)
+                src = torch.empty(nb // 2, device=DEV, dtype=torch.uint8)
                 dst = torch.empty_like(src)
-                r = dict(H=H, scheme=scheme, T=T, bytes=nb,
-                         megamoe_us=bench(f_m, T), triton_us=bench(f_t, T),
-                         eager_us=bench(f_e, T) if T <= 16384 or not args.quick else None,
-                         memcpy_us=bench(lambda: dst.copy_(src), T),
+                timing = not args.cpu_check
+                r = dict(H=H, scheme=scheme, T=T, bytes=nb, label=args.label,
+                         megamoe_us=bench(f_m, T) if timing else None,
+                         triton_us=bench(f_t, T) if timing and with_triton else None,
+                         eager_us=bench(f_e, T) if timing and not megamoe_only and (T <= 16384 or not args.quick)
+                         else None,
+                         memcpy_us=bench(lambda: dst.copy_(src), T) if timing and not megamoe_only else None,
                          match_eager=match_eager, match_triton=match_triton)
-                r["megamoe_TBps"] = nb / r["megamoe_us"] * 1e-6
-                r["memcpy_TBps"] = nb / r["memcpy_us"] * 1e-6
-                r["frac_memcpy"] = r["memcpy_us"] / r["megamoe_us"]
-                r["speedup_vs_triton"] = r["triton_us"] / r["megamoe_us"]
+                if args.cpu_check and with_triton:
+                    # Triton's interpreter converts fp32 to e4m3 off by one code on some
+                    # inputs; only the compiled kernel's comparison is a check.
+                    r["match_triton_interpreter"] = r.pop("match_triton")
+                if timing:
+                    r["megamoe_TBps"] = nb / r["megamoe_us"] * 1e-6
+                if r["memcpy_us"] is not None:
+                    r["memcpy_TBps"] = nb / r["memcpy_us"] * 1e-6
+                    r["frac_memcpy"] = r["memcpy_us"] / r["megamoe_us"]
+                    if r["triton_us"] is not None:
+                        r["speedup_vs_triton"] = r["triton_us"] / r["megamoe_us"]
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                with open(os.path.join(args.out, "bench_rows.jsonl"), "a") as f:
-                    f.write(json.dumps(r) + "\n")
+                if not args.cpu_check:
+                    with open(os.path.join(args.out, args.rows_file), "a") as f:
+                        f.write(json.dumps(r) + "\n")
                 del hs, w, ids, pad, om, ot, oe, src, dst
-                torch.cuda.empty_cache()
-    host = host_overhead()
-    return dict(device=dev, torch=torch.__version__, triton=triton.__version__,
-                empty_kernel_us=empty_us, rows=rows, host_overhead_us=host)
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+    host = host_overhead(n=3000 if not args.cpu_check else 20) if not megamoe_only else {}
+    return dict(device=dev, torch=torch.__version__, triton=getattr(triton, "__version__", None),
+                megamoe=megamoe.__version__, megamoe_file=megamoe.__file__, label=args.label,
+                commit=os.environ.get("MEGAMOE_COMMIT"), empty_kernel_us=empty_us, rows=rows,
+                host_overhead_us=host)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def host_overhead(n=3000):
@@ -127,39 +172,81 @@ def host_overhead(n=3000):
     o = outs()
     fns = {
         "megamoe.prepare_megamoe_inputs": lambda: megamoe.prepare_megamoe_inputs(hs, w, ids, *o, is_padding=pad),
-        "triton launch (reference design)": lambda: stage_triton(hs, w, ids, *o, is_padding=pad),
     }
+    if stage_triton is not None:
+        fns["triton launch (reference design)"] = lambda: stage_triton(hs, w, ids, *o, is_padding=pad)
     op = getattr(getattr(torch.ops, "megamoe", None), "prepare_inputs", None)
     if op is not None:
+        from megamoe._signature import PREPARE
         from megamoe._torch import _op_scheme_args
-        sargs = _op_scheme_args(megamoe.MXFP8)
-        fns["torch.ops.megamoe.prepare_inputs (custom op)"] = lambda: op(
-            hs, w, ids, *o, pad, None, None, *sargs, False)
+
+        # The op's arguments from the one argument table (its schema grows with the API).
+        given = dict(zip(("hidden_states", "topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out",
+                          "topk_weights_out", "is_padding"), (hs, w, ids, *o, pad)))
+        given["hidden_quant"] = megamoe.MXFP8
+        op_args = PREPARE.op_values([given.get(p.name, p.default) for p in PREPARE.params], _op_scheme_args)
+        fns["torch.ops.megamoe.prepare_inputs (custom op)"] = lambda: op(*op_args)
     res = {}
     for name, f in fns.items():
-        for _ in range(200):
+        for _ in range(min(200, n)):
             f()
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(n):
             f()
         t1 = time.perf_counter()
-        torch.cuda.synchronize()
+        sync()
         res[name] = (t1 - t0) / n * 1e6
     return res
 
 
-def main():
+def main(argv=None):
+    global torch, triton, megamoe, stage_triton, SCHEMES, DEV, _bench
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--update-doc", metavar="MD", help="also splice the tables into MD (e.g. docs/PERFORMANCE.md) "
                     "between its bench_stage markers")
-    args = ap.parse_args()
+    ap.add_argument("--only", choices=("all", "megamoe"), default="all",
+                    help="megamoe: megamoe rows only (the A/B of two builds)")
+    ap.add_argument("--json", default="bench.json", help="name of the results file in --out")
+    ap.add_argument("--rows-file", default="bench_rows.jsonl", help="name of the per-row JSON lines in --out")
+    ap.add_argument("--label", default=None, help="recorded in every row (e.g. 'this' / 'base' in an A/B)")
+    ap.add_argument("--dry-run", action="store_true", help="list the configurations and exit (no torch)")
+    ap.add_argument("--cpu-check", action="store_true",
+                    help="the bit-exactness checks on the CPU backend at small sizes (no figures)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        Ts, Hs = grid(args)
+        return dry_run((dict(H=H, scheme=sc, T=Ts, only=args.only) for H in Hs for sc in SCHEME_NAMES),
+                       os.path.join(args.out, args.json))
+    import torch as _torch
+
+    import megamoe as _megamoe
+    torch, megamoe = _torch, _megamoe
+    DEV = "cpu" if args.cpu_check else "cuda"
+    SCHEMES = {k: (g, ue, getattr(megamoe, attr)) for k, (g, ue, attr) in SCHEME_NAMES.items()}
+    try:
+        import triton as _triton
+        triton = _triton
+        if args.only != "megamoe" and (DEV == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+            from triton_reference import stage_triton as _st
+            stage_triton = _st
+            _define_empty_kernel()
+    except ImportError:
+        if DEV == "cuda" and args.only != "megamoe":
+            raise
+    _bench = timer(DEV)
     os.makedirs(args.out, exist_ok=True)
     res = run(args)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
+    if args.cpu_check:
+        bad = [r for r in res["rows"] if r["match_eager"] is False or r.get("match_triton") is False]
+        print(json.dumps(dict(kind="summary", rows=len(res["rows"]), rows_failing_checks=len(bad))))
+        return 1 if bad else 0
+    with open(os.path.join(args.out, args.json), "w") as f:
         json.dump(res, f, indent=1)
+    if args.only == "megamoe":
+        return 0
     md = markdown(res)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(md)
@@ -167,7 +254,8 @@ def main():
     if args.update_doc:
         update_doc(args.update_doc, md)
     print(md)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The GPU benchmark scripts and scripts/device.sh, kept from rotting on machines without a
+GPU: their dry runs (argument parsing, the configuration grids; no torch), the A/B
+comparison, the router's NumPy reference on planted cases, and, where torch is installed,
+their CPU check modes (the correctness checks of every benchmark on the CPU backend)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+SCRIPTS = ("bench_formats.py", "bench_stage.py", "bench_router.py", "bench_op_overhead.py")
+
+
+def _module(name):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(args, env=None, timeout=300):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       env={**os.environ, **(env or {})})
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_dry_run_lists_configurations(script):
+    rc, out, err = _run([sys.executable, str(BENCH / script), "--dry-run"])
+    assert rc == 0, out + err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows and all(r["dry_run"] for r in rows)
+
+
+def test_router_grid_is_the_issue_grid():
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_router.py"), "--dry-run"])
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {(r["E"], r["K"], r["H"]) for r in rows} == {(256, 6, 4096), (384, 6, 7168)}
+    assert sorted({r["T"] for r in rows}) == [1, 8, 64, 256, 1024, 4096]
+    assert {r["eplb"] for r in rows} == {False, True}
+
+
+def test_bad_arguments_are_rejected():
+    rc, _, err = _run([sys.executable, str(BENCH / "bench_router.py"), "--dry-run", "--layers", "E1"])
+    assert rc == 2 and "E1" in err
+    rc, _, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run", "--parts", "nope"])
+    assert rc == 2 and "nope" in err
+
+
+def test_device_sh_plans_both_calls_within_the_deadline():
+    assert _run(["bash", "-n", str(ROOT / "scripts" / "device.sh")])[0] == 0
+    for call, steps in (("call1", ["info", "build", "sanitize", "suite", "pytest", "suite-wait", "sanitize-wait"]),
+                        ("call2", ["info", "build", "bench-formats", "nonfinite", "bench-router", "ab", "bench-op"])):
+        rc, out, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "--list", call])
+        assert rc == 0, out + err
+        lines = out.splitlines()
+        assert [ln.split()[0] for ln in lines[:-1]] == steps
+        assert lines[-1].startswith("deadline ")
+        assert int(lines[-1].split()[1]) < 600
+    rc, _, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "no-such-step"])
+    assert rc == 2 and "no-such-step" in err
+
+
+def _bench_json(path, us):
+    rows = [dict(H=7168, scheme="mxfp8", T=T, megamoe_us=v) for T, v in us.items()]
+    path.write_text(json.dumps(dict(rows=rows)))
+    return str(path)
+
+
+def test_ab_compare(tmp_path):
+    ab = _module("ab_compare")
+    this = [_bench_json(tmp_path / "t1.json", {1: 1.30, 64: 1.50}),
+            _bench_json(tmp_path / "t2.json", {1: 1.32, 64: 1.52})]
+    base = [_bench_json(tmp_path / "b1.json", {1: 1.31, 64: 1.40}),
+            _bench_json(tmp_path / "b2.json", {1: 1.29, 64: 1.42})]
+    out = tmp_path / "ab.jsonl"
+    assert ab.main(["--this", *this, "--base", *base, "--out", str(out)]) == 1  # T = 64 is 7% slower
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_t = {r["T"]: r for r in rows if r["kind"] == "ab"}
+    assert by_t[1]["within_tol"] and not by_t[64]["within_tol"]
+    assert abs(by_t[64]["this_over_base_minus_1"] - (1.51 / 1.41 - 1)) < 1e-12
+    assert rows[-1]["rows_outside_tol"] == 1
+    assert ab.main(["--this", *this[:1], "--base", *this[1:]]) == 0
+
+
+def test_router_reference_rules():
+    tr = _module("triton_router")
+    inf, nan = np.float32(np.inf), np.float32(np.nan)
+    # ties go to the lower id; NaN scores are chosen last; -inf scores +0
+    logits = np.array([[1.0, 3.0, 3.0, nan, -inf, 0.5], [nan, nan, 2.0, -inf, -inf, -inf]], dtype=np.float32)
+    ids, w, _ = tr.route_ref(logits, 4, alpha=1.5)
+    assert ids[0].tolist() == [1, 2, 0, 5]
+    assert ids[1].tolist() == [2, 3, 4, 5]  # numbers (+0 scores included) before NaN
+    s = tr.scores_ref(logits[0, [1, 2, 0, 5]])
+    total = np.float32(0)
+    for v in s:
+        total = np.float32(total + v)
+    assert np.array_equal(w[0], (s / total).astype(np.float32) * np.float32(1.5))
+    # a bias moves the selection, not the weights; -0 and +0 tie (lower id wins)
+    ids_b, w_b, _ = tr.route_ref(np.zeros((1, 3), np.float32), 2, bias=np.array([-np.log1p(1.0) ** 0.5, 0.0, 0.0],
+                                                                                  np.float32))
+    assert ids_b[0].tolist() == [1, 2]
+    # EPLB: replica p % count of the flat position, load recorded; padding: -1 / +0.0, not recorded
+    l2p = np.array([[10, 11], [12, -1], [13, -1]], np.int32)
+    rc = np.array([2, 1, 1], np.int32)
+    logits = np.array([[5.0, 0.0, -5.0], [5.0, 0.0, -5.0], [5.0, 0.0, -5.0]], np.float32)
+    ids_e, w_e, load = tr.route_ref(logits, 2, l2p=l2p, rcount=rc, num_physical=14,
+                                    is_padding=np.array([0, 0, 1], bool))
+    assert ids_e.tolist() == [[10, 12], [10, 12], [-1, -1]]  # p = 0, 2 -> slot 0 of expert 0
+    assert w_e[2].tolist() == [0.0, 0.0]
+    assert load[10] == 2 and load[12] == 2 and load.sum() == 4
+    assert tr.ulp_diff(np.float32([1.0]), np.nextafter(np.float32([1.0]), np.float32(2)))[0] == 1
+    cmp = tr.compare_routes((ids, w), (ids, w))
+    assert cmp["ids_equal"] == 1.0 and cmp["max_weight_ulp"] == 0
+
+
+def test_megamoe_route_matches_the_reference_where_bound():
+    megamoe = pytest.importorskip("megamoe")
+    if not hasattr(megamoe, "route"):
+        pytest.skip("the Python binding of the router is not in this build")
+    br, tr = _module("bench_router"), _module("triton_router")
+    rng = np.random.default_rng(3)
+    for E, K in ((256, 6), (384, 6)):
+        logits = rng.standard_normal((37, E)).astype(np.float32)
+        bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
+        ids = np.zeros((37, K), np.int32)
+        w = np.zeros((37, K), np.float32)
+        br.call_kw(megamoe.route, router_logits=logits, e_score_correction_bias=bias, top_k=K,
+                   routed_scaling_factor=1.5, topk_ids=ids, topk_weights=w)
+        ref = tr.route_ref(logits, K, bias, 1.5)
+        cmp = tr.compare_routes(ref[:2], (ids, w))
+        assert cmp["ids_equal"] == 1.0 and cmp["max_weight_ulp"] <= 1, cmp
+
+
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+
+@needs_torch
+def test_cpu_checks_of_formats_stage_and_op_overhead():
+    pytest.importorskip("megamoe")
+    assert _module("bench_formats").main(["--cpu-check", "--parts", "full_buffer,nonfinite"]) == 0
+    assert _module("bench_op_overhead").main(["--cpu-check", "--n", "5", "--rounds", "1"]) == 0
+
+
+@needs_torch
+def test_cpu_check_of_stage_megamoe_against_eager():
+    pytest.importorskip("megamoe")
+    assert _module("bench_stage").main(["--cpu-check", "--only", "all"]) == 0
+
+
+@needs_torch
+def test_cpu_check_of_router_eager_baseline():
+    pytest.importorskip("megamoe")
+    assert _module("bench_router").main(["--cpu-check", "--T", "1,17", "--layers", "E384_K6_H7168"]) == 0
+
+
+@needs_torch
+def test_router_binding_path_with_a_stand_in(monkeypatch):
+    """The benchmark's megamoe rows (fused, route + stage) through stand-ins that follow the
+    binding's expected names: the checks pass for a faithful router and fail for a wrong one."""
+    import torch
+
+    megamoe = pytest.importorskip("megamoe")
+    br, tr = _module("bench_router"), _module("triton_router")
+
+    def route(router_logits, topk_ids, topk_weights, *, top_k, e_score_correction_bias=None,
+              routed_scaling_factor=1.0, logical_to_physical_map=None, logical_replica_count=None,
+              expert_load_view=None, record_enabled=None, is_padding=None):
+        eplb = logical_to_physical_map is not None
+        ids, w, load = tr.route_ref(router_logits.float().numpy(), top_k, e_score_correction_bias.numpy(),
+                                    routed_scaling_factor, None, logical_to_physical_map.numpy() if eplb else None,
+                                    logical_replica_count.numpy() if eplb else None,
+                                    expert_load_view.numel() if eplb else 0)
+        topk_ids.copy_(torch.from_numpy(ids))
+        topk_weights.copy_(torch.from_numpy(w))
+        if eplb and int(record_enabled.item()):
+            expert_load_view += torch.from_numpy(load).to(expert_load_view.dtype)
+
+    def route_and_stage(router_logits, hidden_states, topk_ids, topk_weights, x_fp8, x_sf, topk_idx_out,
+                        topk_weights_out, *, top_k, hidden_quant, **router):
+        route(router_logits, topk_ids, topk_weights, top_k=top_k, **router)
+        megamoe.prepare_megamoe_inputs(hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out,
+                                       topk_weights_out, hidden_quant=hidden_quant)
+
+    monkeypatch.setattr(megamoe, "route", route, raising=False)
+    monkeypatch.setattr(megamoe, "route_and_stage", route_and_stage, raising=False)
+    argv = ["--cpu-check", "--T", "1,9", "--layers", "E256_K6_H4096"]
+    assert br.main(argv) == 0
+
+    def wrong(router_logits, topk_ids, topk_weights, **kw):  # the unbiased top-k
+        route(router_logits, topk_ids, topk_weights, **kw)
+        topk_weights.mul_(1.0001)
+
+    monkeypatch.setattr(megamoe, "route", wrong)
+    assert br.main(argv) == 1
+
+
+@needs_torch
+def test_triton_router_in_the_interpreter():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    code = (
+        "import numpy as np, torch, triton_router as tr\n"
+        "rng = np.random.default_rng(5)\n"
+        "for E, K, eplb in ((256, 6, False), (384, 6, True)):\n"
+        "    T = 6\n"
+        "    lg = rng.standard_normal((T, E)).astype(np.float32); lg[0, :3] = [np.nan, np.inf, -np.inf]\n"
+        "    bias = (rng.standard_normal(E) * 0.1).astype(np.float32)\n"
+        "    l2p = np.stack([np.arange(E), np.where(np.arange(E) < 32, E + np.arange(E), -1)], 1).astype(np.int32)\n"
+        "    rc = np.where(np.arange(E) < 32, 2, 1).astype(np.int32)\n"
+        "    pad = np.arange(T) % 4 == 3\n"
+        "    ids = torch.full((T, K), 7, dtype=torch.int32); w = torch.full((T, K), 9.0)\n"
+        "    load = torch.zeros(E + 32, dtype=torch.int32)\n"
+        "    kw = dict(logical_to_physical_map=torch.from_numpy(l2p), logical_replica_count=torch.from_numpy(rc),\n"
+        "              expert_load_view=load, record_enabled=torch.ones(1, dtype=torch.int32)) if eplb else {}\n"
+        "    tr.route_triton(torch.from_numpy(lg), ids, w, K, torch.from_numpy(bias), 1.5,\n"
+        "                    is_padding=torch.from_numpy(pad), **kw)\n"
+        "    ri, rw, rl = tr.route_ref(lg, K, bias, 1.5, pad, l2p if eplb else None, rc if eplb else None, E + 32)\n"
+        "    c = tr.compare_routes((ri, rw), (ids.numpy(), w.numpy()))\n"
+        "    assert c['ids_equal'] == 1.0 and c['max_weight_ulp'] <= 8, c\n"
+        "    assert not eplb or np.array_equal(load.numpy(), rl), (load, rl)\n"
+        "print('ok')\n"
+    )
+    rc, out, err = _run([sys.executable, "-c", code], env={"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        [str(BENCH), os.environ.get("PYTHONPATH", "")])})
+    assert rc == 0 and "ok" in out, out + err
