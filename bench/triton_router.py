@@ -87,7 +87,9 @@ if triton is not None:
             c = tl.minimum(tl.maximum(c, 1), R)
             slot = (p % c.to(tl.int64)).to(tl.int32)
             phys = tl.load(l2p + out_id.to(tl.int64) * R + slot, mask=kmask, other=-1)
-            rec = tl.load(record) != 0
+            # the flag loaded as a full tile: a scalar i1 in the mask is refused by Triton
+            # 3.9's interpreter
+            rec = tl.load(record + tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)) != 0
             ok = kmask & (~padded[:, None]) & (phys >= 0) & (phys < P) & rec
             tl.atomic_add(load + phys, tl.full((BLOCK_T, BLOCK_K), 1, tl.int32), mask=ok)
             out_id = phys
