@@ -9,14 +9,22 @@ from typing import Any, NamedTuple, Optional
 from . import _C, _dequant
 from ._args import no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import PREPARE, ROUTING, _as_bool
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool
 
-__all__ = ["output_shapes", "OutputShapes", "TensorSpec", "stage", "StagedInputs", "dequantize"]
+__all__ = [
+    "output_shapes",
+    "OutputShapes",
+    "TensorSpec",
+    "stage",
+    "StagedInputs",
+    "dequantize",
+]
 
 _torch_glue: Any = None  # megamoe._torch once loaded
 
 _P_FULL = PREPARE.index("full_buffer")
 _R_FULL = ROUTING.index("full_buffer")
+_RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _NOTHING = "nothing to do: hidden_states has no rows (T == 0)"
 
 
@@ -96,14 +104,29 @@ def explain_impl(*a: Any) -> str:
     return _C.explain(*PREPARE.native_args(a, as_scheme))
 
 
-def routing_impl(*a: Any) -> None:
-    glue = _torch_for(a[1]) or _torch_for(a[0])
+def _dispatch(a: Any, rows: int, full: Optional[int], torch_path: str, native: Any) -> None:
+    """An entry point's call (``a``: its arguments in table order): torch tensors take the
+    torch path (megamoe._torch.<torch_path>), a call whose argument ``rows`` has no rows
+    returns (outside full-buffer mode, argument ``full``), the rest goes to ``native``."""
+    glue = _torch_for(a[rows]) or _torch_for(a[0])
     if glue is not None:
-        glue.stage_routing(a)
+        getattr(glue, torch_path)(a)
         return
-    if not _as_bool(a[_R_FULL], "full_buffer") and no_tokens(a[1]):
+    if (full is None or not _as_bool(a[full], "full_buffer")) and no_tokens(a[rows]):
         return
-    _C.stage_routing(*ROUTING.native_args(a, None))
+    native(a)
+
+
+def routing_impl(*a: Any) -> None:
+    _dispatch(a, 1, _R_FULL, "stage_routing", lambda v: _C.stage_routing(*ROUTING.native_args(v, None)))
+
+
+def route_impl(*a: Any) -> None:  # T is router_logits.shape[0]
+    _dispatch(a, 0, None, "route", lambda v: _C.route(*ROUTE.native_args(v, None)))
+
+
+def route_and_stage_impl(*a: Any) -> None:
+    _dispatch(a, 1, _RS_FULL, "route_and_stage", lambda v: _C.route_and_stage(*ROUTE_AND_STAGE.native_args(v, as_scheme)))
 
 
 # ---------------------------------------------------------------------------------------
