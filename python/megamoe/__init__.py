@@ -6,9 +6,8 @@ kernels read, in one call (CPU backend always; CUDA backend when built with nvcc
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
 logits to the top-k, and to the staged buffers in the same call). Drop-ins: vLLM's
-``prepare_megamoe_inputs`` and ``stage_megamoe_routing``,
-DeepGEMM's ``mega_moe_pre_dispatch`` /
-``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
+``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and ``dsv4_topk_prepare_megamoe``,
+DeepGEMM's ``mega_moe_pre_dispatch`` / ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
 Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs``,
 ``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route`` and
@@ -39,6 +38,7 @@ from ._ops import (
     StagedInputs,
     TensorSpec,
     dequantize,
+    dsv4_topk_prepare_megamoe,
     output_shapes,
     stage,
 )
@@ -68,6 +68,7 @@ __all__ = [
     "stage_megamoe_routing",
     "route",
     "route_and_stage",
+    "dsv4_topk_prepare_megamoe",
     "mega_moe_pre_dispatch",
     "mega_moe_pre_dispatch_sm90",
     "stage",

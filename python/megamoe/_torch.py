@@ -36,6 +36,8 @@ __all__ = [
     "route_op",
     "route_and_stage_op",
     "allocate",
+    "empty",
+    "index_dtype",
     "dequantize",
 ]
 
@@ -302,6 +304,21 @@ def allocate(hidden_states: _Tensor, spec: Any, zero: bool = False) -> _Tensor:
     shape, dtype = spec
     make = torch.zeros if zero else torch.empty
     return make(shape, dtype=_TORCH_DTYPES[dtype], device=hidden_states.device)
+
+
+def empty(like: _Tensor, shape: tuple, dtype: Any) -> _Tensor:
+    """An uninitialized tensor of ``shape`` and torch ``dtype`` on the device of ``like``."""
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def index_dtype(dtype: Any, name: str) -> Any:
+    """``dtype`` if it is torch.int32 or torch.int64 (ValueError for another dtype, TypeError
+    for what is no torch.dtype)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: expected torch.int32 or torch.int64, got {type(dtype).__name__}")
+    if dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: expected torch.int32 or torch.int64, got {dtype}")
+    return dtype
 
 
 def _values_fp8(q: _Tensor) -> _Tensor:
