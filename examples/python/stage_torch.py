@@ -25,7 +25,7 @@ def layer(h, w, ids, x_fp8, x_sf, idx, w_out):
     return idx.sum()
 
 
-out = [torch.empty_like(t) for t in (staged.x_fp8, staged.x_sf, staged.topk_idx_out, staged.topk_weights_out)]
+out = [torch.empty_like(t) for t in (staged.x_fp8, staged.x_sf, staged.topk_idx, staged.topk_weights)]
 layer(hidden, topk_weights, topk_ids, *out)
 assert torch.equal(out[0].view(torch.uint8), staged.x_fp8.view(torch.uint8))
 print("torch.compile(fullgraph=True): same bytes")
