@@ -756,6 +756,27 @@ def test_torch_compile_fullgraph():
 
 
 @needs_torch
+def test_torch_compile_inductor_drop_in():
+    """The default backend, with the drop-in's allocations inside the compiled region."""
+    a = torch_fused_args(K=6, E=256, seed=6, x_dtype=torch.uint8)
+    b = clone_args(a)
+
+    @torch.compile(fullgraph=True)
+    def f(h, x, bias, q, sf, idx, wo, pad):
+        w, ids = megamoe.dsv4_topk_prepare_megamoe(h, x, bias, 1.5, torch.int64, q, sf, idx, wo, pad)
+        return w * 2, ids
+
+    w, ids = f(*[a[k] for k in ("hidden_states", "router_logits", "e_score_correction_bias", "x_fp8", "x_sf",
+                                "topk_idx_out", "topk_weights_out", "is_padding")])  # fmt: skip
+    b["topk_ids"] = torch.empty(9, 6, dtype=torch.int64)
+    megamoe.route_and_stage(**{k: v for k, v in b.items() if k not in ("logits_nonfinite_count", "nonfinite_count")})
+    same_bits(w, b["topk_weights"] * 2, "weights")
+    same_bits(ids, b["topk_ids"], "ids")
+    for k in ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out"):
+        same_bits(a[k], b[k], k)
+
+
+@needs_torch
 def test_dsv4_drop_in_torch():
     a = torch_fused_args(K=6, E=256, seed=5)
     b = clone_args(a)
