@@ -137,9 +137,9 @@ def route_and_stage_impl(*a: Any) -> None:
 _DSV4_TOPK = 6
 
 
-def _index_dtype(glue: Any, indices_dtype: Any) -> Any:
-    """``indices_dtype`` as the framework's int32 or int64 (ValueError for another dtype,
-    TypeError for what is no dtype)."""
+def _index_dtype(glue: Any, indices_dtype: Any) -> str:
+    """The name ("int32" or "int64") of ``indices_dtype``, a torch dtype for torch logits
+    or a NumPy one (ValueError for another dtype, TypeError for what is no dtype)."""
     name = "megamoe.dsv4_topk_prepare_megamoe: indices_dtype"
     if glue is not None:
         return glue.index_dtype(indices_dtype, name)
@@ -151,7 +151,7 @@ def _index_dtype(glue: Any, indices_dtype: Any) -> Any:
         raise TypeError(f"{name}: expected a dtype (int32 or int64), got {type(indices_dtype).__name__}") from None
     if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise ValueError(f"{name}: expected int32 or int64, got {dt}")
-    return dt
+    return dt.name
 
 
 def dsv4_topk_prepare_megamoe(
@@ -201,12 +201,8 @@ def dsv4_topk_prepare_megamoe(
     g, idx = shape_of(gating_output), shape_of(topk_idx_out)
     T = g[0] if len(g) == 2 else 0
     K = idx[1] if len(idx) == 2 else _DSV4_TOPK
-    if glue is not None:
-        weights, ids = glue.empty(gating_output, (T, K), glue.torch.float32), glue.empty(gating_output, (T, K), dtype)
-    else:
-        import numpy as np
-
-        weights, ids = np.empty((T, K), np.float32), np.empty((T, K), dtype)
+    weights = _alloc(glue, gating_output, TensorSpec((T, K), "float32"))
+    ids = _alloc(glue, gating_output, TensorSpec((T, K), dtype))
     if len(g) == 2 and T == 0:
         return weights, ids
     route_and_stage_impl(

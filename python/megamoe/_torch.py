@@ -36,7 +36,6 @@ __all__ = [
     "route_op",
     "route_and_stage_op",
     "allocate",
-    "empty",
     "index_dtype",
     "dequantize",
 ]
@@ -306,19 +305,14 @@ def allocate(hidden_states: _Tensor, spec: Any, zero: bool = False) -> _Tensor:
     return make(shape, dtype=_TORCH_DTYPES[dtype], device=hidden_states.device)
 
 
-def empty(like: _Tensor, shape: tuple, dtype: Any) -> _Tensor:
-    """An uninitialized tensor of ``shape`` and torch ``dtype`` on the device of ``like``."""
-    return torch.empty(shape, dtype=dtype, device=like.device)
-
-
-def index_dtype(dtype: Any, name: str) -> Any:
-    """``dtype`` if it is torch.int32 or torch.int64 (ValueError for another dtype, TypeError
-    for what is no torch.dtype)."""
+def index_dtype(dtype: Any, name: str) -> str:
+    """The name of ``dtype`` if it is torch.int32 or torch.int64 (ValueError for another
+    dtype, TypeError for what is no torch.dtype)."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{name}: expected torch.int32 or torch.int64, got {type(dtype).__name__}")
     if dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name}: expected torch.int32 or torch.int64, got {dtype}")
-    return dtype
+    return "int32" if dtype == torch.int32 else "int64"
 
 
 def _values_fp8(q: _Tensor) -> _Tensor:
