@@ -4,12 +4,14 @@ Quantizes hidden states (fp8 e4m3 with UE8M0 or fp32 group scales, MXFP4, NVFP4 
 per-token) and repacks the router's top-k ids/weights into the buffers DeepGEMM's MegaMoE
 kernels read, in one call (CPU backend always; CUDA backend when built with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
-PyTorch on the GPU. Drop-ins: vLLM's ``prepare_megamoe_inputs`` and
-``stage_megamoe_routing``, DeepGEMM's ``mega_moe_pre_dispatch`` /
-``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
+PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
+logits to the top-k, and to the staged buffers in the same call). Drop-ins: vLLM's
+``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and ``dsv4_topk_prepare_megamoe``,
+DeepGEMM's ``mega_moe_pre_dispatch`` / ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
-Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs`` and
-``torch.ops.megamoe.stage_routing``, registered on import when torch is installed;
+Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs``,
+``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route`` and
+``torch.ops.megamoe.route_and_stage``, registered on import when torch is installed;
 torch.compile and CUDA graph capture safe), NumPy arrays and any DLPack / buffer-protocol
 array. Importing megamoe never requires torch, and with torch costs little more than
 ``import torch``.
@@ -30,8 +32,16 @@ from ._C import (
     check_scheme,
     has_cuda_backend,
 )
-from ._entry import explain, prepare_megamoe_inputs, stage_megamoe_routing
-from ._ops import OutputShapes, StagedInputs, TensorSpec, dequantize, output_shapes, stage
+from ._entry import explain, prepare_megamoe_inputs, route, route_and_stage, stage_megamoe_routing
+from ._ops import (
+    OutputShapes,
+    StagedInputs,
+    TensorSpec,
+    dequantize,
+    dsv4_topk_prepare_megamoe,
+    output_shapes,
+    stage,
+)
 from ._scheme import (
     FP8_FP32_G32,
     FP8_FP32_G128,
@@ -56,6 +66,9 @@ def version() -> str:
 __all__ = [
     "prepare_megamoe_inputs",
     "stage_megamoe_routing",
+    "route",
+    "route_and_stage",
+    "dsv4_topk_prepare_megamoe",
     "mega_moe_pre_dispatch",
     "mega_moe_pre_dispatch_sm90",
     "stage",

@@ -4,9 +4,9 @@ written down there once; _entry.pyi, generated from the same table, gives their 
 from __future__ import annotations
 
 from . import _ops
-from ._signature import PREPARE, ROUTING
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
 
-__all__ = ["prepare_megamoe_inputs", "explain", "stage_megamoe_routing"]
+__all__ = ["prepare_megamoe_inputs", "explain", "stage_megamoe_routing", "route", "route_and_stage"]
 
 _PREPARE_ARGS = """
     Args:
@@ -115,3 +115,105 @@ _ROUTING_DOC = """Routing-only staging: vLLM's ``stage_megamoe_routing`` (same n
 prepare_megamoe_inputs = PREPARE.make_function("prepare_megamoe_inputs", _ops.prepare_impl, _PREPARE_DOC)
 explain = PREPARE.make_function("explain", _ops.explain_impl, _EXPLAIN_DOC)
 stage_megamoe_routing = ROUTING.make_function("stage_megamoe_routing", _ops.routing_impl, _ROUTING_DOC)
+
+_ROUTER_ARGS = """
+        router_logits: ``[T, E]`` float32 / bfloat16 gate logits, any strides, 1 <= E <= 512.
+        e_score_correction_bias: ``[E]`` float32 / bfloat16 selection bias
+            (DeepSeek's ``e_score_correction_bias``), or None (no bias; hash layers must
+            pass None). Required, so that a forgotten bias cannot change the selection.
+        topk_weights: out ``[T, K]`` float32: the weights, +0.0 on padded tokens.
+        topk_ids: out ``[T, K]`` int32 (what vLLM's routers produce) or int64: the
+            chosen experts (physical ids with EPLB), -1 on padded tokens.
+"""
+
+_ROUTER_OPTIONS = """
+        top_k: K, 1..16 and <= E; None: ``topk_ids.shape[1]`` (hash layers:
+            ``tid2eid.shape[1]`` must equal it).
+        routed_scaling_factor: finite alpha multiplying every kept weight (one fp32
+            rounding; DeepSeek-V4: 1.5); None: 1.0.
+        tid2eid: hash layers: ``[V, K]`` int32 table, with ``input_ids``: the ids are
+            ``tid2eid[input_ids[t]]`` (no selection), the weights come from the logits.
+        input_ids: hash layers: ``[T]`` int32 / int64 token ids.
+        logical_to_physical_map: EPLB (all four or none): ``[E, R]`` int32 physical
+            replicas of each logical expert; the entry at flat position p = t*K + k maps
+            to ``map[l, p % c]``, c = ``logical_replica_count[l]`` clamped to [1, R].
+        logical_replica_count: EPLB: ``[E]`` int32.
+        expert_load_view: EPLB: in/out ``[P]`` int32 / int64: +1 per routed entry whose
+            physical id is in [0, P) while recording (never for padded tokens).
+        record_enabled: EPLB: one-element int32 flag read on the device at every call
+            (nonzero: record into expert_load_view; may change between CUDA graph replays).
+"""
+
+_ROUTER_RAISES = """
+    Raises:
+        TypeError: an array argument that is no array, a non-integer ``top_k`` /
+            ``shared_block_m`` / ``stream``, a non-float ``routed_scaling_factor``, a
+            non-bool flag (or, for route_and_stage, a ``hidden_quant`` that is no scheme).
+        ValueError: an invalid argument (shape, dtype, device, overlap, E or K out of
+            range, a non-finite ``routed_scaling_factor``, hash-layer or EPLB tensors
+            given partly, a bias with ``tid2eid``, ...; the message names the argument);
+            nothing was written.
+        RuntimeError: a CUDA failure, or CUDA tensors given to a build without CUDA.
+    """
+
+_ROUTE_DOC = (
+    """The fused DeepSeek-V4 router alone: router logits to the public top-k.
+
+    Per token: scores ``s_e = sqrt(softplus(logit_e))`` in fp32 (exp and log1p correctly
+    rounded), the K largest ``fl(s_e + bias_e)`` (ties to the lower expert id, NaN never
+    chosen while a number remains), weights ``fl(fl(s_k / max(sum, 1e-20)) * alpha)`` over
+    the unbiased scores (sum in k order; NaN written as 0x7FC00000); then hash layers, EPLB
+    and padding as below (docs/ROUTER.md has every rule). Works on PyTorch tensors (CPU or
+    CUDA; ``torch.ops.megamoe.route`` under torch.compile), NumPy arrays and any DLPack /
+    buffer-protocol array; nothing is allocated, the outputs are written in place, the
+    host never synchronizes with the device. A ``router_logits`` without rows returns at
+    once, whatever the other arguments are.
+
+    Args:"""
+    + _ROUTER_ARGS
+    + """        is_padding: optional ``[T]`` bool / uint8, nonzero = padded: ids -1, weights +0.0,
+            not mapped, not recorded (their logits are still counted)."""
+    + _ROUTER_OPTIONS
+    + """        nonfinite_count: optional in/out one-element int64: the number of NaN / +-Inf
+            logits (all T x E, padded tokens included) is added to it.
+        stream, enable_pdl: as for :func:`prepare_megamoe_inputs`.
+"""
+    + _ROUTER_RAISES
+)
+
+_ROUTE_AND_STAGE_DOC = (
+    """Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call.
+
+    The router of :func:`route` writes the public ``topk_weights`` / ``topk_ids`` and, in
+    the same call (on CUDA one kernel launch for the usual contiguous layouts), the
+    staging of :func:`prepare_megamoe_inputs` takes them as its top-k: ``topk_idx_out`` =
+    the (physical) ids widened to int64, ``topk_weights_out`` = the weights. The bytes are
+    those of :func:`route` followed by :func:`prepare_megamoe_inputs` (every format,
+    ``shared_x_sf``, full-buffer mode, the counters). T is ``router_logits.shape[0]``;
+    ``hidden_states`` must have as many rows. Without rows the call returns at once
+    (except in full-buffer mode, which fills the staged top-k tail then). Torch tensors
+    under torch.compile go through ``torch.ops.megamoe.route_and_stage``.
+
+    Args:
+        hidden_states: ``[T, H]`` activations, as for :func:`prepare_megamoe_inputs`."""
+    + _ROUTER_ARGS
+    + """        x_fp8, x_sf, topk_idx_out, topk_weights_out, shared_x_sf, shared_block_m,
+            hidden_quant: the staging outputs and scheme, as for
+            :func:`prepare_megamoe_inputs` (full buffer: the staged outputs have M >= T rows,
+            the public top-k T).
+        is_padding: optional ``[T]`` bool / uint8 mask of both halves (the router's
+            padded rows and the staged ones)."""
+    + _ROUTER_OPTIONS
+    + """        logits_nonfinite_count: optional in/out one-element int64: NaN / +-Inf logits
+            are added to it (the router's counter).
+        global_scale, x_scales, full_buffer, stream, enable_pdl: as for
+            :func:`prepare_megamoe_inputs`.
+        nonfinite_count: optional in/out one-element int64: NaN / +-Inf hidden-state
+            elements are added to it (the staging's counter, as for
+            :func:`prepare_megamoe_inputs`).
+"""
+    + _ROUTER_RAISES
+)
+
+route = ROUTE.make_function("route", _ops.route_impl, _ROUTE_DOC)
+route_and_stage = ROUTE_AND_STAGE.make_function("route_and_stage", _ops.route_and_stage_impl, _ROUTE_AND_STAGE_DOC)

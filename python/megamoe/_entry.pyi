@@ -65,3 +65,59 @@ def stage_megamoe_routing(
     enable_pdl: bool = False,
 ) -> None:
     """Routing-only staging (vLLM's stage_megamoe_routing)."""
+
+
+def route(
+    router_logits: Any,
+    e_score_correction_bias: Optional[Any],
+    topk_weights: Any,
+    topk_ids: Any,
+    is_padding: Optional[Any] = None,
+    *,
+    top_k: Optional[int] = None,
+    routed_scaling_factor: Optional[float] = None,
+    tid2eid: Optional[Any] = None,
+    input_ids: Optional[Any] = None,
+    logical_to_physical_map: Optional[Any] = None,
+    logical_replica_count: Optional[Any] = None,
+    expert_load_view: Optional[Any] = None,
+    record_enabled: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> None:
+    """The fused DeepSeek-V4 router alone: router logits to the public top-k."""
+
+
+def route_and_stage(
+    hidden_states: Any,
+    router_logits: Any,
+    e_score_correction_bias: Optional[Any],
+    topk_weights: Any,
+    topk_ids: Any,
+    x_fp8: Any,
+    x_sf: Any,
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Optional[Any] = None,
+    shared_x_sf: Optional[Any] = None,
+    shared_block_m: Optional[int] = None,
+    hidden_quant: Any = ...,
+    *,
+    top_k: Optional[int] = None,
+    routed_scaling_factor: Optional[float] = None,
+    tid2eid: Optional[Any] = None,
+    input_ids: Optional[Any] = None,
+    logical_to_physical_map: Optional[Any] = None,
+    logical_replica_count: Optional[Any] = None,
+    expert_load_view: Optional[Any] = None,
+    record_enabled: Optional[Any] = None,
+    logits_nonfinite_count: Optional[Any] = None,
+    global_scale: Optional[Any] = None,
+    x_scales: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    full_buffer: bool = False,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> None:
+    """Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call."""

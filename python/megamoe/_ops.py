@@ -9,14 +9,23 @@ from typing import Any, NamedTuple, Optional
 from . import _C, _dequant
 from ._args import no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import PREPARE, ROUTING, _as_bool
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool
 
-__all__ = ["output_shapes", "OutputShapes", "TensorSpec", "stage", "StagedInputs", "dequantize"]
+__all__ = [
+    "output_shapes",
+    "OutputShapes",
+    "TensorSpec",
+    "stage",
+    "StagedInputs",
+    "dequantize",
+    "dsv4_topk_prepare_megamoe",
+]
 
 _torch_glue: Any = None  # megamoe._torch once loaded
 
 _P_FULL = PREPARE.index("full_buffer")
 _R_FULL = ROUTING.index("full_buffer")
+_RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _NOTHING = "nothing to do: hidden_states has no rows (T == 0)"
 
 
@@ -96,14 +105,115 @@ def explain_impl(*a: Any) -> str:
     return _C.explain(*PREPARE.native_args(a, as_scheme))
 
 
-def routing_impl(*a: Any) -> None:
-    glue = _torch_for(a[1]) or _torch_for(a[0])
+def _dispatch(a: Any, rows: int, full: Optional[int], torch_path: str, native: Any) -> None:
+    """An entry point's call (``a``: its arguments in table order): torch tensors take the
+    torch path (megamoe._torch.<torch_path>), a call whose argument ``rows`` has no rows
+    returns (outside full-buffer mode, argument ``full``), the rest goes to ``native``."""
+    glue = _torch_for(a[rows]) or _torch_for(a[0])
     if glue is not None:
-        glue.stage_routing(a)
+        getattr(glue, torch_path)(a)
         return
-    if not _as_bool(a[_R_FULL], "full_buffer") and no_tokens(a[1]):
+    if (full is None or not _as_bool(a[full], "full_buffer")) and no_tokens(a[rows]):
         return
-    _C.stage_routing(*ROUTING.native_args(a, None))
+    native(a)
+
+
+def routing_impl(*a: Any) -> None:
+    _dispatch(a, 1, _R_FULL, "stage_routing", lambda v: _C.stage_routing(*ROUTING.native_args(v, None)))
+
+
+def route_impl(*a: Any) -> None:  # T is router_logits.shape[0]
+    _dispatch(a, 0, None, "route", lambda v: _C.route(*ROUTE.native_args(v, None)))
+
+
+def route_and_stage_impl(*a: Any) -> None:
+    _dispatch(a, 1, _RS_FULL, "route_and_stage", lambda v: _C.route_and_stage(*ROUTE_AND_STAGE.native_args(v, as_scheme)))
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM's fused router + staging (dsv4_topk_prepare_megamoe)
+
+# vLLM's DeepSeek-V4 router has six experts per token, fixed.
+_DSV4_TOPK = 6
+
+
+def _index_dtype(glue: Any, indices_dtype: Any) -> str:
+    """The name ("int32" or "int64") of ``indices_dtype``, a torch dtype for torch logits
+    or a NumPy one (ValueError for another dtype, TypeError for what is no dtype)."""
+    name = "megamoe.dsv4_topk_prepare_megamoe: indices_dtype"
+    if glue is not None:
+        return glue.index_dtype(indices_dtype, name)
+    import numpy as np
+
+    try:
+        dt = np.dtype(indices_dtype)
+    except TypeError:
+        raise TypeError(f"{name}: expected a dtype (int32 or int64), got {type(indices_dtype).__name__}") from None
+    if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"{name}: expected int32 or int64, got {dt}")
+    return dt.name
+
+
+def dsv4_topk_prepare_megamoe(
+    hidden_states: Any,
+    gating_output: Any,
+    correction_bias: Any,
+    routed_scaling_factor: float,
+    indices_dtype: Any,
+    x_fp8: Any,
+    x_sf: Any,
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Any = None,
+    shared_x_sf: Any = None,
+    shared_block_m: Optional[int] = None,
+) -> tuple:
+    """Drop-in for vLLM's ``dsv4_topk_prepare_megamoe`` (DeepSeek-V4's fused router top-k
+    and MegaMoE input staging): same parameters, order and return value.
+
+    Allocates the public ``topk_weights`` ``[T, K]`` float32 and ``topk_ids`` ``[T, K]``
+    of ``indices_dtype`` (int32 or int64) on the device of ``gating_output``, routes
+    ``gating_output`` ``[T, E]`` (``sqrt(softplus)`` scores, the top-k of scores +
+    ``correction_bias``, renormalized unbiased scores times ``routed_scaling_factor``)
+    and stages ``hidden_states`` as MXFP8 into ``x_fp8`` / ``x_sf`` / ``topk_idx_out`` /
+    ``topk_weights_out`` (and ``shared_x_sf``) in one call, as :func:`route_and_stage`
+    does; returns ``(topk_weights, topk_ids)``. K is ``topk_idx_out.shape[1]`` (vLLM's:
+    always 6). For every other option (hash layers, EPLB, other formats, full buffer,
+    counters) call :func:`route_and_stage`.
+
+    Differences from vLLM's Triton kernel (docs/ROUTER.md, "Python"): padded tokens get ids
+    -1 and weights +0.0 in the returned tensors too (vLLM masks only the staged ones);
+    ``correction_bias`` may be None (no bias); exp and log1p are correctly rounded where
+    vLLM's kernel computes ``log(1 + exp(x))`` in fp32 (which is 0 below x of about -17,
+    where the scores here stay positive), and the scaling is ``fl(fl(s / sum) * alpha)``
+    instead of ``s * fl(alpha / sum)`` (weights may differ by an ulp or two); the logits
+    may have any strides but must be float32 or bfloat16. Raises as
+    :func:`route_and_stage` (a ``[0, E]`` ``gating_output`` returns empty tensors at once).
+    """
+    glue = _torch_for(gating_output)  # the returned tensors live where the logits do
+    if glue is None and not _is_ndarray(gating_output):
+        raise TypeError(
+            "megamoe.dsv4_topk_prepare_megamoe: gating_output: expected a torch.Tensor or "
+            f"numpy.ndarray, got {type(gating_output).__name__} (allocate the outputs yourself "
+            "and call route_and_stage)"
+        )
+    dtype = _index_dtype(glue, indices_dtype)
+    g, idx = shape_of(gating_output), shape_of(topk_idx_out)
+    T = g[0] if len(g) == 2 else 0
+    K = idx[1] if len(idx) == 2 else _DSV4_TOPK
+    weights = _alloc(glue, gating_output, TensorSpec((T, K), "float32"))
+    ids = _alloc(glue, gating_output, TensorSpec((T, K), dtype))
+    if len(g) == 2 and T == 0:
+        return weights, ids
+    route_and_stage_impl(
+        *ROUTE_AND_STAGE.values(
+            hidden_states=hidden_states, router_logits=gating_output, e_score_correction_bias=correction_bias,
+            topk_weights=weights, topk_ids=ids, x_fp8=x_fp8, x_sf=x_sf, topk_idx_out=topk_idx_out,
+            topk_weights_out=topk_weights_out, is_padding=is_padding, shared_x_sf=shared_x_sf,
+            shared_block_m=shared_block_m, routed_scaling_factor=routed_scaling_factor,
+        )
+    )  # fmt: skip
+    return weights, ids
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The one description of every staging entry point's arguments.
 
 ``PREPARE`` (prepare_megamoe_inputs, explain, torch.ops.megamoe.prepare_inputs,
-megamoe._C.prepare_inputs) and ``ROUTING`` (stage_megamoe_routing,
-torch.ops.megamoe.stage_routing, megamoe._C.stage_routing) list each argument once: name,
-kind, default, whether the call writes it, whether it is keyword-only. Everything that
+megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing,
+torch.ops.megamoe.stage_routing, megamoe._C.stage_routing), ``ROUTE`` (route,
+torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE`` (route_and_stage,
+torch.ops.megamoe.route_and_stage, megamoe._C.route_and_stage) list each argument once:
+name, kind, default, whether the call writes it, whether it is keyword-only (the pieces
+several tables share are written once, as tuples spliced into them). Everything that
 spells an argument list is derived from them here:
 
 * the public functions (generated with their real signatures, like dataclasses'
@@ -26,7 +29,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Param", "Spec", "PREPARE", "ROUTING", "SCHEME_FIELDS", "stub_text"]
+__all__ = ["Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "SCHEME_FIELDS", "stub_text"]
 
 
 class _Required:
@@ -131,6 +134,22 @@ class Spec:
 
     def index(self, name: str) -> int:
         return self._index[name]
+
+    def values(self, **given: Any) -> list:
+        """Arguments in table order: those ``given`` by name, the defaults for the rest (for
+        wrappers that call an entry point with a few of its arguments)."""
+        unknown = set(given) - set(self.names)
+        if unknown:
+            raise TypeError(f"megamoe: {self.name}: no argument named {sorted(unknown)[0]}")
+        out = []
+        for p in self.params:
+            if p.name in given:
+                out.append(given[p.name])
+            elif p.default is REQUIRED:
+                raise TypeError(f"megamoe: {self.name}: missing argument {p.name}")
+            else:
+                out.append(p.default)
+        return out
 
     # -- Python signatures ---------------------------------------------------------------
 
@@ -291,6 +310,30 @@ def _scheme_default() -> Any:
     return QuantScheme.mxfp8()
 
 
+# The staging outputs and options of prepare_megamoe_inputs from x_fp8 on (positional, in
+# vLLM's order), which route_and_stage takes as well.
+_STAGED = (
+    Param("x_fp8", "tensor", mutable=True),
+    Param("x_sf", "tensor", mutable=True),
+    Param("topk_idx_out", "tensor", mutable=True),
+    Param("topk_weights_out", "tensor", mutable=True),
+    Param("is_padding", "tensor?", None),
+    Param("shared_x_sf", "tensor?", None, mutable=True),
+    Param("shared_block_m", "int?", None),
+    Param("hidden_quant", "scheme", _scheme_default()),
+)
+# The staging's keyword-only additions (megamoe's, not vLLM's).
+_STAGE_OPTIONS = (
+    Param("global_scale", "tensor?", None, keyword_only=True),
+    Param("x_scales", "tensor?", None, mutable=True, keyword_only=True),
+    Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
+    Param("full_buffer", "bool", False, keyword_only=True),
+)
+_LAUNCH = (
+    Param("stream", "stream", None, keyword_only=True),
+    Param("enable_pdl", "bool", False, keyword_only=True),
+)
+
 PREPARE = Spec(
     "prepare_inputs",
     [
@@ -298,22 +341,11 @@ PREPARE = Spec(
         Param("hidden_states", "tensor"),
         Param("topk_weights", "tensor"),
         Param("topk_ids", "tensor"),
-        Param("x_fp8", "tensor", mutable=True),
-        Param("x_sf", "tensor", mutable=True),
-        Param("topk_idx_out", "tensor", mutable=True),
-        Param("topk_weights_out", "tensor", mutable=True),
-        Param("is_padding", "tensor?", None),
-        Param("shared_x_sf", "tensor?", None, mutable=True),
-        Param("shared_block_m", "int?", None),
-        Param("hidden_quant", "scheme", _scheme_default()),
+        *_STAGED,
         # megamoe's additions, keyword-only
-        Param("global_scale", "tensor?", None, keyword_only=True),
-        Param("x_scales", "tensor?", None, mutable=True, keyword_only=True),
-        Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
-        Param("full_buffer", "bool", False, keyword_only=True),
+        *_STAGE_OPTIONS,
         Param("routed_scaling_factor", "float?", None, keyword_only=True),
-        Param("stream", "stream", None, keyword_only=True),
-        Param("enable_pdl", "bool", False, keyword_only=True),
+        *_LAUNCH,
     ],
 )
 
@@ -332,11 +364,60 @@ ROUTING = Spec(
     ],
 )
 
+# The fused DeepSeek-V4 router (include/megamoe/router.h; names are vLLM's). The logits,
+# the bias (required, None for hash layers or no bias: a forgotten bias would change the
+# selection silently) and the public top-k it writes come first.
+_ROUTER_HEAD = (
+    Param("router_logits", "tensor"),
+    Param("e_score_correction_bias", "tensor?"),
+    Param("topk_weights", "tensor", mutable=True),
+    Param("topk_ids", "tensor", mutable=True),
+)
+# Every other option of megamoe::RouterArgs, keyword-only (top_k None: topk_ids.shape[1];
+# routed_scaling_factor None: 1.0).
+_ROUTER_OPTIONS = (
+    Param("top_k", "int?", None, keyword_only=True),
+    Param("routed_scaling_factor", "float?", None, keyword_only=True),
+    Param("tid2eid", "tensor?", None, keyword_only=True),
+    Param("input_ids", "tensor?", None, keyword_only=True),
+    Param("logical_to_physical_map", "tensor?", None, keyword_only=True),
+    Param("logical_replica_count", "tensor?", None, keyword_only=True),
+    Param("expert_load_view", "tensor?", None, mutable=True, keyword_only=True),
+    Param("record_enabled", "tensor?", None, keyword_only=True),
+)
+
+ROUTE = Spec(
+    "route",
+    [
+        *_ROUTER_HEAD,
+        Param("is_padding", "tensor?", None),
+        *_ROUTER_OPTIONS,
+        Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),  # of the logits
+        *_LAUNCH,
+    ],
+)
+
+ROUTE_AND_STAGE = Spec(
+    "route_and_stage",
+    [
+        Param("hidden_states", "tensor"),
+        *_ROUTER_HEAD,
+        *_STAGED,
+        *_ROUTER_OPTIONS,
+        # two counters: the logits' (the router's) and the hidden states' (the staging's)
+        Param("logits_nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
+        *_STAGE_OPTIONS,
+        *_LAUNCH,
+    ],
+)
+
 # (public name, spec, one-line doc) of the generated functions; _entry.pyi describes them.
 ENTRY_POINTS = (
     ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
     ("explain", PREPARE, "What prepare_megamoe_inputs would launch for these arguments, as text."),
     ("stage_megamoe_routing", ROUTING, "Routing-only staging (vLLM's stage_megamoe_routing)."),
+    ("route", ROUTE, "The fused DeepSeek-V4 router alone: router logits to the public top-k."),
+    ("route_and_stage", ROUTE_AND_STAGE, "Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call."),
 )
 
 

@@ -1,7 +1,8 @@
 """PyTorch integration, loaded only when torch is installed.
 
-Registers the custom ops ``torch.ops.megamoe.prepare_inputs`` and
-``torch.ops.megamoe.stage_routing`` (CPU and CUDA kernels, fake implementations for
+Registers the custom ops ``torch.ops.megamoe.prepare_inputs``,
+``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route`` and
+``torch.ops.megamoe.route_and_stage`` (CPU and CUDA kernels, fake implementations for
 FakeTensor / torch.compile tracing; schema, mutated arguments, kernel and fake all derived
 from megamoe._signature) and provides the torch paths of the public functions. Tensors
 reach the library as DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream
@@ -22,15 +23,20 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 from . import _C
 from ._ops import call_prepare
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
-from ._signature import PREPARE, ROUTING, _as_bool
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool
 
 __all__ = [
     "prepare",
     "explain",
     "stage_routing",
+    "route",
+    "route_and_stage",
     "prepare_inputs_op",
     "stage_routing_op",
+    "route_op",
+    "route_and_stage_op",
     "allocate",
+    "index_dtype",
     "dequantize",
 ]
 
@@ -42,7 +48,7 @@ _FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 _P_FULL = PREPARE.index("full_buffer")
 _P_STREAM = PREPARE.index("stream")
 _R_FULL = ROUTING.index("full_buffer")
-_R_STREAM = ROUTING.index("stream")
+_RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 
 
 def _fp8_exports_through_dlpack() -> bool:
@@ -143,6 +149,18 @@ def _run_routing(a: Sequence[Any]) -> None:
     _C.stage_routing(*ROUTING.native_args(a, None, _cap))
 
 
+def _run_route(a: Sequence[Any]) -> None:
+    if _no_tokens(a[0]):
+        return
+    _C.route(*ROUTE.native_args(a, None, _cap))
+
+
+def _run_route_and_stage(a: Sequence[Any]) -> None:
+    if not _as_bool(a[_RS_FULL], "full_buffer") and _no_tokens(a[1]):
+        return
+    _C.route_and_stage(*ROUTE_AND_STAGE.native_args(a, as_scheme, _cap))
+
+
 def _with_stream(a: Sequence[Any], i: int, device_of: Any) -> list:
     a = list(a)
     if a[i] is None:
@@ -178,14 +196,33 @@ def explain(a: Sequence[Any]) -> str:
     return _C.explain(*PREPARE.native_args(_with_stream(a, _P_STREAM, a[0]), as_scheme, _cap))
 
 
+def _direct_or_op(spec: Any, a: Sequence[Any], t: Any, run: Any, op_name: str) -> None:
+    """A direct library call (``run``) in plain eager mode or with an explicit stream (the
+    current stream of ``t``'s device otherwise), else torch.ops.megamoe.<op_name>."""
+    i = spec.index("stream")
+    if a[i] is not None or _eager_ok(t):
+        run(_with_stream(a, i, t))
+        return
+    getattr(torch.ops.megamoe, op_name)(*spec.op_values(a, _op_scheme_args))
+
+
 def stage_routing(a: Sequence[Any]) -> None:
     """Torch path of stage_megamoe_routing (``a``: its arguments in table order)."""
     if not _as_bool(a[_R_FULL], "full_buffer") and _no_tokens(a[1]):
         return
-    if a[_R_STREAM] is not None or _eager_ok(a[1]):
-        _run_routing(_with_stream(a, _R_STREAM, a[1]))
-        return
-    torch.ops.megamoe.stage_routing(*ROUTING.op_values(a, _op_scheme_args))
+    _direct_or_op(ROUTING, a, a[1], _run_routing, "stage_routing")
+
+
+def route(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.route (``a``: its arguments in table order)."""
+    if not _no_tokens(a[0]):
+        _direct_or_op(ROUTE, a, a[0], _run_route, "route")
+
+
+def route_and_stage(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.route_and_stage (``a``: its arguments in table order)."""
+    if _as_bool(a[_RS_FULL], "full_buffer") or not _no_tokens(a[1]):
+        _direct_or_op(ROUTE_AND_STAGE, a, a[1], _run_route_and_stage, "route_and_stage")
 
 
 # ---------------------------------------------------------------------------------------
@@ -198,6 +235,14 @@ def _prepare_kernel(*op_args: Any) -> None:
 
 def _routing_kernel(*op_args: Any) -> None:
     _run_routing(ROUTING.from_op_values(op_args, None, _stream_of(op_args[1])))
+
+
+def _route_kernel(*op_args: Any) -> None:
+    _run_route(ROUTE.from_op_values(op_args, None, _stream_of(op_args[0])))
+
+
+def _route_and_stage_kernel(*op_args: Any) -> None:
+    _run_route_and_stage(ROUTE_AND_STAGE.from_op_values(op_args, scheme_from_plain, _stream_of(op_args[1])))
 
 
 def _fake(*op_args: Any) -> None:
@@ -215,6 +260,14 @@ as the QuantScheme fields (enums as their integer values)."""
 _ROUTING_DOC = """``torch.ops.megamoe.stage_routing``: routing-only staging as a PyTorch op
 (the arguments of :func:`megamoe.stage_megamoe_routing` but the stream)."""
 
+_ROUTE_DOC = """``torch.ops.megamoe.route``: the fused DeepSeek-V4 router as a PyTorch op (the
+arguments of :func:`megamoe.route` but the stream)."""
+
+_ROUTE_AND_STAGE_DOC = """``torch.ops.megamoe.route_and_stage``: route and stage in one call as a
+PyTorch op (the arguments of :func:`megamoe.route_and_stage` but the stream; the scheme
+spelled out as for prepare_inputs)."""
+
+
 def _register(spec: Any, name: str, kernel: Any, doc: str) -> Any:
     op = torch.library.custom_op(
         f"megamoe::{name}",
@@ -229,6 +282,8 @@ def _register(spec: Any, name: str, kernel: Any, doc: str) -> Any:
 
 prepare_inputs_op = _register(PREPARE, "prepare_inputs", _prepare_kernel, _PREPARE_DOC)
 stage_routing_op = _register(ROUTING, "stage_routing", _routing_kernel, _ROUTING_DOC)
+route_op = _register(ROUTE, "route", _route_kernel, _ROUTE_DOC)
+route_and_stage_op = _register(ROUTE_AND_STAGE, "route_and_stage", _route_and_stage_kernel, _ROUTE_AND_STAGE_DOC)
 
 
 # ---------------------------------------------------------------------------------------
@@ -248,6 +303,16 @@ def allocate(hidden_states: _Tensor, spec: Any, zero: bool = False) -> _Tensor:
     shape, dtype = spec
     make = torch.zeros if zero else torch.empty
     return make(shape, dtype=_TORCH_DTYPES[dtype], device=hidden_states.device)
+
+
+def index_dtype(dtype: Any, name: str) -> str:
+    """The name of ``dtype`` if it is torch.int32 or torch.int64 (ValueError for another
+    dtype, TypeError for what is no torch.dtype)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: expected torch.int32 or torch.int64, got {type(dtype).__name__}")
+    if dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: expected torch.int32 or torch.int64, got {dtype}")
+    return "int32" if dtype == torch.int32 else "int64"
 
 
 def _values_fp8(q: _Tensor) -> _Tensor:

@@ -475,11 +475,18 @@ std::optional<float> as_float(const std::optional<double>& v) {
 /// Imports the arrays of @p h into @p args. Returns false when the call has nothing to do:
 /// a 2-D hidden_states without rows (the reference reads num_tokens and returns before
 /// looking at anything else), except in full-buffer mode, whose top-k tail is filled even
-/// then (so every argument is read and checked).
-bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args) {
-  if (arrays.input(h.hidden_states, "hidden_states", args.hidden_states, !h.full_buffer)) return false;
-  arrays.input(h.topk_weights, "topk_weights", args.topk_weights);
-  arrays.input(h.topk_ids, "topk_ids", args.topk_ids);
+/// then (so every argument is read and checked). @p routed: the staging half of
+/// route_and_stage, whose top-k inputs are the router's outputs (not read here) and whose
+/// T is the router's (so hidden_states is imported whatever its rows, for the library to
+/// check, and the dtype errors are left to the caller, who validates both halves).
+bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args, bool routed = false) {
+  if (routed) {
+    arrays.input(h.hidden_states, "hidden_states", args.hidden_states);
+  } else {
+    if (arrays.input(h.hidden_states, "hidden_states", args.hidden_states, !h.full_buffer)) return false;
+    arrays.input(h.topk_weights, "topk_weights", args.topk_weights);
+    arrays.input(h.topk_ids, "topk_ids", args.topk_ids);
+  }
   if (!h.is_padding.is_none()) arrays.input(h.is_padding, "is_padding", args.is_padding.emplace());
   arrays.output(h.x_fp8, "x_fp8", args.x_q);
   arrays.output(h.x_sf, "x_sf", args.x_sf);
@@ -496,7 +503,7 @@ bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args)
   args.full_buffer = h.full_buffer;
   args.routed_scaling_factor = as_float(h.routed_scaling_factor);
   args.enable_pdl = h.enable_pdl;
-  if (!arrays.unrepresented().empty()) {
+  if (!routed && !arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate(args); });
   }
   return true;
@@ -547,6 +554,94 @@ void stage_routing(nb::handle topk_weights, nb::handle topk_ids, nb::handle topk
   }
   nb::gil_scoped_release release;
   megamoe::stage_routing(args, reinterpret_cast<megamoe::Stream>(stream));
+}
+
+/// The Python handles of the router's arguments (megamoe._signature's ROUTER_OPTIONS and
+/// the public top-k), shared by route and route_and_stage.
+struct RouterHandles {
+  nb::handle router_logits, e_score_correction_bias, topk_weights, topk_ids;
+  std::optional<int64_t> top_k;
+  std::optional<double> routed_scaling_factor;
+  nb::handle tid2eid, input_ids, logical_to_physical_map, logical_replica_count, expert_load_view,
+      record_enabled, nonfinite_count;
+};
+
+/// The library names the router's counter "nonfinite_count (router)" (StageArgs has one
+/// too); Python callers pass it as @p counter (nonfinite_count to route,
+/// logits_nonfinite_count to route_and_stage), so the library's messages are reworded.
+template <typename Fn>
+void with_router_names(const char* counter, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    static const std::string kLib = "nonfinite_count (router)";
+    std::string msg = e.what();
+    for (size_t p = msg.find(kLib); p != std::string::npos; p = msg.find(kLib, p)) {
+      msg.replace(p, kLib.size(), counter);
+      p += std::strlen(counter);
+    }
+    throw Error(e.code(), msg);
+  }
+}
+
+/// Imports the router's arrays of @p h into @p r. Returns false (nothing imported but the
+/// logits) when @p stop_if_empty and router_logits is 2-D without rows: the library reads
+/// T from the logits and returns at once then.
+bool load_router(Arrays& arrays, const RouterHandles& h, megamoe::RouterArgs& r, bool stop_if_empty,
+                 const char* counter) {
+  if (arrays.input(h.router_logits, "router_logits", r.router_logits, stop_if_empty)) return false;
+  auto input = [&](nb::handle x, const char* name, std::optional<TensorRef>& dst) {
+    if (!x.is_none()) arrays.input(x, name, dst.emplace());
+  };
+  input(h.e_score_correction_bias, "e_score_correction_bias", r.e_score_correction_bias);
+  arrays.output(h.topk_weights, "topk_weights", r.topk_weights);
+  arrays.output(h.topk_ids, "topk_ids", r.topk_ids);
+  input(h.tid2eid, "tid2eid", r.tid2eid);
+  input(h.input_ids, "input_ids", r.input_ids);
+  input(h.logical_to_physical_map, "logical_to_physical_map", r.logical_to_physical_map);
+  input(h.logical_replica_count, "logical_replica_count", r.logical_replica_count);
+  if (!h.expert_load_view.is_none()) {
+    arrays.output(h.expert_load_view, "expert_load_view", r.expert_load_view.emplace());
+  }
+  input(h.record_enabled, "record_enabled", r.record_enabled);
+  if (!h.nonfinite_count.is_none()) arrays.output(h.nonfinite_count, counter, r.nonfinite_count.emplace());
+  // top_k defaults to the width of topk_ids; without a usable width, a valid placeholder
+  // (E >= 1 is checked first) lets the library report what is wrong with topk_ids.
+  r.top_k = h.top_k.value_or(r.topk_ids.ndim == 2 ? r.topk_ids.shape[1] : 1);
+  r.routed_scaling_factor = as_float(h.routed_scaling_factor).value_or(1.0f);
+  return true;
+}
+
+void route(const RouterHandles& h, nb::handle is_padding, uintptr_t stream, bool enable_pdl) {
+  static const char* kCounter = "nonfinite_count";
+  Arrays arrays;
+  megamoe::RouterArgs r;
+  if (!load_router(arrays, h, r, true, kCounter)) return;
+  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", r.is_padding.emplace());
+  r.enable_pdl = enable_pdl;
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(),
+                        [&] { with_router_names(kCounter, [&] { megamoe::validate_router(r); }); });
+  }
+  nb::gil_scoped_release release;
+  with_router_names(kCounter, [&] { megamoe::route(r, reinterpret_cast<megamoe::Stream>(stream)); });
+}
+
+void route_and_stage(const RouterHandles& h, const StageHandles& s, uintptr_t stream) {
+  static const char* kCounter = "logits_nonfinite_count";
+  Arrays arrays;
+  megamoe::RouterArgs r;
+  megamoe::StageArgs a;
+  // T is the router's (the logits' rows); the staging half is read in full otherwise.
+  if (!load_router(arrays, h, r, !s.full_buffer, kCounter)) return;
+  load_stage(arrays, s, a, true);
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(),
+                        [&] { with_router_names(kCounter, [&] { megamoe::validate_router(r, &a); }); });
+  }
+  nb::gil_scoped_release release;
+  with_router_names(kCounter,
+                    [&] { megamoe::route_and_stage(r, a, reinterpret_cast<megamoe::Stream>(stream)); });
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -812,6 +907,69 @@ NB_MODULE(_C, m) {
         "Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,\n"
         "full-buffer tail and routed scaling; topk_ids without rows returns at once unless\n"
         "full_buffer is set.");
+  // The router's entry points take their arguments in the order of megamoe._signature.ROUTE
+  // and ROUTE_AND_STAGE (tests/python/test_signature.py checks it).
+  m.def(
+      "route",
+      [](nb::handle router_logits, nb::handle e_score_correction_bias, nb::handle topk_weights,
+         nb::handle topk_ids, nb::handle is_padding, std::optional<int64_t> top_k,
+         std::optional<double> routed_scaling_factor, nb::handle tid2eid, nb::handle input_ids,
+         nb::handle logical_to_physical_map, nb::handle logical_replica_count, nb::handle expert_load_view,
+         nb::handle record_enabled, nb::handle nonfinite_count, uintptr_t stream, bool enable_pdl) {
+        RouterHandles h{router_logits,   e_score_correction_bias, topk_weights,
+                        topk_ids,        top_k,                   routed_scaling_factor,
+                        tid2eid,         input_ids,               logical_to_physical_map,
+                        logical_replica_count, expert_load_view,  record_enabled,
+                        nonfinite_count};
+        route(h, is_padding, stream, enable_pdl);
+      },
+      nb::arg("router_logits").none(), nb::arg("e_score_correction_bias").none(), nb::arg("topk_weights").none(),
+      nb::arg("topk_ids").none(), nb::arg("is_padding").none() = nb::none(), nb::arg("top_k").none() = nb::none(),
+      nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("tid2eid").none() = nb::none(),
+      nb::arg("input_ids").none() = nb::none(), nb::arg("logical_to_physical_map").none() = nb::none(),
+      nb::arg("logical_replica_count").none() = nb::none(), nb::arg("expert_load_view").none() = nb::none(),
+      nb::arg("record_enabled").none() = nb::none(), nb::arg("nonfinite_count").none() = nb::none(),
+      nb::arg("stream") = 0, nb::arg("enable_pdl") = false,
+      "The fused DeepSeek-V4 router alone (see megamoe.route): router_logits [T, E] to the\n"
+      "public top-k topk_weights / topk_ids, with hash layers, EPLB and the logits' non-finite\n"
+      "counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: 1.0. router_logits\n"
+      "without rows returns at once.");
+  m.def(
+      "route_and_stage",
+      [](nb::handle hidden_states, nb::handle router_logits, nb::handle e_score_correction_bias,
+         nb::handle topk_weights, nb::handle topk_ids, nb::handle x_fp8, nb::handle x_sf, nb::handle topk_idx_out,
+         nb::handle topk_weights_out, nb::handle is_padding, nb::handle shared_x_sf,
+         std::optional<int64_t> shared_block_m, const QuantScheme& hidden_quant, std::optional<int64_t> top_k,
+         std::optional<double> routed_scaling_factor, nb::handle tid2eid, nb::handle input_ids,
+         nb::handle logical_to_physical_map, nb::handle logical_replica_count, nb::handle expert_load_view,
+         nb::handle record_enabled, nb::handle logits_nonfinite_count, nb::handle global_scale,
+         nb::handle x_scales, nb::handle nonfinite_count, bool full_buffer, uintptr_t stream, bool enable_pdl) {
+        RouterHandles r{router_logits,   e_score_correction_bias, topk_weights,
+                        topk_ids,        top_k,                   routed_scaling_factor,
+                        tid2eid,         input_ids,               logical_to_physical_map,
+                        logical_replica_count, expert_load_view,  record_enabled,
+                        logits_nonfinite_count};
+        StageHandles s{hidden_states, nb::handle(), nb::handle(), x_fp8,       x_sf,
+                       topk_idx_out,  topk_weights_out, is_padding, shared_x_sf, shared_block_m,
+                       hidden_quant,  global_scale, x_scales,   nonfinite_count, full_buffer,
+                       std::nullopt,  enable_pdl};
+        route_and_stage(r, s, stream);
+      },
+      nb::arg("hidden_states").none(), nb::arg("router_logits").none(), nb::arg("e_score_correction_bias").none(),
+      nb::arg("topk_weights").none(), nb::arg("topk_ids").none(), nb::arg("x_fp8").none(), nb::arg("x_sf").none(),
+      nb::arg("topk_idx_out").none(), nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
+      nb::arg("shared_x_sf").none() = nb::none(), nb::arg("shared_block_m").none() = nb::none(),
+      nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("top_k").none() = nb::none(),
+      nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("tid2eid").none() = nb::none(),
+      nb::arg("input_ids").none() = nb::none(), nb::arg("logical_to_physical_map").none() = nb::none(),
+      nb::arg("logical_replica_count").none() = nb::none(), nb::arg("expert_load_view").none() = nb::none(),
+      nb::arg("record_enabled").none() = nb::none(), nb::arg("logits_nonfinite_count").none() = nb::none(),
+      nb::arg("global_scale").none() = nb::none(), nb::arg("x_scales").none() = nb::none(),
+      nb::arg("nonfinite_count").none() = nb::none(), nb::arg("full_buffer") = false, nb::arg("stream") = 0,
+      nb::arg("enable_pdl") = false,
+      "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
+      "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
+      "router_logits without rows returns at once unless full_buffer is set.");
 #if MEGAMOE_HAS_CPU_THREADS
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");

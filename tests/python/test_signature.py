@@ -17,7 +17,7 @@ import pytest
 
 import megamoe
 from megamoe import _C, _signature
-from megamoe._signature import PREPARE, REQUIRED, ROUTING
+from megamoe._signature import PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 STUB = Path(megamoe.__file__).resolve().parent / "_entry.pyi"
 
@@ -58,10 +58,30 @@ def test_public_signatures_are_the_table(fn, spec, vllm):
     assert fn.__doc__ and fn.__module__ == "megamoe"
 
 
+def test_router_signatures_are_the_table():
+    # the bias is required (None allowed), so that a forgotten one cannot change the selection
+    for fn, spec, positional in (
+        (megamoe.route, ROUTE, ["router_logits", "e_score_correction_bias", "topk_weights", "topk_ids", "is_padding"]),
+        (megamoe.route_and_stage, ROUTE_AND_STAGE, ["hidden_states", "router_logits", "e_score_correction_bias",
+                                                    "topk_weights", "topk_ids", *VLLM_PREPARE[3:]]),
+    ):  # fmt: skip
+        sig = inspect.signature(fn)
+        assert sig == spec.signature() and fn.__doc__ and fn.__module__ == "megamoe"
+        kinds = {n: p.kind for n, p in sig.parameters.items()}
+        assert [n for n, k in kinds.items() if k == inspect.Parameter.POSITIONAL_OR_KEYWORD] == positional
+        assert sig.parameters["e_score_correction_bias"].default is inspect.Parameter.empty
+    # the drop-in has vLLM's dsv4_topk_prepare_megamoe parameters, in its order
+    assert list(inspect.signature(megamoe.dsv4_topk_prepare_megamoe).parameters) == [
+        "hidden_states", "gating_output", "correction_bias", "routed_scaling_factor", "indices_dtype", "x_fp8", "x_sf",
+        "topk_idx_out", "topk_weights_out", "is_padding", "shared_x_sf", "shared_block_m"]  # fmt: skip
+
+
 def test_native_parameter_order_is_the_table():
     assert native_params(_C.prepare_inputs) == list(PREPARE.names)
     assert native_params(_C.explain) == list(PREPARE.names)
     assert native_params(_C.stage_routing) == list(ROUTING.names)
+    assert native_params(_C.route) == list(ROUTE.names)
+    assert native_params(_C.route_and_stage) == list(ROUTE_AND_STAGE.names)
 
 
 def test_native_stub_parameter_order_is_the_table():
@@ -71,6 +91,8 @@ def test_native_stub_parameter_order_is_the_table():
     funcs = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert funcs["prepare_inputs"] == funcs["explain"] == list(PREPARE.names)
     assert funcs["stage_routing"] == list(ROUTING.names)
+    assert funcs["route"] == list(ROUTE.names)
+    assert funcs["route_and_stage"] == list(ROUTE_AND_STAGE.names)
 
 
 def test_committed_stub_is_the_generated_one():
@@ -100,13 +122,35 @@ def test_op_schema_text():
         "(Tensor topk_weights, Tensor topk_ids, Tensor(a!) topk_idx_out, Tensor(b!) topk_weights_out, "
         "Tensor? is_padding, bool full_buffer, float? routed_scaling_factor, bool enable_pdl) -> ()"
     )
+    assert ROUTE.op_schema() == (
+        "(Tensor router_logits, Tensor? e_score_correction_bias, Tensor(a!) topk_weights, Tensor(b!) topk_ids, "
+        "Tensor? is_padding, int? top_k, float? routed_scaling_factor, Tensor? tid2eid, Tensor? input_ids, "
+        "Tensor? logical_to_physical_map, Tensor? logical_replica_count, Tensor(c!)? expert_load_view, "
+        "Tensor? record_enabled, Tensor(d!)? nonfinite_count, bool enable_pdl) -> ()"
+    )
+    rs = ROUTE_AND_STAGE.op_schema()
+    assert rs.startswith("(Tensor hidden_states, Tensor router_logits, Tensor? e_score_correction_bias, "
+                         "Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!) x_fp8, ")  # fmt: skip
+    assert ROUTE_AND_STAGE.mutates_args() == ("topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out",
+                                              "topk_weights_out", "shared_x_sf", "expert_load_view",
+                                              "logits_nonfinite_count", "x_scales", "nonfinite_count")  # fmt: skip
     # every table argument but the stream reaches the op (the scheme as its fields)
-    op = PREPARE.op_names()
-    for p in PREPARE.params:
-        if p.kind == "scheme":
-            assert all(f in op for f, _ in _signature.SCHEME_FIELDS)
-        elif p.kind != "stream":
-            assert p.name in op
+    for spec in (PREPARE, ROUTE_AND_STAGE):
+        op = spec.op_names()
+        for p in spec.params:
+            if p.kind == "scheme":
+                assert all(f in op for f, _ in _signature.SCHEME_FIELDS)
+            elif p.kind != "stream":
+                assert p.name in op
+
+
+def test_values_fills_defaults_by_name():
+    v = ROUTE.values(router_logits=1, e_score_correction_bias=None, topk_weights=2, topk_ids=3, top_k=6)
+    assert v[ROUTE.index("top_k")] == 6 and v[ROUTE.index("enable_pdl")] is False and len(v) == len(ROUTE.names)
+    with pytest.raises(TypeError, match="missing argument e_score_correction_bias"):
+        ROUTE.values(router_logits=1, topk_weights=2, topk_ids=3)
+    with pytest.raises(TypeError, match="no argument named bogus"):
+        ROUTE.values(router_logits=1, e_score_correction_bias=None, topk_weights=2, topk_ids=3, bogus=4)
 
 
 def test_op_values_round_trip():
@@ -164,7 +208,7 @@ IMPORT_TIME = textwrap.dedent(
     import megamoe
     t2 = time.perf_counter()
     assert 'megamoe._torch' in sys.modules, 'the custom ops are registered on import'
-    assert hasattr(torch.ops.megamoe, 'prepare_inputs') and hasattr(torch.ops.megamoe, 'stage_routing')
+    assert all(hasattr(torch.ops.megamoe, n) for n in ('prepare_inputs', 'stage_routing', 'route', 'route_and_stage'))
     print(t1 - t0, t2 - t1, 'torch._dynamo' in sys.modules)
     """
 )
