@@ -1,4 +1,5 @@
-// fuzz_stage.cpp: libFuzzer target over megamoe::validate / megamoe::prepare_inputs (CPU).
+// fuzz_stage.cpp: libFuzzer target over megamoe::validate / prepare_inputs, stage_routing,
+// validate_router / route / route_and_stage (CPU).
 //
 // Each input decodes (format: tests/fuzz/make_corpus.py, which also writes the seeds) into
 // sizes T, H, K, a quantization scheme, shared_block_m and, for each of the twelve tensors
@@ -24,6 +25,12 @@
 //     token's x_sf row; unmapped shared rows untouched. For a scheme it does not model, the
 //     same except that x_q / x_sf / x_scales may hold anything inside their own elements
 //     (the shared rows must then copy what the library wrote to x_sf).
+// With the extension block (make_corpus.py) the input may instead call stage_routing,
+// route or route_and_stage, in full-buffer mode (outputs of M >= T rows: top-k rows T..M-1
+// -1 / +0.0, x_q / x_sf / x_scales rows T..M-1 untouched) and with a routed scaling factor;
+// router outputs (ids, weights, EPLB load, the logit counter) are checked against
+// tests/reference/router_reference.h, and route_and_stage against route() followed by
+// prepare_inputs() on every pool byte.
 // Any violation prints what was decoded and why, then __builtin_trap().
 #include <algorithm>
 #include <cmath>
@@ -1533,7 +1540,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   }
   // Top-k repack (SPEC "Top-k repack"), the same for every format: padded tokens and
   // full-buffer tail rows -1 / +0.0, kept weights fl(w * alpha) with NaN bits kept.
-  if (entry != kEntryRoute) {
+  if (entry != kEntryRoute && aK > 0) {  // K == 0: no element, whatever M is
     [&]() MEGAMOE_FUZZ_BULK {
       for (int64_t t = 0; t < aM; ++t) {
         const bool padded = t >= aT || (present[kPad] && pad[static_cast<size_t>(t)] != 0);

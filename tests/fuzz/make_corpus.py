@@ -331,6 +331,14 @@ def seeds():
     s["fused_mxfp4_fb"] = make(6, 256, 0, elem=3, tensors=poison,
                                ext={"entry": "fused", "xflags": FULL | EPLB, "max_tokens": 8,
                                     "E": 12, "top_k": 3, "R": 4, "P": 48})
+    # 4. Full buffer, K = 0 and max_tokens = 2^62: every top-k output is empty (valid), yet
+    #    the CPU repack looped over all 2^62 rows (a call that never returned).
+    s["bug_fb_k0_huge_max_tokens"] = make(5, 128, 0, mode=RAW,
+                                          ext={"entry": "routing", "xflags": FULL, "max_tokens": 1 << 62})
+    # H == 0 with NVFP4 per-token: nothing to quantize, yet x_scales [T] is written (from
+    #    the amax floor); a shortcut for H == 0 must not skip it.
+    s["h0_nvfp4_per_token_x_scales"] = make(3, 0, 8, mode=XSCALES, elem=3, scale=3, scale2=2,
+                                            group_k=16, tensors={"x_scales": {"fill": 0x11}})
     return s
 
 
