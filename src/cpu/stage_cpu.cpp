@@ -163,6 +163,13 @@ constexpr int64_t kChunkWork = int64_t{1} << 16;
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
   const DefaultFpEnv fp_env;
+  // H == 0: no activation, scale or shared element to write, and the empty tensors allow
+  // any T up to 2^63 - 1 (repack_topk likewise returns at once when K == 0). Per-token
+  // scales are still written (from the amax floor): x_scales, [T] and non-empty, bounds T.
+  if (p.H == 0 && !p.has_x_scales) {
+    repack_topk(topk_io(a), p);
+    return;
+  }
   auto add_count = [&](int64_t c) {
     if (!p.has_nonfinite) return;
     int64_t v;

@@ -34,6 +34,9 @@ float load_weight(const TensorRef& t, int64_t i, int64_t j) {
 }  // namespace
 
 void repack_topk(const TopkIO& io, const detail::Problem& p) {
+  // K == 0: no element to write, and M (or T) may be any count an empty tensor allows, up
+  // to 2^63 - 1 rows: a row loop would never end.
+  if (p.K == 0) return;
   for (int64_t t = 0; t < p.M; ++t) {
     // Tail rows (full-buffer mode) and padded tokens: id -1, weight +0.0.
     bool keep = t < p.T;

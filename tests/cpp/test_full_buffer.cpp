@@ -210,4 +210,32 @@ TEST(RoutingOnly, ValidatesLikeStaging) {
   for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
 }
 
+// Empty top-k (K == 0) with a huge max_tokens, or empty activations (H == 0) with a huge T:
+// nothing to write, so the calls must return at once (a row loop over 2^62 rows never
+// ends; found by tests/fuzz).
+TEST(FullBuffer, EmptyRowsOfAHugeBufferReturnAtOnce) {
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  std::vector<float> w(4);
+  std::vector<int64_t> ids(4);
+  megamoe::RoutingArgs r;
+  r.topk_weights = TensorRef(w.data(), DType::kFloat32, {4, 0});
+  r.topk_ids = TensorRef(ids.data(), DType::kInt64, {4, 0});
+  r.topk_idx_out = TensorRef(nullptr, DType::kInt64, {kHuge, 0});
+  r.topk_weights_out = TensorRef(nullptr, DType::kFloat32, {kHuge, 0});
+  r.full_buffer = true;
+  megamoe::stage_routing(r);
+
+  megamoe::StageArgs a;
+  a.hidden_states = TensorRef(nullptr, DType::kBFloat16, {kHuge, 0});
+  a.topk_weights = TensorRef(nullptr, DType::kFloat32, {kHuge, 0});
+  a.topk_ids = TensorRef(nullptr, DType::kInt64, {kHuge, 0});
+  a.x_q = TensorRef(nullptr, DType::kFloat8E4M3, {kHuge, 0});
+  a.x_sf = TensorRef(nullptr, DType::kInt32, {kHuge, 0});
+  a.topk_idx_out = TensorRef(nullptr, DType::kInt64, {kHuge, 0});
+  a.topk_weights_out = TensorRef(nullptr, DType::kFloat32, {kHuge, 0});
+  megamoe::prepare_inputs(a);
+  a.full_buffer = true;
+  megamoe::prepare_inputs(a);
+}
+
 }  // namespace

@@ -1,4 +1,5 @@
-// fuzz_stage.cpp: libFuzzer target over megamoe::validate / megamoe::prepare_inputs (CPU).
+// fuzz_stage.cpp: libFuzzer target over megamoe::validate / prepare_inputs, stage_routing,
+// validate_router / route / route_and_stage (CPU).
 //
 // Each input decodes (format: tests/fuzz/make_corpus.py, which also writes the seeds) into
 // sizes T, H, K, a quantization scheme, shared_block_m and, for each of the twelve tensors
@@ -24,6 +25,12 @@
 //     token's x_sf row; unmapped shared rows untouched. For a scheme it does not model, the
 //     same except that x_q / x_sf / x_scales may hold anything inside their own elements
 //     (the shared rows must then copy what the library wrote to x_sf).
+// With the extension block (make_corpus.py) the input may instead call stage_routing,
+// route or route_and_stage, in full-buffer mode (outputs of M >= T rows: top-k rows T..M-1
+// -1 / +0.0, x_q / x_sf / x_scales rows T..M-1 untouched) and with a routed scaling factor;
+// router outputs (ids, weights, EPLB load, the logit counter) are checked against
+// tests/reference/router_reference.h, and route_and_stage against route() followed by
+// prepare_inputs() on every pool byte.
 // Any violation prints what was decoded and why, then __builtin_trap().
 #include <algorithm>
 #include <cmath>
@@ -51,6 +58,7 @@
 // The reference's arithmetic is the oracle, not code under test: no coverage for it either.
 #pragma clang attribute push(__attribute__((no_sanitize("coverage"))), apply_to = function)
 #include "megamoe_reference.h"
+#include "router_reference.h"
 #pragma clang attribute pop
 
 namespace {
@@ -70,6 +78,7 @@ constexpr i128 kMaxSpan = i128{8} << 20;        // bytes of one tensor's span
 constexpr i128 kMaxPool = i128{48} << 20;       // bytes of the whole pool
 constexpr i128 kMaxNumel = i128{1} << 20;       // elements of one tensor (reference cost)
 constexpr int64_t kMaxRunT = int64_t{1} << 16;  // tokens of a call that is run
+constexpr i128 kMaxRouterScores = i128{1} << 16;  // T * E of a router call that is run
 constexpr int64_t kRed = 64;                    // red-zone bytes around each buffer
 constexpr int64_t kPhantom = 64;                // bytes given to a tensor too big to back
 // No user address on 64-bit Linux (5-level paging included) reaches 2^57, and none is
@@ -82,17 +91,31 @@ constexpr i128 kAddressLimit = i128{1} << 57;
 // noinline: inlined into an instrumented caller, a loop would be instrumented after all.
 #define MEGAMOE_FUZZ_BULK __attribute__((no_sanitize("coverage"), noinline))
 
-constexpr int kSlots = 12;
+constexpr int kStageSlots = 12;  // the descriptors every input has
+constexpr int kSlots = 22;       // and the router's, in the extension block
 // clang-format off
 enum Slot {
-  kHidden, kWeights, kIds, kPad, kGlobal,                    // inputs
-  kXq, kXsf, kIdxOut, kWOut, kShared, kXScales, kNonfinite,  // outputs (nonfinite_count: in/out)
+  kHidden, kWeights, kIds, kPad, kGlobal,                    // staging inputs
+  kXq, kXsf, kIdxOut, kWOut, kShared, kXScales, kNonfinite,  // staging outputs (nonfinite_count: in/out)
+  kLogits, kBias, kTid2eid, kInputIds, kL2p, kReplicas,      // router inputs
+  kLoad, kRecord, kRNonfinite, kRPad,                        // (load, router counter: in/out)
 };
 constexpr const char* kSlotName[kSlots] = {
     "hidden_states", "topk_weights", "topk_ids", "is_padding", "global_scale",
-    "x_q", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count"};
+    "x_q", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count",
+    "router_logits", "e_score_correction_bias", "tid2eid", "input_ids", "logical_to_physical_map",
+    "logical_replica_count", "expert_load_view", "record_enabled", "nonfinite_count (router)",
+    "is_padding (router)"};
 // clang-format on
-bool is_output(int s) { return s >= kXq; }
+
+/// The entry point an input calls (extension block; inputs without one call prepare_inputs).
+enum Entry : uint8_t { kEntryStage, kEntryRouting, kEntryRoute, kEntryFused };
+constexpr const char* kEntryName[4] = {"prepare_inputs", "stage_routing", "route", "route_and_stage"};
+
+// Which slots are outputs depends on the entry: the router writes topk_ids / topk_weights,
+// which prepare_inputs and stage_routing read.
+bool g_output[kSlots];
+bool is_output(int s) { return g_output[s]; }
 
 // ---------------------------------------------------------------------------------------
 // Input decoding (little-endian; bytes past the end read as zero).
@@ -125,6 +148,11 @@ struct Input {
   uint8_t elem, scale, qflags, scale2, rounding;
   uint32_t floor_bits;
   int64_t group_k, group_m, bm;
+  // Extension block (mode bit 7): the entry, full-buffer mode, scaling, the router.
+  uint8_t entry = kEntryStage, xflags = 0;
+  int64_t M = 0;  // max_tokens: rows of every output in full-buffer mode
+  uint32_t alpha_bits = 0, ralpha_bits = 0;
+  int64_t E = 0, top_k = 0, V = 0, R = 0, P = 0;
   Desc d[kSlots];
   const uint8_t* payload;
   size_t payload_n;
@@ -132,9 +160,13 @@ struct Input {
 
 // Header bit flags.
 constexpr uint8_t kModeRawSizes = 1, kModePadding = 2, kModeShared = 4, kModeBlockM = 8, kModeGlobal = 16,
-                  kModeXScales = 32, kModeNonfinite = 64;
+                  kModeXScales = 32, kModeNonfinite = 64, kModeExtension = 128;
+// Extension flags.
+constexpr uint8_t kXFullBuffer = 1, kXAlpha = 2, kXBias = 4, kXHash = 8, kXEplb = 16, kXRNonfinite = 32,
+                  kXRPad = 64, kXPartial = 128;
 constexpr size_t kHeaderBytes = 1 + 3 * 8 + 5 + 4 + 3 * 8;
 constexpr size_t kDescBytes = 9 + 5 * 8;
+constexpr size_t kExtBytes = 2 + 8 + 2 * 4 + 5 * 8;
 
 Input decode(const uint8_t* data, size_t size) {
   Reader r{data, size};
@@ -152,7 +184,7 @@ Input decode(const uint8_t* data, size_t size) {
   in.group_k = r.i64();
   in.group_m = r.i64();
   in.bm = r.i64();
-  for (Desc& d : in.d) {
+  auto read_desc = [&](Desc& d) {
     d.dtype = r.u8();
     d.rank = r.u8();
     d.shape = r.u8();
@@ -167,16 +199,40 @@ Input decode(const uint8_t* data, size_t size) {
     d.s0 = r.i64();
     d.s1 = r.i64();
     d.off = r.i64();
+  };
+  for (int k = 0; k < kStageSlots; ++k) read_desc(in.d[k]);
+  static_assert(kHeaderBytes + kStageSlots * kDescBytes == 646, "keep make_corpus.py in step");
+  if (in.mode & kModeExtension) {
+    in.entry = r.u8() % 4;
+    in.xflags = r.u8();
+    in.M = r.i64();
+    in.alpha_bits = r.u32();
+    in.ralpha_bits = r.u32();
+    in.E = r.i64();
+    in.top_k = r.i64();
+    in.V = r.i64();
+    in.R = r.i64();
+    in.P = r.i64();
+    for (int k = kStageSlots; k < kSlots; ++k) read_desc(in.d[k]);
+    static_assert(kExtBytes + (kSlots - kStageSlots) * kDescBytes == 548, "keep make_corpus.py in step");
   }
-  static_assert(kHeaderBytes + kSlots * kDescBytes == 646, "keep make_corpus.py in step");
   in.payload = r.i < size ? data + r.i : nullptr;
   in.payload_n = r.i < size ? size - r.i : 0;
   if (!(in.mode & kModeRawSizes)) {
-    // Small sizes: most executions then build a problem the harness can run.
+    // Small sizes: most executions then build a problem the harness can run. Router calls
+    // get fewer tokens: the reference scores every logit in long double.
+    const bool router = in.entry == kEntryRoute || in.entry == kEntryFused;
+    auto mod = [](int64_t v, uint64_t m) { return static_cast<int64_t>(static_cast<uint64_t>(v) % m); };
     const uint64_t h = static_cast<uint64_t>(in.H);
-    in.T = static_cast<int64_t>(static_cast<uint64_t>(in.T) % 4097);
+    in.T = mod(in.T, router ? 257 : 4097);
     in.H = static_cast<int64_t>((h & 0xFFFFFFFFu) % 65 * 128 + (h >> 32) % 128);
-    in.K = static_cast<int64_t>(static_cast<uint64_t>(in.K) % 33);
+    in.K = mod(in.K, 33);
+    in.M = in.T + mod(in.M, 4097);  // max_tokens >= T, up to T + 4096
+    in.E = mod(in.E, 513);
+    in.top_k = mod(in.top_k, 18);
+    in.V = mod(in.V, 65);
+    in.R = mod(in.R, 9);
+    in.P = mod(in.P, 1025);
   }
   return in;
 }
@@ -587,8 +643,23 @@ int fuzz_one(const uint8_t* data, size_t size) {
       fp8 && q.amax_floor == 1e-4f &&
       (q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kNearestEven);
 
-  // ---- Natural sizes of every slot. ------------------------------------------------------
-  const int64_t T = in.T, H = in.H, K = in.K;
+  // ---- Entry, modes, natural sizes of every slot. ----------------------------------------
+  const Entry entry = static_cast<Entry>(in.entry);
+  const bool stage_entry = entry == kEntryStage || entry == kEntryFused;    // stages activations
+  const bool router_entry = entry == kEntryRoute || entry == kEntryFused;   // runs the router
+  const uint8_t xf = in.xflags;
+  const bool full_buffer = (xf & kXFullBuffer) != 0 && entry != kEntryRoute;
+  std::optional<float> alpha;  // StageArgs / RoutingArgs::routed_scaling_factor
+  if ((xf & kXAlpha) && entry != kEntryRoute) {
+    float v;
+    std::memcpy(&v, &in.alpha_bits, 4);
+    alpha = v;
+  }
+  float ralpha = 1.0f;  // RouterArgs::routed_scaling_factor (0 bits: the default 1.0)
+  if (in.ralpha_bits != 0) std::memcpy(&ralpha, &in.ralpha_bits, 4);
+  const int64_t T = in.T, H = in.H, K = router_entry ? in.top_k : in.K;
+  const int64_t M = full_buffer ? in.M : T;  // rows of the outputs
+  const int64_t E = in.E, V = in.V, R = in.R, P = in.P;
   const int64_t G = g_ok ? q.group_k : 32;  // natural widths only; checked below
   const int64_t sf_cols = packed ? H / (4 * G) : H / G;
   i128 required_rows = 0;  // ceil(T / bm) * align(bm, 128), exact
@@ -598,19 +669,38 @@ int fuzz_one(const uint8_t* data, size_t size) {
   }
   const int64_t nat_shared_rows = required_rows > INT64_MAX ? INT64_MAX : static_cast<int64_t>(required_rows);
   // Per slot (order of Slot): present?, natural dtype, rank, rows and columns.
+  const bool padding = (in.mode & kModePadding) != 0;
+  const bool hash = (xf & kXHash) != 0, eplb = (xf & kXEplb) != 0, partial = (xf & kXPartial) != 0;
   // clang-format off
-  const bool present[kSlots] = {true, true, true, (in.mode & kModePadding) != 0,
-                                (in.mode & kModeGlobal) != 0, true, true, true, true,
-                                (in.mode & kModeShared) != 0, (in.mode & kModeXScales) != 0,
-                                (in.mode & kModeNonfinite) != 0};
+  const bool present[kSlots] = {
+      stage_entry, true, true,
+      (stage_entry || entry == kEntryRouting) && padding,
+      stage_entry && (in.mode & kModeGlobal) != 0,
+      stage_entry, stage_entry, entry != kEntryRoute, entry != kEntryRoute,
+      stage_entry && (in.mode & kModeShared) != 0, stage_entry && (in.mode & kModeXScales) != 0,
+      stage_entry && (in.mode & kModeNonfinite) != 0,
+      // Router; kXPartial drops one tensor of the hash pair / the EPLB four (a rejection).
+      router_entry, router_entry && (xf & kXBias) != 0, router_entry && hash,
+      router_entry && hash && !partial, router_entry && eplb, router_entry && eplb,
+      router_entry && eplb, router_entry && eplb && !partial,
+      router_entry && (xf & kXRNonfinite) != 0, router_entry && (xf & kXRPad) != 0};
   const DType natural_dt[kSlots] = {DType::kBFloat16, DType::kFloat32, DType::kInt64, DType::kBool,
                                     DType::kFloat32, fp4 ? DType::kUInt8 : DType::kFloat8E4M3,
                                     packed ? DType::kInt32 : DType::kFloat32, DType::kInt64,
-                                    DType::kFloat32, DType::kInt32, DType::kFloat32, DType::kInt64};
+                                    DType::kFloat32, DType::kInt32, DType::kFloat32, DType::kInt64,
+                                    DType::kFloat32, DType::kFloat32, DType::kInt32, DType::kInt64,
+                                    DType::kInt32, DType::kInt32, DType::kInt64, DType::kInt32,
+                                    DType::kInt64, DType::kBool};
   // clang-format on
-  const int natural_rank[kSlots] = {2, 2, 2, 1, 1, 2, 2, 2, 2, 2, 1, 1};
-  const int64_t nat_rows[kSlots] = {T, T, T, T, 1, T, T, T, T, nat_shared_rows, T, 1};
-  const int64_t nat_cols[kSlots] = {H, K, K, 0, 0, fp4 ? H / 2 : H, sf_cols, K, K, sf_cols, 0, 0};
+  const int natural_rank[kSlots] = {2, 2, 2, 1, 1, 2, 2, 2, 2, 2, 1, 1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1};
+  const int64_t nat_rows[kSlots] = {T, T, T, T, 1, M, M, M, M, nat_shared_rows, M, 1,
+                                    T, E, V, T, E, E, P, 1, 1, T};
+  const int64_t nat_cols[kSlots] = {H, K, K, 0, 0, fp4 ? H / 2 : H, sf_cols, K, K, sf_cols, 0, 0,
+                                    E, 0, K, 0, R, 0, 0, 0, 0, 0};
+  for (int k = 0; k < kSlots; ++k) {
+    g_output[k] = (k >= kXq && k <= kNonfinite) || k == kLoad || k == kRNonfinite ||
+                  (router_entry && (k == kIds || k == kWeights));
+  }
 
   Plan plans[kSlots];
   for (int k = 0; k < kSlots; ++k) {
@@ -740,15 +830,44 @@ int fuzz_one(const uint8_t* data, size_t size) {
   const uint64_t seed = 0x243F6A8885A308D3ull ^ static_cast<uint64_t>(in.T) * 0x100000001B3ull ^
                         static_cast<uint64_t>(in.H) ^ (static_cast<uint64_t>(in.K) << 17);
   DataStream ds{in.payload, in.payload_n, 0, seed};
-  for (int k : {kHidden, kWeights, kIds, kPad, kGlobal, kNonfinite}) {
+  for (int k : {kHidden, kWeights, kIds, kPad, kGlobal, kNonfinite, kLogits, kBias, kTid2eid, kInputIds, kL2p,
+                kReplicas, kLoad, kRecord, kRNonfinite, kRPad}) {
     Plan& p = plans[k];
-    if (p.kind != Kind::kReal || !p.nonempty()) continue;
+    if (p.kind != Kind::kReal || !p.nonempty() || (is_output(k) && k != kNonfinite && k != kLoad && k != kRNonfinite))
+      continue;
     uint8_t* d0 = static_cast<uint8_t*>(p.ref.data);
+    // The router's device-side indices (table entries, token ids, physical ids, replica
+    // counts) and its record flag: one stream byte each, mostly in range (else every token
+    // would be dropped), sometimes just outside it or extreme.
+    const int64_t range = k == kTid2eid ? E : k == kInputIds ? V : k == kL2p ? P : k == kReplicas ? R + 1 : 0;
+    const bool index = range > 0 || k == kRecord;
+    if (index && (p.ref.dtype == DType::kInt32 || p.ref.dtype == DType::kInt64)) {
+      for_each_element(p.ref, p.es, [&](int64_t, int64_t, int64_t off) MEGAMOE_FUZZ_BULK {
+        const uint8_t b = ds.next();
+        int64_t v;
+        if (k == kRecord) {
+          v = (b & 3) == 0 ? 0 : static_cast<int64_t>(b) << 24;  // nonzero: any value counts
+        } else if (b < 0xF0) {
+          v = b % range;
+        } else {
+          const int64_t special[16] = {-1, -2, range, range + 1, INT32_MIN, INT32_MAX, -range, range - 1,
+                                       0, 1, 255, 256, int64_t{1} << 32, INT64_MIN, INT64_MAX, -(int64_t{1} << 32)};
+          v = special[b - 0xF0];
+        }
+        if (p.ref.dtype == DType::kInt32) {
+          const int32_t v32 = static_cast<int32_t>(v);
+          std::memcpy(d0 + off, &v32, 4);
+        } else {
+          std::memcpy(d0 + off, &v, 8);
+        }
+      });
+      continue;
+    }
     for_each_element(p.ref, p.es, [&](int64_t, int64_t, int64_t off) MEGAMOE_FUZZ_BULK {
       for (int64_t b = 0; b < p.es; ++b) {
         uint8_t v = ds.next();
         // Without a payload a mask byte is mostly 0 (not padded), else a nonzero value.
-        if (k == kPad && in.payload_n == 0) v = (v & 3) != 0 ? 0 : static_cast<uint8_t>(v | 1);
+        if ((k == kPad || k == kRPad) && in.payload_n == 0) v = (v & 3) != 0 ? 0 : static_cast<uint8_t>(v | 1);
         d0[off + b] = v;
       }
     });
@@ -767,9 +886,53 @@ int fuzz_one(const uint8_t* data, size_t size) {
   if (present[kGlobal]) a.global_scale = plans[kGlobal].ref;
   if (present[kXScales]) a.x_scales = plans[kXScales].ref;
   if (present[kNonfinite]) a.nonfinite_count = plans[kNonfinite].ref;
-  if (in.mode & kModeBlockM) a.shared_block_m = in.bm;
+  if (in.mode & kModeBlockM) a.shared_block_m = stage_entry ? std::optional<int64_t>(in.bm) : std::nullopt;
   a.hidden_quant = q;
+  a.full_buffer = full_buffer;
+  if (entry == kEntryStage) a.routed_scaling_factor = alpha;
+  // route_and_stage rejects a staging scaling factor (the router's applies): kXAlpha asks
+  // for one there to see it refused.
+  if (entry == kEntryFused) a.routed_scaling_factor = alpha;
+  megamoe::RoutingArgs ra;
+  ra.topk_weights = plans[kWeights].ref;
+  ra.topk_ids = plans[kIds].ref;
+  ra.topk_idx_out = plans[kIdxOut].ref;
+  ra.topk_weights_out = plans[kWOut].ref;
+  if (present[kPad]) ra.is_padding = plans[kPad].ref;
+  ra.full_buffer = full_buffer;
+  ra.routed_scaling_factor = alpha;
+  megamoe::RouterArgs rt;
+  rt.router_logits = plans[kLogits].ref;
+  rt.top_k = in.top_k;
+  rt.routed_scaling_factor = ralpha;
+  rt.topk_ids = plans[kIds].ref;
+  rt.topk_weights = plans[kWeights].ref;
+  auto opt = [&](int k) { return present[k] ? std::optional<TensorRef>(plans[k].ref) : std::nullopt; };
+  rt.e_score_correction_bias = opt(kBias);
+  rt.tid2eid = opt(kTid2eid);
+  rt.input_ids = opt(kInputIds);
+  rt.logical_to_physical_map = opt(kL2p);
+  rt.logical_replica_count = opt(kReplicas);
+  rt.expert_load_view = opt(kLoad);
+  rt.record_enabled = opt(kRecord);
+  rt.nonfinite_count = opt(kRNonfinite);
+  rt.is_padding = opt(kRPad);
+  if (entry == kEntryFused) {
+    // Ignored by route_and_stage: the router's outputs take their place.
+    a.topk_ids = TensorRef();
+    a.topk_weights = TensorRef();
+  }
   g_context = describe(in, plans, a);
+  if (in.mode & kModeExtension) {
+    char ab[64];
+    std::snprintf(ab, sizeof ab, "%.9g / %.9g", alpha ? static_cast<double>(*alpha) : 0.0,
+                  static_cast<double>(ralpha));
+    g_context += std::string("entry ") + kEntryName[entry] + " xflags " + std::to_string(xf) + " full_buffer " +
+                 std::to_string(full_buffer) + " M " + std::to_string(in.M) + " alpha " +
+                 (alpha ? "given" : "none") + " (stage / router: " + ab + ") E " + std::to_string(E) +
+                 " top_k " + std::to_string(in.top_k) + " V " + std::to_string(V) + " R " + std::to_string(R) +
+                 " P " + std::to_string(P) + "\n";
+  }
 
   // ---- The contract's verdict. ---------------------------------------------------------
   std::string bad;             // first definite violation: the call must be rejected
@@ -782,29 +945,70 @@ int fuzz_one(const uint8_t* data, size_t size) {
   auto maybe = [&](const std::string& why) {
     if (unsure.empty()) unsure = why;
   };
+  auto dtype_in = [&](int k, std::initializer_list<DType> ok) {
+    if (std::find(ok.begin(), ok.end(), plans[k].ref.dtype) == ok.end()) {
+      violate(std::string(kSlotName[k]) + " has a wrong dtype");
+    }
+  };
+  auto shape2 = [&](int k, i128 r, i128 c) {
+    const TensorRef& t = plans[k].ref;
+    if (t.ndim != 2)
+      violate(std::string(kSlotName[k]) + " is not 2-D");
+    else if (t.shape[0] != r || t.shape[1] != c)
+      violate(std::string(kSlotName[k]) + " has a wrong shape");
+  };
+  auto vec = [&](int k, i128 n, std::initializer_list<DType> ok) {
+    const TensorRef& t = plans[k].ref;
+    if (t.ndim != 1)
+      violate(std::string(kSlotName[k]) + " is not 1-D");
+    else if (t.shape[0] != n)
+      violate(std::string(kSlotName[k]) + " has a wrong length");
+    dtype_in(k, ok);
+  };
+  auto scalar = [&](int k, DType dt) {  // one element: 0-D, [1] or [1, 1]
+    const Plan& c = plans[k];
+    if (!c.rank_ok || c.neg_size || c.numel != 1) violate(std::string(kSlotName[k]) + " is not one element");
+    dtype_in(k, {dt});
+  };
   const TensorRef& hs = a.hidden_states;
-  const int64_t aT = hs.shape[0], aH = hs.shape[1];
-  bool zero_tokens = false;
-  if (hs.ndim != 2) {
-    violate("hidden_states is not 2-D");
-  } else if (aT < 0) {
-    violate("T < 0");
-  } else if (aT == 0) {
-    zero_tokens = true;  // returns at once without error, whatever else is passed
-    if (aH < 0) maybe("T == 0 with H < 0");
-  } else {
-    auto dtype_in = [&](int k, std::initializer_list<DType> ok) {
-      if (std::find(ok.begin(), ok.end(), plans[k].ref.dtype) == ok.end()) {
-        violate(std::string(kSlotName[k]) + " has a wrong dtype");
+  int64_t aT = 0, aH = 0, aK = 0, aM = 0, aE = 0;  // aM: rows of the outputs (M, or T)
+  bool zero_tokens = false;  // the call returns at once: T == 0 and no full-buffer tail
+  bool full_rules = false;   // the call is judged by every rule (not only the early exit's)
+
+  // The top-k rules of prepare_inputs and stage_routing (route_and_stage: the router's
+  // outputs are the top-k inputs), full-buffer rows and the scaling factor included.
+  auto topk_rules = [&]() {
+    const TensorRef& ids = plans[kIds].ref;
+    const TensorRef& w = plans[kWeights].ref;
+    if (ids.ndim != 2 || w.ndim != 2) {
+      violate("topk_ids or topk_weights is not 2-D");
+    } else {
+      aK = ids.shape[1];
+      if (ids.shape[0] != w.shape[0] || ids.shape[1] != w.shape[1]) violate("topk shapes differ");
+      if (ids.shape[0] != aT || aK < 0) violate("topk_ids has a wrong shape");
+    }
+    dtype_in(kIds, {DType::kInt32, DType::kInt64});
+    dtype_in(kWeights, {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
+    if (present[kPad]) vec(kPad, aT, {DType::kBool, DType::kUInt8});
+    aM = aT;
+    if (full_buffer) {
+      const TensorRef& o = plans[kIdxOut].ref;
+      if (o.ndim != 2) {
+        violate("topk_idx_out is not 2-D");
+      } else {
+        aM = o.shape[0];
+        if (aM < aT) violate("full buffer: max_tokens (topk_idx_out rows) < T");
       }
-    };
-    auto shape2 = [&](int k, i128 r, i128 c) {
-      const TensorRef& t = plans[k].ref;
-      if (t.ndim != 2)
-        violate(std::string(kSlotName[k]) + " is not 2-D");
-      else if (t.shape[0] != r || t.shape[1] != c)
-        violate(std::string(kSlotName[k]) + " has a wrong shape");
-    };
+    }
+    shape2(kIdxOut, aM, aK);
+    dtype_in(kIdxOut, {DType::kInt64});
+    shape2(kWOut, aM, aK);
+    dtype_in(kWOut, {DType::kFloat32});
+    if (alpha && !std::isfinite(*alpha)) violate("routed_scaling_factor is not finite");
+  };
+
+  // Every staging rule but the top-k ones (SPEC "Argument checking").
+  auto stage_rules = [&]() {
     dtype_in(kHidden, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
     if (aH < 0 || aH % 128 != 0) violate("H is not a non-negative multiple of 128");
     if (aH == 0) maybe("H == 0");
@@ -820,18 +1024,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
     if (dropin) maybe("MXFP4 drop-in (x_q of width H/2)");
     const bool model_quant_outputs = fp8 && !dropin;  // x_q / x_sf shapes modelled exactly
     const int64_t cols = !scheme_bad ? (packed ? aH / (4 * q.group_k) : aH / q.group_k) : 0;
-    const TensorRef& ids = a.topk_ids;
-    const TensorRef& w = a.topk_weights;
-    int64_t aK = 0;
-    if (ids.ndim != 2 || w.ndim != 2) {
-      violate("topk_ids or topk_weights is not 2-D");
-    } else {
-      aK = ids.shape[1];
-      if (ids.shape[0] != w.shape[0] || ids.shape[1] != w.shape[1]) violate("topk shapes differ");
-      if (ids.shape[0] != aT || aK < 0) violate("topk_ids has a wrong shape");
-    }
-    dtype_in(kIds, {DType::kInt32, DType::kInt64});
-    dtype_in(kWeights, {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
+    topk_rules();
     if (a.shared_x_sf.has_value() != a.shared_block_m.has_value()) violate("shared_x_sf xor shared_block_m");
     if (a.shared_x_sf && a.shared_block_m) {
       const int64_t bm = *a.shared_block_m;
@@ -850,18 +1043,10 @@ int fuzz_one(const uint8_t* data, size_t size) {
       }
       dtype_in(kShared, {DType::kInt32});
     }
-    if (a.is_padding) {
-      const TensorRef& m = *a.is_padding;
-      if (m.ndim != 1)
-        violate("is_padding is not 1-D");
-      else if (m.shape[0] != aT)
-        violate("is_padding has a wrong length");
-      dtype_in(kPad, {DType::kBool, DType::kUInt8});
-    }
     if (model_quant_outputs) {
-      shape2(kXq, aT, aH);
+      shape2(kXq, aM, aH);
       dtype_in(kXq, {DType::kFloat8E4M3, DType::kUInt8});
-      shape2(kXsf, aT, cols);
+      shape2(kXsf, aM, cols);
       dtype_in(kXsf, {ue8m0 ? DType::kInt32 : DType::kFloat32});
       // fp8 has no second-level scale: a global_scale or x_scales is at best ignored.
       if (a.global_scale) maybe("global_scale with an fp8 scheme");
@@ -875,11 +1060,116 @@ int fuzz_one(const uint8_t* data, size_t size) {
       if (!c.rank_ok || c.neg_size || c.numel != 1) violate("nonfinite_count is not one element");
       dtype_in(kNonfinite, {DType::kInt64});
     }
-    shape2(kIdxOut, aT, aK);
-    dtype_in(kIdxOut, {DType::kInt64});
-    shape2(kWOut, aT, aK);
-    dtype_in(kWOut, {DType::kFloat32});
+  };
 
+  // The router's rules (router.h, validate_router), then for route_and_stage the staging's.
+  auto router_rules = [&]() {
+    dtype_in(kLogits, {DType::kFloat32, DType::kBFloat16});
+    if (aE < 1 || aE > 512) violate("E outside 1..512");
+    const int64_t k = in.top_k;
+    aK = k;
+    if (k < 1 || k > 16 || k > aE) violate("top_k outside 1..min(16, E)");
+    if (!std::isfinite(ralpha)) violate("the router's routed_scaling_factor is not finite");
+    shape2(kIds, aT, k);
+    dtype_in(kIds, {DType::kInt32, DType::kInt64});
+    shape2(kWeights, aT, k);
+    dtype_in(kWeights, {DType::kFloat32});
+    if (present[kTid2eid] != present[kInputIds]) violate("tid2eid without input_ids or the reverse");
+    if (present[kTid2eid] && present[kBias]) violate("a hash layer with a selection bias");
+    if (present[kTid2eid]) {
+      const TensorRef& t = plans[kTid2eid].ref;
+      if (t.ndim != 2)
+        violate("tid2eid is not 2-D");
+      else if (t.shape[0] < 1 || t.shape[1] != k)
+        violate("tid2eid has a wrong shape");
+      dtype_in(kTid2eid, {DType::kInt32});
+    }
+    if (present[kInputIds]) vec(kInputIds, aT, {DType::kInt32, DType::kInt64});
+    if (present[kBias]) vec(kBias, aE, {DType::kFloat32, DType::kBFloat16});
+    const int eplb_given = present[kL2p] + present[kReplicas] + present[kLoad] + present[kRecord];
+    if (eplb_given != 0 && eplb_given != 4) violate("EPLB without all four tensors");
+    if (present[kL2p]) {
+      const TensorRef& t = plans[kL2p].ref;
+      if (t.ndim != 2)
+        violate("logical_to_physical_map is not 2-D");
+      else if (t.shape[0] != aE || t.shape[1] < 1)
+        violate("logical_to_physical_map has a wrong shape");
+      dtype_in(kL2p, {DType::kInt32});
+    }
+    if (present[kReplicas]) vec(kReplicas, aE, {DType::kInt32});
+    if (present[kLoad]) {
+      const TensorRef& t = plans[kLoad].ref;
+      if (t.ndim != 1 || t.shape[0] < 0) violate("expert_load_view is not 1-D");
+      dtype_in(kLoad, {DType::kInt32, DType::kInt64});
+    }
+    if (present[kRecord]) scalar(kRecord, DType::kInt32);
+    if (present[kRNonfinite]) scalar(kRNonfinite, DType::kInt64);
+    if (entry == kEntryRoute) {
+      if (present[kRPad]) vec(kRPad, aT, {DType::kBool, DType::kUInt8});
+      return;
+    }
+    if (present[kRPad]) violate("route_and_stage with RouterArgs::is_padding");
+    if (alpha) violate("route_and_stage with StageArgs::routed_scaling_factor");
+    if (hs.ndim != 2) {
+      violate("hidden_states is not 2-D");
+      return;
+    }
+    if (hs.shape[0] != aT) violate("hidden_states rows != router_logits rows");
+    aH = hs.shape[1];
+    stage_rules();
+  };
+
+  int slot0 = kHidden;  // the tensor whose device every other must share
+  if (entry == kEntryStage) {
+    aT = hs.shape[0];
+    aH = hs.shape[1];
+    if (hs.ndim != 2) {
+      violate("hidden_states is not 2-D");
+    } else if (aT < 0) {
+      violate("T < 0");
+    } else if (aT == 0 && !full_buffer) {
+      zero_tokens = true;  // returns at once without error, whatever else is passed
+      if (aH < 0) maybe("T == 0 with H < 0");
+    } else {
+      full_rules = true;
+      stage_rules();
+    }
+  } else if (entry == kEntryRouting) {
+    slot0 = kIds;
+    const TensorRef& ids = plans[kIds].ref;
+    aT = ids.shape[0];
+    if (ids.ndim != 2) {
+      violate("topk_ids is not 2-D");
+    } else if (aT < 0) {
+      violate("T < 0");
+    } else if (aT == 0 && !full_buffer) {
+      zero_tokens = true;
+      if (ids.shape[1] < 0) maybe("T == 0 with K < 0");
+    } else {
+      full_rules = true;
+      topk_rules();
+    }
+  } else {
+    slot0 = kLogits;
+    const TensorRef& lg = plans[kLogits].ref;
+    aT = lg.shape[0];
+    aE = lg.shape[1];
+    if (lg.ndim != 2) {
+      violate("router_logits is not 2-D");
+    } else if (aT < 0) {
+      violate("T < 0");
+    } else if (aT == 0 && !(entry == kEntryFused && full_buffer)) {
+      zero_tokens = true;
+      if (aE < 0) maybe("T == 0 with E < 0");
+    } else {
+      full_rules = true;
+      router_rules();
+    }
+  }
+  const Device dev0 = plans[slot0].ref.device;
+  // Nothing to do although every rule was checked: T == 0 and an empty full-buffer tail.
+  const bool zero_work = zero_tokens || (aT == 0 && aM == 0);
+  if (full_rules) {
     for (int k = 0; k < kSlots; ++k) {
       const Plan& p = plans[k];
       if (p.kind == Kind::kAbsent) continue;
@@ -889,7 +1179,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
         violate(nm + " has an unknown device type");
       if (dv.type == Device::Type::kCUDA && dv.index < 0) violate(nm + " has a negative CUDA ordinal");
       if (dv.type == Device::Type::kCPU && dv.index != 0) maybe(nm + " on cpu:N, N != 0");
-      if (dv != hs.device) violate(nm + " on another device than hidden_states");
+      if (dv != dev0) violate(nm + " on another device than " + kSlotName[slot0]);
       if (!p.rank_ok || p.neg_size) {
         maybe(nm + " has a rank or size the model does not judge");  // a shape rule decides
         continue;
@@ -921,23 +1211,23 @@ int fuzz_one(const uint8_t* data, size_t size) {
       if (!span_meet) continue;
       maybe("an output's span meets another tensor's span");
       // Exact element overlap: mark each byte with one bit per slot.
-      std::vector<uint16_t> owner(static_cast<size_t>(r.hi - r.lo), 0);
-      uint16_t outs = 0;
+      std::vector<uint32_t> owner(static_cast<size_t>(r.hi - r.lo), 0);
+      uint32_t outs = 0;
       for (int j : r.members) {
-        if (is_output(j)) outs = static_cast<uint16_t>(outs | (1u << j));
+        if (is_output(j)) outs = static_cast<uint32_t>(outs | (1u << j));
       }
       for (int k : r.members) {
         const Plan& p = plans[k];
         if (p.kind != Kind::kReal || !p.nonempty()) continue;
-        const uint16_t bit = static_cast<uint16_t>(1u << k);
+        const uint32_t bit = static_cast<uint32_t>(1u << k);
         const int64_t o0 = static_cast<int64_t>(p.rel - r.lo);
         bool hit = false;
         for_each_element(p.ref, p.es, [&](int64_t, int64_t, int64_t off) MEGAMOE_FUZZ_BULK {
           for (int64_t b = 0; b < p.es; ++b) {
-            uint16_t& m = owner[static_cast<size_t>(o0 + off + b)];
-            const uint16_t others = static_cast<uint16_t>(m & ~bit);
+            uint32_t& m = owner[static_cast<size_t>(o0 + off + b)];
+            const uint32_t others = static_cast<uint32_t>(m & ~bit);
             if (others != 0 && (is_output(k) || (others & outs) != 0)) hit = true;
-            m = static_cast<uint16_t>(m | bit);
+            m = static_cast<uint32_t>(m | bit);
           }
         });
         if (hit)
@@ -945,8 +1235,10 @@ int fuzz_one(const uint8_t* data, size_t size) {
       }
     }
     if (aT > kMaxRunT) validate_only = true;
+    // The router reference scores every logit in long double: bounded work per execution.
+    if (router_entry && static_cast<i128>(aT) * aE > kMaxRouterScores) validate_only = true;
   }
-  const bool all_cuda = !cuda_build && hs.device.type == Device::Type::kCUDA;
+  const bool all_cuda = !cuda_build && dev0.type == Device::Type::kCUDA;
 
   // ---- The calls, red zones poisoned. ----------------------------------------------------
   std::vector<uint8_t> before(base, base + pool_size);
@@ -977,50 +1269,78 @@ int fuzz_one(const uint8_t* data, size_t size) {
                                                 : std::string("must accept");
   g_context += "verdict: " + verdict + (validate_only ? " (validate only)" : "") + "\n";
 
-  poison(true);
-  const Outcome v = run_api("validate", [&] { megamoe::validate(a); });
-  poison(false);
+  // validate() / validate_router() first (stage_routing has no validate-only form).
+  const bool has_validate = entry != kEntryRouting;
+  auto call_validate = [&]() {
+    switch (entry) {
+      case kEntryRoute: return run_api("validate_router", [&] { megamoe::validate_router(rt); });
+      case kEntryFused: return run_api("validate_router", [&] { megamoe::validate_router(rt, &a); });
+      default: return run_api("validate", [&] { megamoe::validate(a); });
+    }
+  };
+  const char* const api = kEntryName[entry];
+  auto call = [&]() {
+    switch (entry) {
+      case kEntryRouting: return run_api(api, [&] { megamoe::stage_routing(ra); });
+      case kEntryRoute: return run_api(api, [&] { megamoe::route(rt); });
+      case kEntryFused: return run_api(api, [&] { megamoe::route_and_stage(rt, a); });
+      default: return run_api(api, [&] { megamoe::prepare_inputs(a); });
+    }
+  };
+  Outcome v;
   // MEGAMOE_FUZZ_VERBOSE=1: what each input decoded to, the verdict and validate()'s answer
   // (to see what a seed exercises: build-fuzz/.../megamoe_fuzz_stage tests/fuzz/corpus/*).
   static const bool verbose = std::getenv("MEGAMOE_FUZZ_VERBOSE") != nullptr;
-  if (verbose) {
-    std::fprintf(stderr, "%svalidate: %s\n", g_context.c_str(), v.threw ? v.msg.c_str() : "accepted");
+  if (has_validate) {
+    poison(true);
+    v = call_validate();
+    poison(false);
+    if (verbose) {
+      std::fprintf(stderr, "%svalidate: %s\n", g_context.c_str(), v.threw ? v.msg.c_str() : "accepted");
+    }
+    unchanged("validate()");
+    if (v.threw) check_code("validate", v);
+    if (!bad.empty() && !v.threw) finding("validate() accepted a call that violates the contract: " + bad);
+    if (v.threw && bad.empty() && unsure.empty() && (zero_tokens || !validate_only)) {
+      finding("validate() rejected a call the contract accepts: " + v.msg);
+    }
+  } else if (verbose) {
+    std::fprintf(stderr, "%s", g_context.c_str());
   }
-  unchanged("validate()");
-  if (v.threw) check_code("validate", v);
-  if (!bad.empty() && !v.threw) finding("validate() accepted a call that violates the contract: " + bad);
-  if (v.threw && bad.empty() && unsure.empty() && (zero_tokens || !validate_only)) {
-    finding("validate() rejected a call the contract accepts: " + v.msg);
-  }
-  if (all_cuda && !v.threw && !zero_tokens) {
+  const bool surely_valid = has_validate ? !v.threw : bad.empty() && unsure.empty();
+  if (all_cuda && surely_valid && !zero_work) {
     // CPU-only build: a valid call on CUDA tensors must be refused (kUnsupported), untouched.
     poison(true);
-    const Outcome c = run_api("prepare_inputs", [&] { megamoe::prepare_inputs(a); });
+    const Outcome c = call();
     poison(false);
-    unchanged("prepare_inputs() on CUDA tensors");
-    if (!c.threw) finding("prepare_inputs() accepted CUDA tensors in a CPU-only build");
+    unchanged("a call on CUDA tensors");
+    if (!c.threw) finding(std::string(api) + "() accepted CUDA tensors in a CPU-only build");
     if (c.code != megamoe::ErrorCode::kUnsupported) {
-      finding("prepare_inputs() on CUDA tensors threw code " + std::to_string(static_cast<int>(c.code)) +
+      finding(std::string(api) + "() on CUDA tensors threw code " + std::to_string(static_cast<int>(c.code)) +
               ": " + c.msg);
     }
     return 0;
   }
-  // Unbacked tensors: only a call that must be rejected may reach prepare_inputs.
+  // Unbacked tensors: only a call that must be rejected may reach the call proper.
   if (validate_only && bad.empty()) return 0;
 
   poison(true);
-  const Outcome c = run_api("prepare_inputs", [&] { megamoe::prepare_inputs(a); });
+  const Outcome c = call();
   poison(false);
+  if (verbose && !has_validate) std::fprintf(stderr, "%s: %s\n", api, c.threw ? c.msg.c_str() : "accepted");
   if (c.threw) {
-    check_code("prepare_inputs", c);
-    unchanged("a rejected prepare_inputs()");
-    if (!v.threw) finding("validate() accepted but prepare_inputs() rejected: " + c.msg);
+    check_code(api, c);
+    unchanged("a rejected call");
+    if (has_validate && !v.threw) finding("validate() accepted but " + std::string(api) + "() rejected: " + c.msg);
+    if (!has_validate && bad.empty() && unsure.empty() && !all_cuda) {
+      finding(std::string(api) + "() rejected a call the contract accepts: " + c.msg);
+    }
     return 0;
   }
-  if (v.threw) finding("validate() rejected (" + v.msg + ") but prepare_inputs() accepted");
-  if (!bad.empty()) finding("prepare_inputs() accepted a call that violates the contract: " + bad);
-  if (zero_tokens) {
-    unchanged("prepare_inputs() with T == 0");
+  if (has_validate && v.threw) finding("validate() rejected (" + v.msg + ") but " + api + "() accepted");
+  if (!bad.empty()) finding(std::string(api) + "() accepted a call that violates the contract: " + bad);
+  if (zero_work) {
+    unchanged("a call with nothing to do (T == 0, no full-buffer tail)");
     return 0;
   }
 
@@ -1029,8 +1349,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   // quantized outputs of formats the reference does not model).
   std::vector<uint8_t> expect = before;
   std::vector<uint8_t> free_byte(static_cast<size_t>(pool_size), 0);
-  const int64_t aK = a.topk_ids.shape[1];
-  const int64_t cols = a.x_sf.shape[1];
+  const int64_t cols = stage_entry ? a.x_sf.shape[1] : 0;
   auto elem_off = [&](int k, int64_t i, int64_t j) MEGAMOE_FUZZ_BULK {
     const TensorRef& t = plans[k].ref;
     const int64_t es = plans[k].es;
@@ -1047,118 +1366,201 @@ int fuzz_one(const uint8_t* data, size_t size) {
     std::memcpy(&f, p, 4);
     return f;
   };
-  std::vector<float> hidden(static_cast<size_t>(aT * aH));
+  auto load_int = [&](int k, int64_t i, int64_t j) MEGAMOE_FUZZ_BULK {
+    const uint8_t* pi = before.data() + elem_off(k, i, j);
+    if (plans[k].ref.dtype == DType::kInt32) {
+      int32_t v32;
+      std::memcpy(&v32, pi, 4);
+      return static_cast<int64_t>(v32);
+    }
+    int64_t v64;
+    std::memcpy(&v64, pi, 8);
+    return v64;
+  };
+  // The top-k the staging repacks: the inputs, or the router's outputs (router entries).
   std::vector<int64_t> ids(static_cast<size_t>(aT * aK));
   std::vector<float> w(ids.size());
   std::vector<uint8_t> pad(static_cast<size_t>(aT), 0);
-  int64_t nonfinite = 0;
+  const int pad_slot = entry == kEntryRoute ? kRPad : kPad;
   [&]() MEGAMOE_FUZZ_BULK {
     for (int64_t t = 0; t < aT; ++t) {
-      for (int64_t h = 0; h < aH; ++h) {
-        const float x = widen(hs.dtype, before.data() + elem_off(kHidden, t, h));
-        hidden[static_cast<size_t>(t * aH + h)] = x;
-        nonfinite += std::isfinite(x) ? 0 : 1;
+      for (int64_t k = 0; k < aK && !router_entry; ++k) {
+        ids[static_cast<size_t>(t * aK + k)] = load_int(kIds, t, k);
+        w[static_cast<size_t>(t * aK + k)] = widen(plans[kWeights].ref.dtype, before.data() + elem_off(kWeights, t, k));
       }
-      for (int64_t k = 0; k < aK; ++k) {
-        const uint8_t* pi = before.data() + elem_off(kIds, t, k);
-        if (a.topk_ids.dtype == DType::kInt32) {
-          int32_t v32;
-          std::memcpy(&v32, pi, 4);
-          ids[static_cast<size_t>(t * aK + k)] = v32;
-        } else {
-          std::memcpy(&ids[static_cast<size_t>(t * aK + k)], pi, 8);
-        }
-        w[static_cast<size_t>(t * aK + k)] =
-            widen(a.topk_weights.dtype, before.data() + elem_off(kWeights, t, k));
-      }
-      if (a.is_padding) pad[static_cast<size_t>(t)] = before[static_cast<size_t>(elem_off(kPad, t, 0))];
+      if (present[pad_slot]) pad[static_cast<size_t>(t)] = before[static_cast<size_t>(elem_off(pad_slot, t, 0))];
     }
   }();
   auto put = [&](int k, int64_t i, int64_t j, const void* src) MEGAMOE_FUZZ_BULK {
     std::memcpy(expect.data() + elem_off(k, i, j), src, static_cast<size_t>(plans[k].es));
   };
+  // Rows 0..T-1 only: full-buffer rows T..M-1 of x_q / x_sf / x_scales stay untouched.
   auto set_free = [&](int k) MEGAMOE_FUZZ_BULK {
     const Plan& p = plans[k];
     if (p.kind != Kind::kReal || !p.nonempty()) return;
     const int64_t o0 = static_cast<const uint8_t*>(p.ref.data) - base;
-    for_each_element(p.ref, p.es, [&](int64_t, int64_t, int64_t off) MEGAMOE_FUZZ_BULK {
-      std::memset(free_byte.data() + o0 + off, 1, static_cast<size_t>(p.es));
+    for_each_element(p.ref, p.es, [&](int64_t r, int64_t, int64_t off) MEGAMOE_FUZZ_BULK {
+      if (r < aT || p.ref.ndim == 0) std::memset(free_byte.data() + o0 + off, 1, static_cast<size_t>(p.es));
     });
   };
-  // The reference's model of the accepted scheme, when it has one.
-  using RF = megamoe_ref::Format;
-  const bool ties_rne = q.rounding == megamoe::Rounding::kNearestEven;
-  const bool fp4_ttz =
-      q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kTiesTowardZero;
-  std::optional<RF> ref_format;
-  if (floor_ok && dropin) {
-    ref_format = RF::mxfp4(megamoe_ref::Fp4Ties::kTowardZero, q.amax_floor);
-  } else if (floor_ok && fp8 && (q.rounding == megamoe::Rounding::kDefault || ties_rne)) {
-    ref_format = RF::fp8(ue8m0, q.group_k, q.amax_floor);
-  } else if (floor_ok && fp4 && ue8m0 && q.group_k == 32 && q.scale2 == megamoe::Scale2::kNone &&
-             (fp4_ttz || ties_rne)) {
-    ref_format = RF::mxfp4(ties_rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
-                           q.amax_floor);
-  } else if (floor_ok && fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
-             q.scale2 == megamoe::Scale2::kPerToken) {
-    ref_format = RF::nvfp4_per_token(q.amax_floor);
-  } else if (fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
-             q.scale2 == megamoe::Scale2::kStatic && a.global_scale && plans[kGlobal].kind == Kind::kReal &&
-             plans[kGlobal].nonempty() && plans[kGlobal].ref.dtype == DType::kFloat32) {
-    // Only a finite positive gs: SPEC's clamp of a NaN quotient is not pinned down.
-    float gs;
-    std::memcpy(&gs, before.data() + elem_off(kGlobal, 0, 0), 4);
-    if (std::isfinite(gs) && gs > 0.0f) ref_format = RF::nvfp4_static(gs);
-  }
-  if (ref_format) {
-    const RF& rf = *ref_format;
-    const int64_t qc = rf.q_cols(aH), sc = rf.sf_cols(aH);
-    if (a.x_q.shape[1] != qc || cols != sc) {
-      finding("accepted x_q / x_sf widths " + std::to_string(a.x_q.shape[1]) + " / " + std::to_string(cols) +
-              " where the format has " + std::to_string(qc) + " / " + std::to_string(sc));
-    }
-    const megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), aT, aH, ids.data(), w.data(), aK,
-                                                       a.is_padding ? pad.data() : nullptr, rf);
-    if (ref.nonfinite != nonfinite)
-      finding("the reference and the harness count non-finite values differently");
-    const bool words = rf.packed_scales();
+  if (router_entry) {
+    // The independent router reference over the inputs as the pool held them; its ids and
+    // weights are the top-k the staging of route_and_stage repacks.
+    megamoe_router_ref::Problem rp;
+    rp.T = aT;
+    rp.E = aE;
+    rp.K = aK;
+    rp.alpha = ralpha;
+    rp.logits.resize(static_cast<size_t>(aT * aE));
     [&]() MEGAMOE_FUZZ_BULK {
       for (int64_t t = 0; t < aT; ++t) {
-        for (int64_t h = 0; h < qc; ++h) put(kXq, t, h, &ref.x_q[static_cast<size_t>(t * qc + h)]);
-        for (int64_t s = 0; s < sc; ++s) {
-          const size_t i = static_cast<size_t>(t * sc + s);
-          put(kXsf, t, s,
-              words ? static_cast<const void*>(&ref.sf_words[i]) : static_cast<const void*>(&ref.sf_f32[i]));
+        for (int64_t e = 0; e < aE; ++e) {
+          rp.logits[static_cast<size_t>(t * aE + e)] =
+              widen(plans[kLogits].ref.dtype, before.data() + elem_off(kLogits, t, e));
         }
-        if (!ref.x_scales.empty() && a.x_scales) put(kXScales, t, 0, &ref.x_scales[static_cast<size_t>(t)]);
+      }
+      if (present[kBias]) {
+        for (int64_t e = 0; e < aE; ++e)
+          rp.bias.push_back(widen(plans[kBias].ref.dtype, before.data() + elem_off(kBias, e, 0)));
+      }
+      if (present[kPad] || present[kRPad]) rp.pad = pad;
+      if (present[kTid2eid]) {
+        rp.V = plans[kTid2eid].ref.shape[0];
+        for (int64_t r = 0; r < rp.V; ++r) {
+          for (int64_t k = 0; k < aK; ++k) rp.tid2eid.push_back(static_cast<int32_t>(load_int(kTid2eid, r, k)));
+        }
+        for (int64_t t = 0; t < aT; ++t) rp.input_ids.push_back(load_int(kInputIds, t, 0));
+      }
+      if (present[kL2p]) {
+        rp.R = plans[kL2p].ref.shape[1];
+        rp.P = plans[kLoad].ref.shape[0];
+        for (int64_t e = 0; e < aE; ++e) {
+          for (int64_t r = 0; r < rp.R; ++r) rp.l2p.push_back(static_cast<int32_t>(load_int(kL2p, e, r)));
+          rp.replicas.push_back(static_cast<int32_t>(load_int(kReplicas, e, 0)));
+        }
+        rp.record = load_int(kRecord, 0, 0) != 0;
       }
     }();
-    // x_scales passed to a format without per-token scales: nothing says what happens to it.
-    if (a.x_scales && ref.x_scales.empty()) set_free(kXScales);
-  } else {
-    set_free(kXq);
-    set_free(kXsf);
-    if (a.x_scales) set_free(kXScales);
-  }
-  // Top-k repack (SPEC "Top-k repack"), the same for every format.
-  [&]() MEGAMOE_FUZZ_BULK {
-    for (int64_t t = 0; t < aT; ++t) {
-      const bool padded = a.is_padding && pad[static_cast<size_t>(t)] != 0;
-      for (int64_t k = 0; k < aK; ++k) {
-        const int64_t id = padded ? -1 : ids[static_cast<size_t>(t * aK + k)];
-        const float wt = padded ? 0.0f : w[static_cast<size_t>(t * aK + k)];
-        put(kIdxOut, t, k, &id);
-        put(kWOut, t, k, &wt);
+    const megamoe_router_ref::Result rr = megamoe_router_ref::route(rp);
+    ids = rr.ids;
+    w = rr.weights;
+    const bool ids32 = plans[kIds].ref.dtype == DType::kInt32;
+    [&]() MEGAMOE_FUZZ_BULK {
+      for (int64_t t = 0; t < aT; ++t) {
+        for (int64_t k = 0; k < aK; ++k) {
+          const size_t i = static_cast<size_t>(t * aK + k);
+          const int32_t id32 = static_cast<int32_t>(ids[i]);
+          put(kIds, t, k, ids32 ? static_cast<const void*>(&id32) : static_cast<const void*>(&ids[i]));
+          put(kWeights, t, k, &w[i]);
+        }
       }
+      // expert_load_view: incremented, wrapping as the device's atomics do.
+      for (int64_t i = 0; i < rp.P && rp.record; ++i) {
+        const uint64_t n = static_cast<uint64_t>(rr.load[static_cast<size_t>(i)]);
+        if (plans[kLoad].ref.dtype == DType::kInt32) {
+          const uint32_t v = static_cast<uint32_t>(load_int(kLoad, i, 0)) + static_cast<uint32_t>(n);
+          put(kLoad, i, 0, &v);
+        } else {
+          const uint64_t v = static_cast<uint64_t>(load_int(kLoad, i, 0)) + n;
+          put(kLoad, i, 0, &v);
+        }
+      }
+    }();
+    if (present[kRNonfinite]) {
+      const uint64_t c1 = static_cast<uint64_t>(load_int(kRNonfinite, 0, 0)) + static_cast<uint64_t>(rr.nonfinite);
+      put(kRNonfinite, 0, 0, &c1);
     }
-  }();
-  if (a.nonfinite_count) {
+  }
+  using RF = megamoe_ref::Format;
+  std::optional<RF> ref_format;  // the reference's model of the accepted scheme, when it has one
+  int64_t nonfinite = 0;
+  if (stage_entry) {
+    std::vector<float> hidden(static_cast<size_t>(aT * aH));
+    [&]() MEGAMOE_FUZZ_BULK {
+      for (int64_t t = 0; t < aT; ++t) {
+        for (int64_t h = 0; h < aH; ++h) {
+          const float x = widen(hs.dtype, before.data() + elem_off(kHidden, t, h));
+          hidden[static_cast<size_t>(t * aH + h)] = x;
+          nonfinite += std::isfinite(x) ? 0 : 1;
+        }
+      }
+    }();
+    const bool ties_rne = q.rounding == megamoe::Rounding::kNearestEven;
+    const bool fp4_ttz =
+        q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kTiesTowardZero;
+    if (floor_ok && dropin) {
+      ref_format = RF::mxfp4(megamoe_ref::Fp4Ties::kTowardZero, q.amax_floor);
+    } else if (floor_ok && fp8 && (q.rounding == megamoe::Rounding::kDefault || ties_rne)) {
+      ref_format = RF::fp8(ue8m0, q.group_k, q.amax_floor);
+    } else if (floor_ok && fp4 && ue8m0 && q.group_k == 32 && q.scale2 == megamoe::Scale2::kNone &&
+               (fp4_ttz || ties_rne)) {
+      ref_format = RF::mxfp4(ties_rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
+                             q.amax_floor);
+    } else if (floor_ok && fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
+               q.scale2 == megamoe::Scale2::kPerToken) {
+      ref_format = RF::nvfp4_per_token(q.amax_floor);
+    } else if (fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
+               q.scale2 == megamoe::Scale2::kStatic && a.global_scale && plans[kGlobal].kind == Kind::kReal &&
+               plans[kGlobal].nonempty() && plans[kGlobal].ref.dtype == DType::kFloat32) {
+      // Only a finite positive gs: SPEC's clamp of a NaN quotient is not pinned down.
+      float gs;
+      std::memcpy(&gs, before.data() + elem_off(kGlobal, 0, 0), 4);
+      if (std::isfinite(gs) && gs > 0.0f) ref_format = RF::nvfp4_static(gs);
+    }
+    if (ref_format) {
+      const RF& rf = *ref_format;
+      const int64_t qc = rf.q_cols(aH), sc = rf.sf_cols(aH);
+      if (a.x_q.shape[1] != qc || cols != sc) {
+        finding("accepted x_q / x_sf widths " + std::to_string(a.x_q.shape[1]) + " / " + std::to_string(cols) +
+                " where the format has " + std::to_string(qc) + " / " + std::to_string(sc));
+      }
+      const megamoe_ref::Result ref = megamoe_ref::stage(hidden.data(), aT, aH, ids.data(), w.data(), aK,
+                                                         a.is_padding ? pad.data() : nullptr, rf);
+      if (ref.nonfinite != nonfinite)
+        finding("the reference and the harness count non-finite values differently");
+      const bool words = rf.packed_scales();
+      [&]() MEGAMOE_FUZZ_BULK {
+        for (int64_t t = 0; t < aT; ++t) {
+          for (int64_t h = 0; h < qc; ++h) put(kXq, t, h, &ref.x_q[static_cast<size_t>(t * qc + h)]);
+          for (int64_t s = 0; s < sc; ++s) {
+            const size_t i = static_cast<size_t>(t * sc + s);
+            put(kXsf, t, s,
+                words ? static_cast<const void*>(&ref.sf_words[i]) : static_cast<const void*>(&ref.sf_f32[i]));
+          }
+          if (!ref.x_scales.empty() && a.x_scales) put(kXScales, t, 0, &ref.x_scales[static_cast<size_t>(t)]);
+        }
+      }();
+      // x_scales passed to a format without per-token scales: nothing says what happens to it.
+      if (a.x_scales && ref.x_scales.empty()) set_free(kXScales);
+    } else {
+      set_free(kXq);
+      set_free(kXsf);
+      if (a.x_scales) set_free(kXScales);
+    }
+  }
+  // Top-k repack (SPEC "Top-k repack"), the same for every format: padded tokens and
+  // full-buffer tail rows -1 / +0.0, kept weights fl(w * alpha) with NaN bits kept.
+  if (entry != kEntryRoute && aK > 0) {  // K == 0: no element, whatever M is
+    [&]() MEGAMOE_FUZZ_BULK {
+      for (int64_t t = 0; t < aM; ++t) {
+        const bool padded = t >= aT || (present[kPad] && pad[static_cast<size_t>(t)] != 0);
+        for (int64_t k = 0; k < aK; ++k) {
+          const int64_t id = padded ? -1 : ids[static_cast<size_t>(t * aK + k)];
+          float wt = padded ? 0.0f : w[static_cast<size_t>(t * aK + k)];
+          if (!padded && alpha && !std::isnan(wt)) wt = megamoe_router_ref::mul32(wt, *alpha);
+          put(kIdxOut, t, k, &id);
+          put(kWOut, t, k, &wt);
+        }
+      }
+    }();
+  }
+  if (stage_entry && a.nonfinite_count) {
     uint64_t c0;
     std::memcpy(&c0, before.data() + elem_off(kNonfinite, 0, 0), 8);
     const uint64_t c1 = c0 + static_cast<uint64_t>(nonfinite);  // the caller's counter, added to
     put(kNonfinite, 0, 0, &c1);
   }
-  if (a.shared_x_sf) {
+  if (stage_entry && a.shared_x_sf) {
     // Mapped rows: a copy of the token's x_sf row (the reference's, or, for formats it does
     // not model, what the library wrote there); unmapped rows keep their bytes.
     [&]() MEGAMOE_FUZZ_BULK {
@@ -1171,24 +1573,49 @@ int fuzz_one(const uint8_t* data, size_t size) {
       }
     }();
   }
-  const int64_t i = first_diff(base, expect.data(), pool_size, free_byte.data());
-  if (i >= 0) {
-    // Name the byte: which tensor's element, or a gap/red zone.
-    std::string where = "a red zone or gap";
+  // Name a pool byte: which tensor's element, or a gap/red zone.
+  auto where = [&](int64_t i) {
+    std::string w0 = "a red zone or gap";
     for (int k = 0; k < kSlots; ++k) {
       const Plan& p = plans[k];
       if (p.kind != Kind::kReal || !p.nonempty()) continue;
       const int64_t o0 = static_cast<const uint8_t*>(p.ref.data) - base;
       for_each_element(p.ref, p.es, [&](int64_t r, int64_t cc, int64_t off) MEGAMOE_FUZZ_BULK {
         if (i >= o0 + off && i < o0 + off + p.es) {
-          where = std::string(kSlotName[k]) + "[" + std::to_string(r) + ", " + std::to_string(cc) +
-                  "] byte " + std::to_string(i - o0 - off);
+          w0 = std::string(kSlotName[k]) + "[" + std::to_string(r) + ", " + std::to_string(cc) + "] byte " +
+               std::to_string(i - o0 - off);
         }
       });
     }
-    finding("accepted call: pool byte " + std::to_string(i) + " (" + where + ") is " + hex8(base[i]) +
+    return w0;
+  };
+  const int64_t i = first_diff(base, expect.data(), pool_size, free_byte.data());
+  if (i >= 0) {
+    finding("accepted call: pool byte " + std::to_string(i) + " (" + where(i) + ") is " + hex8(base[i]) +
             ", expected " + hex8(expect[static_cast<size_t>(i)]) + " (was " +
             hex8(before[static_cast<size_t>(i)]) + ")");
+  }
+  if (entry == kEntryFused) {
+    // router.h: the bytes of route_and_stage are those of route() then prepare_inputs()
+    // with the router's outputs as the top-k inputs; every byte, the formats the reference
+    // does not model included. Both calls must accept what the fused call accepted.
+    const std::vector<uint8_t> fused(base, base + pool_size);
+    std::memcpy(base, before.data(), static_cast<size_t>(pool_size));
+    megamoe::RouterArgs r2 = rt;
+    r2.is_padding = a.is_padding;
+    megamoe::StageArgs s2 = a;
+    s2.topk_ids = rt.topk_ids;
+    s2.topk_weights = rt.topk_weights;
+    poison(true);
+    const Outcome c1 = run_api("route", [&] { megamoe::route(r2); });
+    const Outcome c2 = c1.threw ? c1 : run_api("prepare_inputs", [&] { megamoe::prepare_inputs(s2); });
+    poison(false);
+    if (c1.threw || c2.threw) finding("route_and_stage() accepted, route() + prepare_inputs() rejected: " + c2.msg);
+    const int64_t j = first_diff(base, fused.data(), pool_size, nullptr);
+    if (j >= 0) {
+      finding("route_and_stage() and route() + prepare_inputs() differ at pool byte " + std::to_string(j) + " (" +
+              where(j) + "): " + hex8(fused[static_cast<size_t>(j)]) + " vs " + hex8(base[j]));
+    }
   }
   return 0;
 }

@@ -3,9 +3,10 @@
 
 Run `python3 tests/fuzz/make_corpus.py` to (re)write tests/fuzz/corpus/. No numpy.
 
-An input is a header, twelve tensor descriptors, then a payload. Everything is little-endian;
-bytes missing at the end read as zero, and zero always means "the natural choice", so a
-short input is still a meaningful call.
+An input is a header, twelve tensor descriptors, with mode bit 7 an extension block (the
+entry point, full-buffer mode, scaling, the router, and ten more descriptors), then a
+payload. Everything is little-endian; bytes missing at the end read as zero, and zero
+always means "the natural choice", so a short input is still a meaningful call.
 
 Header (58 bytes)
   u8   mode         bit0 raw sizes: T, H, K are used as given (else "small sizes":
@@ -14,7 +15,7 @@ Header (58 bytes)
                       so small(H) = H // 128 | (H % 128) << 32);
                     bit1 is_padding present; bit2 shared_x_sf present; bit3 shared_block_m
                     present; bit4 global_scale present; bit5 x_scales present;
-                    bit6 nonfinite_count present
+                    bit6 nonfinite_count present; bit7 extension block present
   i64  T, H, K
   u8   elem         QuantElem value (0 fp8 e4m3, 1 e5m2, 2 int8, 3 fp4 e2m1; others invalid)
   u8   scale        ScaleType value (0 UE8M0, 1 fp32, 2 fp16, 3 fp8 e4m3; others invalid)
@@ -52,10 +53,37 @@ Tensor descriptor (49 bytes), in slot order
   i64 s0, s1    explicit strides
   i64 off       placement offset (see place)
 
+Extension block (58 bytes, then 10 descriptors as above), only with mode bit 7
+  u8   entry        (v % 4) 0 prepare_inputs, 1 stage_routing, 2 route, 3 route_and_stage
+  u8   xflags       bit0 full_buffer (not route); bit1 StageArgs / RoutingArgs
+                    routed_scaling_factor given (route_and_stage must reject it); bit2
+                    e_score_correction_bias; bit3 hash layer (tid2eid + input_ids); bit4
+                    EPLB (map, replica count, load, record flag); bit5 the router's
+                    nonfinite_count; bit6 RouterArgs::is_padding (route_and_stage must reject
+                    it); bit7 partial: input_ids / record_enabled left out (a rejection)
+  i64  max_tokens   M, the outputs' rows in full-buffer mode (small sizes: M = T + v mod 4097)
+  u32  alpha        fp32 bits of the staging / routing scaling factor
+  u32  router alpha fp32 bits of RouterArgs::routed_scaling_factor; 0 = the default 1.0
+  i64  E, top_k, V, R, P   experts, the router's top-k (its K: the top-k shapes' columns),
+                    tid2eid rows, replica slots, expert_load_view length (small sizes: E mod
+                    513, top_k mod 18, V mod 65, R mod 9, P mod 1025; T mod 257 for router
+                    entries)
+  descriptors       router_logits [T, E] fp32, e_score_correction_bias [E] fp32,
+                    tid2eid [V, K] int32, input_ids [T] int64,
+                    logical_to_physical_map [E, R] int32, logical_replica_count [E] int32,
+                    expert_load_view [P] int64, record_enabled [1] int32,
+                    nonfinite_count (router) [1] int64, is_padding (router) [T] bool
+  (place codes 2..23 name any earlier slot, these included; the router writes topk_ids and
+  topk_weights, which are then outputs, [T, top_k] int64 / fp32)
+
 Payload: the bytes of the input elements (hidden_states, topk_weights, topk_ids,
-is_padding, global_scale, nonfinite_count's initial value), in slot order, element by
-element, cycled; with no payload a fixed pseudo-random stream is used (is_padding then
-mostly 0).
+is_padding, global_scale, nonfinite_count's initial value, then the router's inputs and
+in/out tensors in slot order), element by element, cycled; with no payload a fixed
+pseudo-random stream is used (is_padding then mostly 0). The router's indices (tid2eid,
+input_ids, the map, the replica counts; int32/int64 only) and record flag take one byte
+each: below 0xF0 the byte modulo the index range (E, V, P, R + 1), above it an extreme
+value (-1, the range, INT32_MIN, INT64_MAX, ...); the record flag is 0 when the byte's low
+two bits are.
 """
 import os
 import struct
@@ -63,6 +91,11 @@ import sys
 
 SLOTS = ["hidden_states", "topk_weights", "topk_ids", "is_padding", "global_scale", "x_q",
          "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count"]
+ROUTER_SLOTS = ["router_logits", "bias", "tid2eid", "input_ids", "l2p", "replicas", "load",
+                "record", "router_nonfinite", "router_pad"]
+ENTRY = {"stage": 0, "routing": 1, "route": 2, "fused": 3}
+FULL, ALPHA, BIAS, HASH, EPLB, RNONFINITE, RPAD, PARTIAL = 1, 2, 4, 8, 16, 32, 64, 128
+EXT = 128
 DT = {"bf16": 0, "fp16": 1, "fp32": 2, "fp8": 3, "uint8": 4, "bool": 5, "int32": 6, "int64": 7,
       "int8": 8}
 RAW, PADDING, SHARED, BLOCKM, GLOBAL, XSCALES, NONFINITE = 1, 2, 4, 8, 16, 32, 64
@@ -85,19 +118,39 @@ def desc(dtype=0, rank=0, shape=0, layout=0, pad=0, place=0, misalign=0, device=
                        a, b, s0, s1, off)
 
 
+def f32_bits(v):
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
 def make(T, H, K, mode=0, elem=0, scale=0, qflags=0, scale2=0, rounding=0, floor_bits=0,
-         group_k=32, group_m=1, bm=0, tensors=None, payload=b""):
-    """One input. In small-size mode (mode without RAW) H is given as the real hidden size."""
-    if not mode & RAW:
-        H = small_h(H)
-    head = struct.pack("<B3q5BI3q", mode, T, H, K, elem, scale, qflags, scale2, rounding,
-                       floor_bits, group_k, group_m, bm)
-    assert len(head) == 58
+         group_k=32, group_m=1, bm=0, tensors=None, payload=b"", ext=None):
+    """One input. In small-size mode (mode without RAW) H is given as the real hidden size
+    and max_tokens as the real M. ext (a dict: entry, xflags, max_tokens, alpha,
+    router_alpha, E, top_k, V, R, P) adds the extension block."""
+    small = not mode & RAW
     tensors = tensors or {}
-    unknown = set(tensors) - set(SLOTS)
+    unknown = set(tensors) - set(SLOTS) - set(ROUTER_SLOTS)
     assert not unknown, unknown
+    if ext is not None:
+        mode |= EXT
+    head = struct.pack("<B3q5BI3q", mode, T, small_h(H) if small else H, K, elem, scale, qflags,
+                       scale2, rounding, floor_bits, group_k, group_m, bm)
+    assert len(head) == 58
     body = b"".join(desc(**tensors.get(s, {})) for s in SLOTS)
     assert len(body) == 12 * 49
+    if ext is not None:
+        e = dict(ext)
+        m = e.pop("max_tokens", T)
+        alpha = e.pop("alpha", None)
+        ralpha = e.pop("router_alpha", None)
+        block = struct.pack("<BBqII5q", ENTRY[e.pop("entry", "stage")], e.pop("xflags", 0),
+                            m - T if small else m,
+                            0 if alpha is None else f32_bits(alpha),
+                            0 if ralpha is None else f32_bits(ralpha),
+                            *(e.pop(n, 0) for n in ("E", "top_k", "V", "R", "P")))
+        assert not e, e
+        assert len(block) == 58
+        body += block + b"".join(desc(**tensors.get(s, {})) for s in ROUTER_SLOTS)
     return head + body + payload
 
 
@@ -209,6 +262,83 @@ def seeds():
     s["bug_nonfinite_count_overflow"] = make(
         1, 128, 0, mode=NONFINITE,
         payload=bf16(float("nan")) + bf16(1.0) * 127 + struct.pack("<q", INT64_MAX))
+    # Full-buffer mode: every output has M = max_tokens rows; the top-k tail becomes -1 /
+    # +0.0, the x_q / x_sf / x_scales tail stays as it was (filled with a poison byte).
+    poison = {"x_q": {"fill": 0xEE}, "x_sf": {"fill": 0xDD}, "topk_idx_out": {"fill": 0x77},
+              "topk_weights_out": {"fill": 0x66}}
+    s["fb_t0_m5"] = make(0, 256, 4, tensors=poison, ext={"xflags": FULL, "max_tokens": 5})
+    s["fb_m_eq_t"] = make(7, 256, 4, mode=PADDING | SHARED | BLOCKM, bm=64, tensors=poison,
+                          ext={"xflags": FULL, "max_tokens": 7})
+    s["fb_m_much_larger"] = make(3, 128, 2, tensors=poison, ext={"xflags": FULL, "max_tokens": 3000})
+    s["fb_m_less_than_t"] = make(4, 128, 2, mode=RAW, ext={"xflags": FULL, "max_tokens": 3})
+    s["fb_nvfp4_per_token"] = make(3, 256, 2, mode=XSCALES, elem=3, scale=3, scale2=2, group_k=16,
+                                   tensors={"x_scales": {"fill": 0x99}, **poison},
+                                   ext={"xflags": FULL | ALPHA, "max_tokens": 6, "alpha": -0.75})
+    # NaN weights on padded rows (they become +0.0) and on kept rows (bits kept) with a
+    # scaling factor; a kept weight that overflows under it. Exact payload: hidden 4 x 128
+    # bf16, weights 4 x 2 fp32, ids 4 x 2 int64, the mask.
+    nan_w = [1.0, 0x7F800001, 0x7FC00001, 0xFFFFFFFF, 3.0e38, -2.0, 0x7FA00000, 0.0]
+    wbytes = b"".join(struct.pack("<I", v) if isinstance(v, int) else struct.pack("<f", v)
+                      for v in nan_w)
+    nan_payload = (bf16(0.5, -1.0, 3.0, float("nan")) * 128 + wbytes +
+                   struct.pack("<8q", 0, 1, 2, 3, 4, 5, -7, 1 << 40) + bytes([0, 1, 0, 7]))
+    s["fb_nan_weights_padded_alpha"] = make(
+        4, 128, 2, mode=PADDING, tensors=poison, payload=nan_payload,
+        ext={"xflags": FULL | ALPHA, "max_tokens": 6, "alpha": 1.5})
+    s["alpha_inf"] = make(2, 128, 2, ext={"xflags": ALPHA, "alpha": float("inf")})
+    # stage_routing (routing only).
+    s["routing_plain"] = make(6, 128, 2, ext={"entry": "routing"})
+    s["routing_t0"] = make(0, 128, 3, ext={"entry": "routing"})
+    s["routing_t0_fb_m4"] = make(0, 128, 3, ext={"entry": "routing", "xflags": FULL, "max_tokens": 4})
+    s["routing_fb_alpha_bf16"] = make(
+        5, 128, 3, mode=PADDING, tensors={"topk_weights": {"dtype": dtype("bf16")}, **poison},
+        ext={"entry": "routing", "xflags": FULL | ALPHA, "max_tokens": 9, "alpha": 1.5})
+    # route(): selection with a bias and a router scaling factor; ties and non-finite logits
+    # (a cycled bf16 payload); hash layers; EPLB with 1..4 replica slots, with a hash layer.
+    ties = bf16(1.0, 1.0, -3.0, 0.5, 25.0, float("nan"), float("inf"), -float("inf"), 0.0, -0.0)
+    s["route_bias_alpha"] = make(16, 128, 0, ext={"entry": "route", "xflags": BIAS | RNONFINITE,
+                                                  "router_alpha": 2.5, "E": 64, "top_k": 6})
+    s["route_bf16_ties"] = make(
+        10, 128, 0, tensors={"router_logits": {"dtype": dtype("bf16")},
+                             "bias": {"dtype": dtype("bf16")}, "topk_ids": {"dtype": dtype("int32")}},
+        payload=ties, ext={"entry": "route", "xflags": BIAS | RNONFINITE, "E": 10, "top_k": 3})
+    s["route_hash_padding"] = make(9, 128, 0, ext={"entry": "route", "xflags": HASH | RPAD,
+                                                   "E": 32, "top_k": 4, "V": 5})
+    for r in range(1, 5):
+        s[f"route_eplb_r{r}"] = make(
+            12, 128, 0, tensors={"load": {"dtype": dtype("int32") if r % 2 else 0}},
+            ext={"entry": "route", "xflags": EPLB, "E": 16, "top_k": 4, "R": r, "P": 40})
+    s["route_hash_eplb_r3"] = make(20, 128, 0, ext={"entry": "route", "xflags": HASH | EPLB | RNONFINITE,
+                                                    "E": 24, "top_k": 8, "V": 7, "R": 3, "P": 72})
+    s["route_eplb_partial"] = make(4, 128, 0, ext={"entry": "route", "xflags": EPLB | PARTIAL,
+                                                   "E": 8, "top_k": 2, "R": 2, "P": 16})
+    s["route_t0"] = make(0, 128, 0, ext={"entry": "route", "E": 8, "top_k": 2})
+    # CPU worker threads: T * E >= 2^14.
+    s["route_threaded_T256_E128"] = make(256, 128, 0, ext={"entry": "route", "xflags": EPLB | BIAS,
+                                                           "E": 128, "top_k": 8, "R": 4, "P": 512})
+    # route_and_stage(): staged bytes = route() then prepare_inputs().
+    s["fused_mxfp8_bias"] = make(8, 256, 0, mode=PADDING | NONFINITE,
+                                 ext={"entry": "fused", "xflags": BIAS | RNONFINITE, "E": 32, "top_k": 4})
+    s["fused_fb_hash_eplb_shared"] = make(
+        5, 256, 0, mode=PADDING | SHARED | BLOCKM, bm=32, tensors=poison,
+        ext={"entry": "fused", "xflags": FULL | HASH | EPLB, "max_tokens": 20, "router_alpha": 1.5,
+             "E": 16, "top_k": 6, "V": 9, "R": 2, "P": 32})
+    s["fused_t0_fb_m3"] = make(0, 128, 0, tensors=poison,
+                               ext={"entry": "fused", "xflags": FULL, "max_tokens": 3, "E": 8, "top_k": 2})
+    s["fused_router_padding"] = make(3, 128, 0, ext={"entry": "fused", "xflags": RPAD, "E": 8, "top_k": 2})
+    s["fused_stage_alpha"] = make(3, 128, 0, ext={"entry": "fused", "xflags": ALPHA, "alpha": 1.0,
+                                                  "E": 8, "top_k": 2})
+    s["fused_mxfp4_fb"] = make(6, 256, 0, elem=3, tensors=poison,
+                               ext={"entry": "fused", "xflags": FULL | EPLB, "max_tokens": 8,
+                                    "E": 12, "top_k": 3, "R": 4, "P": 48})
+    # 4. Full buffer, K = 0 and max_tokens = 2^62: every top-k output is empty (valid), yet
+    #    the CPU repack looped over all 2^62 rows (a call that never returned).
+    s["bug_fb_k0_huge_max_tokens"] = make(5, 128, 0, mode=RAW,
+                                          ext={"entry": "routing", "xflags": FULL, "max_tokens": 1 << 62})
+    # H == 0 with NVFP4 per-token: nothing to quantize, yet x_scales [T] is written (from
+    #    the amax floor); a shortcut for H == 0 must not skip it.
+    s["h0_nvfp4_per_token_x_scales"] = make(3, 0, 8, mode=XSCALES, elem=3, scale=3, scale2=2,
+                                            group_k=16, tensors={"x_scales": {"fill": 0x11}})
     return s
 
 
