@@ -56,28 +56,6 @@ void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
     return;
   }
 #if MEGAMOE_WITH_CUDA
-  if (p.full_buffer || p.has_alpha) {
-    // Not fused into the staging kernels yet: the T rows first, then the routing-only
-    // kernel over the whole top-k buffers (the same stream orders them; the bytes are the
-    // fused CPU path's). Both calls were validated through the original arguments.
-    StageArgs rows = args;
-    rows.full_buffer = false;
-    rows.routed_scaling_factor.reset();
-    for (TensorRef* t : {&rows.x_q, &rows.x_sf, &rows.topk_idx_out, &rows.topk_weights_out}) t->shape[0] = p.T;
-    if (rows.x_scales) rows.x_scales->shape[0] = p.T;
-    if (p.T > 0) cuda::prepare_inputs(rows, detail::validate_args(rows), stream);
-    RoutingArgs r;
-    r.topk_weights = args.topk_weights;
-    r.topk_ids = args.topk_ids;
-    r.topk_idx_out = args.topk_idx_out;
-    r.topk_weights_out = args.topk_weights_out;
-    r.is_padding = args.is_padding;
-    r.full_buffer = args.full_buffer;
-    r.routed_scaling_factor = args.routed_scaling_factor;
-    r.enable_pdl = args.enable_pdl;
-    cuda::stage_routing(r, detail::validate_routing(r), stream);
-    return;
-  }
   cuda::prepare_inputs(args, p, stream);
 #else
   (void)stream;

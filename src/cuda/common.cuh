@@ -26,7 +26,7 @@ namespace {
 // the quantizing warps before their first load (line A, 48 bytes), their scale math and
 // stores (line B), the top-k warps (lines C, D), then what only the other formats and
 // kernels read (second-level scales, the non-finite counter, the general kernels' sizes).
-enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u };
+enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u };
 
 template <typename Idx>
 struct ParamsT {
@@ -37,7 +37,7 @@ struct ParamsT {
   Idx n_chunks;              // fast path: T * cpr
   uint32_t quant_blocks;     // split-topk / tile: blocks below quantize, the rest repack top-k
   core::FastDivU32 cpr_div;  // fast path: chunk index -> row (32-bit modes)
-  uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16
+  uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16, alpha
   // B: scale math and stores.
   void* sf;
   uint32_t* shared_sf;  // nullable
@@ -55,8 +55,9 @@ struct ParamsT {
   float* w_out;
   Idx ids_s0, ids_s1, w_s0, w_s1, pad_s0, io_s0, io_s1, wo_s0, wo_s1;
   core::FastDivU32 k_div;  // split top-k shape: entry index -> row
-  Idx n_topk;              // T * K
+  Idx n_topk;              // T * K, or M * K when the top-k blocks also fill the full-buffer tail
   Idx K;
+  float alpha;             // routed scaling factor of kept weights (kFlagAlpha)
   // Tile shape (and T also the general kernels).
   Idx T;
   Idx n_tiles;               // tile shape: ceil(T / kTileTokens) * seg_div.divisor

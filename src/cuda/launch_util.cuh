@@ -122,7 +122,8 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Pla
   prm.H = I(p.H);
   prm.K = I(p.K);
   prm.G = I(p.G);
-  prm.n_topk = I(p.T * p.K);
+  prm.n_topk = I((plan.fused_tail ? p.M : p.T) * p.K);
+  prm.alpha = p.alpha;
   prm.k_div = fastdiv_of(p.K);
   prm.cpr = I(p.H / kChunkElems);
   prm.n_chunks = I(p.T * (p.H / kChunkElems));
@@ -136,7 +137,8 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Pla
   prm.flags = (plan.pdl ? kFlagPdl : 0u) |  // griddepcontrol only when launched with PDL
               (a.topk_ids.dtype == DType::kInt64 ? kFlagIdsI64 : 0u) |
               (a.topk_weights.dtype == DType::kBFloat16 ? kFlagWBF16 : 0u) |
-              (a.topk_weights.dtype == DType::kFloat16 ? kFlagWF16 : 0u);
+              (a.topk_weights.dtype == DType::kFloat16 ? kFlagWF16 : 0u) |
+              (p.has_alpha ? kFlagAlpha : 0u);
   return prm;
 }
 

@@ -106,19 +106,23 @@ bool fits_idx32(const detail::Problem& p, const StageArgs& a) {
   // No tensor reaches below its data pointer (negative strides) or 2^31 elements above it;
   // chunk indices never wrap (n_chunks plus one loop grid of threads < 2^32: no loop grid
   // has more than kMaxGridThreads, a one-pass grid ends within a block of n_chunks); the
-  // T * K top-k entries fit 31 bits.
+  // M * K top-k entries (M >= T: the full buffer's rows) fit 31 bits.
   for (const detail::NamedTensor& n : detail::named_tensors(a)) {
     const detail::Extent e = detail::element_extent(*n.t);
     if (e.lo < 0 || e.hi >= (int64_t{1} << 31)) return false;
   }
   const int64_t n_chunks = p.T * (p.H / kChunkElems);
-  return n_chunks + kMaxGridThreads < (int64_t{1} << 32) && p.T * p.K < (int64_t{1} << 31);
+  return n_chunks + kMaxGridThreads < (int64_t{1} << 32) && p.M * p.K < (int64_t{1} << 31);
 }
 
 void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves) {
   const int64_t th = std::max(1, plan.threads);
   const int64_t chunks = p.T * (p.H / kChunkElems);
-  const int64_t topk_blocks = ceil_div(p.T * p.K, th);
+  const bool topk_blocks_of_their_own = plan.shape == Shape::kSplitTopk || plan.shape == Shape::kTile;
+  // Shapes with top-k blocks of their own fill a full buffer's tail rows there too (a few
+  // more threads of the same launch); the others leave it to a routing-only launch.
+  plan.fused_tail = topk_blocks_of_their_own && p.full_buffer && p.M > p.T;
+  const int64_t topk_blocks = ceil_div((plan.fused_tail ? p.M : p.T) * p.K, th);
   switch (plan.shape) {
     case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
     case Shape::kSplitTopk: plan.quant_blocks = ceil_div(chunks, th); break;
@@ -134,7 +138,6 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
     }
     case Shape::kRowwise: plan.quant_blocks = capped_blocks(p.T * th, plan.threads, dev, max_waves); break;
   }
-  const bool topk_blocks_of_their_own = plan.shape == Shape::kSplitTopk || plan.shape == Shape::kTile;
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
 }
 
@@ -196,8 +199,11 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   const bool per_token = p.fmt == core::Format::kNvfp4PerToken;
   const bool topk_own = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kTile;
   const int64_t th = pl.threads;
+  if (pl.fused_tail && !(topk_own && p.full_buffer)) {
+    reject(pl, "only the split-topk and tile shapes of a full-buffer call fill the tail in the kernel");
+  }
   if (topk_own) {
-    if ((pl.grid - pl.quant_blocks) * th < p.T * p.K) reject(pl, "too few top-k blocks");
+    if ((pl.grid - pl.quant_blocks) * th < (pl.fused_tail ? p.M : p.T) * p.K) reject(pl, "too few top-k blocks");
   } else if (pl.grid != pl.quant_blocks) {
     reject(pl, "only the split-topk and tile shapes have top-k blocks");
   }
@@ -264,6 +270,7 @@ std::string to_string(const Plan& pl) {
   s += pl.pdl ? " pdl=on" : " pdl=off";
   s += pl.count_nonfinite ? " nonfinite=on" : " nonfinite=off";
   s += pl.vectorized ? " vectorized=on" : " vectorized=off";
+  s += pl.fused_tail ? " fused_tail=on" : " fused_tail=off";
   return s;
 }
 

@@ -62,6 +62,9 @@ struct Plan {
   bool pdl = false;              ///< programmatic dependent launch (sm_90+)
   bool count_nonfinite = false;  ///< the kernel variant that counts NaN / Inf into nonfinite_count
   bool vectorized = true;        ///< 16-byte loads and vector stores (rows contiguous and aligned)
+  /// Full-buffer mode: the kernel's top-k blocks also fill the tail rows T..M-1 (split-topk
+  /// and tile shapes); otherwise prepare_inputs fills them with a second, routing-only launch.
+  bool fused_tail = false;
 };
 
 /// Grid caps of the looping shapes, in waves of (8 blocks of 256 threads) per SM.

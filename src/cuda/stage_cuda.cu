@@ -1,5 +1,6 @@
 // stage_cuda.cu: the CUDA backend's host entry points. prepare_inputs() asks plan() for
-// the kernel choice (plan.h) and launch() runs it: one kernel launch per call, no
+// the kernel choice (plan.h) and launch() runs it: one kernel launch per call (a second,
+// routing-only one only for a full-buffer tail the plan's shape does not fill), no
 // allocation, no host synchronization (CUDA-graph capture safe), optional PDL. The kernels
 // are by role in quantize_fast.cuh, quantize_generic.cuh and quantize_rowwise.cuh, the
 // top-k repack in topk.cuh; their instantiations in the launch_*.cu units.
@@ -16,6 +17,8 @@
 
 namespace megamoe {
 namespace cuda {
+
+void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream);
 
 DeviceInfo device_info(int device) {
   // Cached per ordinal (attribute queries cost about a microsecond each); 0 = not yet known.
@@ -61,12 +64,50 @@ void launch(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stre
 }
 
 std::string explain_plan(const StageArgs& a, const detail::Problem& p) {
-  if (p.T == 0) return "cuda backend: nothing to launch (T == 0)";
-  return "cuda backend: " + to_string(plan(p, a, device_info(a.hidden_states.device.index)));
+  if (p.T == 0) {
+    return p.full_buffer && p.M > 0 ? "cuda backend: the routing-only kernel fills the full-buffer tail (T == 0)"
+                                    : "cuda backend: nothing to launch (T == 0)";
+  }
+  const Plan pl = plan(p, a, device_info(a.hidden_states.device.index));
+  const bool tail_launch = p.full_buffer && p.M > p.T && !pl.fused_tail;
+  return "cuda backend: " + to_string(pl) + (tail_launch ? " + routing-only kernel for the full-buffer tail" : "");
 }
 
+namespace {
+
+/// Rows T..M-1 of the top-k outputs set to -1 / +0.0 by the routing-only kernel, over views
+/// that start at row T (no top-k input is read for them).
+void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
+  auto from_row = [&](TensorRef t) {
+    t.data = static_cast<char*>(t.data) + p.T * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
+    t.shape[0] = p.M - p.T;
+    return t;
+  };
+  RoutingArgs r;
+  r.topk_ids = a.topk_ids;
+  r.topk_weights = a.topk_weights;
+  r.topk_idx_out = from_row(a.topk_idx_out);
+  r.topk_weights_out = from_row(a.topk_weights_out);
+  r.full_buffer = true;
+  r.enable_pdl = a.enable_pdl;
+  detail::Problem q = p;
+  q.T = 0;
+  q.M = p.M - p.T;
+  q.has_padding = false;
+  q.has_alpha = false;
+  stage_routing(r, q, stream);
+}
+
+}  // namespace
+
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream) {
-  run(plan(p, a, device_info(a.hidden_states.device.index)), a, p, stream);
+  bool tail = p.full_buffer && p.M > p.T;
+  if (p.T > 0) {
+    const Plan pl = plan(p, a, device_info(a.hidden_states.device.index));
+    run(pl, a, p, stream);
+    tail = tail && !pl.fused_tail;
+  }
+  if (tail) fill_tail(a, p, stream);
 }
 
 }  // namespace cuda

@@ -10,8 +10,9 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
-/// Top-k entry (t, k): padded rows get id -1 and weight 0, others a copy (ids widened to
-/// int64, weights to fp32). Both loads (and the padding flag's) issue before any use.
+/// Top-k entry (t, k), t < T: padded rows get id -1 and weight 0, others a copy (ids
+/// widened to int64, weights to fp32, times the routed scaling factor when the call has
+/// one: one fp32 product). Both loads (and the padding flag's) issue before any use.
 template <typename Idx>
 __device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k) {
   const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
@@ -27,8 +28,9 @@ __device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k
   const float w = (p.flags & kFlagWBF16)  ? core::bf16_to_float(static_cast<uint16_t>(wbits))
                   : (p.flags & kFlagWF16) ? core::half_to_float(static_cast<uint16_t>(wbits))
                                           : core::bits_float(wbits);
+  const float wk = (p.flags & kFlagAlpha) ? core::scale_weight(w, p.alpha) : w;
   p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
-  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : w;
+  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : wk;
 }
 
 /// Top-k repack of row t, entries k = first, first + step, ...
@@ -38,12 +40,19 @@ __device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx fi
 }
 
 /// The split-topk and tile shapes' top-k blocks: block b >= quant_blocks repacks entries
-/// (b - quant_blocks) * blockDim.x + threadIdx.x of the flattened [T, K] (32-bit modes).
+/// (b - quant_blocks) * blockDim.x + threadIdx.x of the flattened [T, K] (32-bit modes),
+/// and in full-buffer mode (n_topk = M * K) marks the tail rows T..M-1 empty: -1 / +0.0,
+/// nothing read for them.
 __device__ __forceinline__ void repack_block(const Params32& p) {
   const uint32_t e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
   if (e >= p.n_topk) return;
-  const uint32_t t = core::fastdiv(e, p.k_div);
-  repack_entry(p, t, e - t * p.K);
+  const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
+  if (t >= p.T) {
+    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = int64_t{-1};
+    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = 0.0f;
+    return;
+  }
+  repack_entry(p, t, k);
 }
 
 }  // namespace

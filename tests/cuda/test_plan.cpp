@@ -36,6 +36,7 @@ struct Opts {
   bool shared_transposed = false;
   bool nonfinite = false;
   bool pdl = false;
+  int64_t max_tokens = 0;  // > 0: full-buffer mode, outputs of max_tokens rows
 };
 
 /// A call whose tensors live at made-up, 256-byte aligned device addresses.
@@ -51,21 +52,23 @@ struct FakeCall {
     const Device d = Device::cuda(0);
     const megamoe::OutputShapes s =
         megamoe::output_shapes(T, H, o.K, q, o.bm > 0 ? std::optional<int64_t>(o.bm) : std::nullopt);
+    const int64_t R = o.max_tokens > 0 ? o.max_tokens : T;  // rows of the outputs
     const int64_t es = megamoe::dtype_size(o.in);
     const int64_t hs0 = o.strided_hidden ? H + 8 : o.hidden_col_stride ? 2 * H : H;
     char* hs = static_cast<char*>(alloc((T * hs0 + 8) * es)) + (o.misaligned_hidden ? es : 0);
     a.hidden_states = TensorRef(hs, o.in, {T, H}, {hs0, o.hidden_col_stride ? 2 : 1}, d);
     a.topk_weights = TensorRef(alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
     a.topk_ids = TensorRef(alloc(T * o.K * 4), DType::kInt32, {T, o.K}, d);
-    a.x_q = TensorRef(alloc(s.x_q.numel()), s.x_q.dtype, {T, s.x_q.shape[1]}, d);
-    const int64_t sfc = s.x_sf.shape[1], ta = (T + 3) / 4 * 4;
+    a.x_q = TensorRef(alloc(R * s.x_q.shape[1]), s.x_q.dtype, {R, s.x_q.shape[1]}, d);
+    const int64_t sfc = s.x_sf.shape[1], ta = (R + 3) / 4 * 4;
     if (o.sf_mn_major) {
-      a.x_sf = TensorRef(alloc(ta * sfc * 4), s.x_sf.dtype, {T, sfc}, {1, ta}, d);
+      a.x_sf = TensorRef(alloc(ta * sfc * 4), s.x_sf.dtype, {R, sfc}, {1, ta}, d);
     } else {
-      a.x_sf = TensorRef(alloc(T * sfc * 4), s.x_sf.dtype, {T, sfc}, d);
+      a.x_sf = TensorRef(alloc(R * sfc * 4), s.x_sf.dtype, {R, sfc}, d);
     }
-    a.topk_idx_out = TensorRef(alloc(T * o.K * 8), DType::kInt64, {T, o.K}, d);
-    a.topk_weights_out = TensorRef(alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
+    a.topk_idx_out = TensorRef(alloc(R * o.K * 8), DType::kInt64, {R, o.K}, d);
+    a.topk_weights_out = TensorRef(alloc(R * o.K * 4), DType::kFloat32, {R, o.K}, d);
+    a.full_buffer = o.max_tokens > 0;
     if (o.bm > 0) {
       const int64_t rows = s.shared_x_sf->shape[0];
       a.shared_x_sf = o.shared_transposed ? TensorRef(alloc(rows * sfc * 4), DType::kInt32, {rows, sfc}, {1, rows}, d)
@@ -73,7 +76,7 @@ struct FakeCall {
       a.shared_block_m = o.bm;
     }
     if (s.global_scale) a.global_scale = TensorRef(alloc(4), DType::kFloat32, {1}, d);
-    if (s.x_scales) a.x_scales = TensorRef(alloc(T * 4), DType::kFloat32, {T}, d);
+    if (s.x_scales) a.x_scales = TensorRef(alloc(R * 4), DType::kFloat32, {R}, d);
     if (o.nonfinite) a.nonfinite_count = TensorRef(alloc(8), DType::kInt64, {1}, d);
     a.hidden_quant = q;
     a.enable_pdl = o.pdl;
@@ -363,6 +366,70 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   g.role = mc::Role::kGeneric;
   g.shape = mc::Shape::kGeneric;
   EXPECT_NE(verdict(n, g), "ok");
+}
+
+TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
+  auto call = [](int64_t T, int64_t M, const QuantScheme& q, Opts o = {}) {
+    o.max_tokens = M;
+    return FakeCall(T, 7168, q, o);
+  };
+  // Decode: split-topk; the top-k blocks cover all M * K entries, the tail rows included.
+  for (int64_t T : {1, 8, 64}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const FakeCall c = call(T, 4096, QuantScheme::mxfp8());
+    const mc::Plan p = c.plan();
+    EXPECT_EQ(p.shape, mc::Shape::kSplitTopk);
+    EXPECT_TRUE(p.fused_tail);
+    EXPECT_EQ(p.grid, p.quant_blocks + (4096 * 8 + p.threads - 1) / p.threads);
+    EXPECT_NE(mc::to_string(p).find("fused_tail=on"), std::string::npos);
+    EXPECT_NO_THROW(mc::check_plan(p, megamoe::detail::validate_args(c.a), c.a));
+  }
+  // Every format: the tail is fused exactly where the plan has top-k blocks of its own.
+  for (const QuantScheme& q : kAll) {
+    const mc::Plan p = call(4, 512, q).plan();
+    EXPECT_EQ(p.fused_tail, p.shape == mc::Shape::kSplitTopk) << mc::to_string(p);
+  }
+  // max_tokens == T: no tail, no extra blocks.
+  const mc::Plan same = call(8, 8, QuantScheme::mxfp8()).plan();
+  EXPECT_FALSE(same.fused_tail);
+  EXPECT_EQ(same.grid, same.quant_blocks + 1);
+  // Tiles (MN-major scales from 2^18 chunks) fill it too, in 256-thread top-k blocks.
+  Opts mn;
+  mn.sf_mn_major = true;
+  const mc::Plan tile = call(4096, 8192, QuantScheme::fp8_fp32_g128(), mn).plan();
+  EXPECT_EQ(tile.shape, mc::Shape::kTile);
+  EXPECT_TRUE(tile.fused_tail);
+  EXPECT_EQ(tile.grid, tile.quant_blocks + (8192 * 8 + 255) / 256);
+  // The loop shape, the generic and the row kernels leave the tail to a second launch.
+  EXPECT_FALSE(call(16384, 20000, QuantScheme::mxfp8()).plan().fused_tail);
+  Opts mis;
+  mis.misaligned_hidden = true;
+  EXPECT_FALSE(call(4, 512, QuantScheme::mxfp8(), mis).plan().fused_tail);
+  EXPECT_FALSE(call(4, 512, QuantScheme::nvfp4_per_token()).plan().fused_tail);
+}
+
+TEST(CudaPlan, CheckRejectsAFusedTailItCannotRun) {
+  Opts o;
+  o.max_tokens = 1024;
+  const FakeCall c(4, 7168, QuantScheme::mxfp8(), o);
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  const mc::Plan good = c.plan();
+  ASSERT_TRUE(good.fused_tail);
+  mc::Plan few = good;  // top-k blocks for T rows only
+  few.grid = few.quant_blocks + (4 * 8 + few.threads - 1) / few.threads;
+  EXPECT_THROW(mc::check_plan(few, pr, c.a), megamoe::Error);
+  mc::Plan loop = good;  // the loop shape has no top-k blocks to fill it with
+  loop.shape = mc::Shape::kLoop;
+  loop.grid = loop.quant_blocks;
+  EXPECT_THROW(mc::check_plan(loop, pr, c.a), megamoe::Error);
+  mc::fill_grid(loop, pr, kH200);  // recomputed: the tail goes back to the second launch
+  EXPECT_FALSE(loop.fused_tail);
+  EXPECT_NO_THROW(mc::check_plan(loop, pr, c.a));
+  // Without full-buffer mode a plan claiming to fill a tail is refused.
+  const FakeCall plain(4, 7168, QuantScheme::mxfp8());
+  mc::Plan claim = plain.plan();
+  claim.fused_tail = true;
+  EXPECT_THROW(mc::check_plan(claim, megamoe::detail::validate_args(plain.a), plain.a), megamoe::Error);
 }
 
 TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {

@@ -668,16 +668,42 @@ def test_every_format_cuda_matches_cpu_backend(name, T, H):
 
 @cuda_only
 @pytest.mark.parametrize("name", ALL_SCHEMES)
-@pytest.mark.parametrize("option", ["full_buffer", "scaled"])
-def test_every_format_cuda_full_buffer_and_scaling(name, option):
-    """Full-buffer mode and the routed scaling factor on CUDA (one call where the backend
-    fuses them, else megamoe's two-call fallback): the CPU backend's bytes."""
+@pytest.mark.parametrize("T", [0, 1, 65, 4096, 20000])
+@pytest.mark.parametrize("option", ["full_buffer", "scaled", "both"])
+@pytest.mark.parametrize("layout", ["aligned", "misaligned"])
+def test_every_format_cuda_full_buffer_and_scaling(name, T, option, layout):
+    """Full-buffer mode and the routed scaling factor on CUDA: the CPU backend's bytes. T
+    and the layout span the plans: split-topk (T = 1, 65, 4096: the tail in the staging
+    launch's own top-k blocks), the loop shape (T = 20000 at H = 7168) and the generic
+    kernel (hidden rows 2 bytes off alignment), both followed by a routing-only launch for
+    the tail; the row kernel for NVFP4 per-token; T = 0 (only the tail). The scaling factor
+    in every kernel's repack; padded rows carry NaN weights, bf16 weights on odd T."""
+    if layout == "misaligned" and T > 4096:
+        pytest.skip("the generic kernel's shapes are covered at T <= 4096")
+    if option == "scaled" and T == 0:
+        pytest.skip("without a tail T = 0 launches nothing")
     s = ALL_SCHEMES[name]
-    T, H = 65, 7168
-    h = hidden(T, H, seed=3).cpu()
-    w, ids = torch.rand(T, 8), torch.randint(0, 384, (T, 8), dtype=torch.int32)
-    kw = dict(full_buffer=True, rows=T + 63) if option == "full_buffer" else dict(routed_scaling_factor=2.5)
-    same_all(stage_on("cuda", h, w, ids, s, **kw), stage_on("cpu", h, w, ids, s, **kw), f"{name} {option}")
+    H, K = 7168, 8
+    h = hidden(max(T, 1), H, seed=3)[:T]
+    if layout == "misaligned":
+        wide = torch.empty(T, H + 1, dtype=h.dtype, device=h.device)
+        wide[:, 1:] = h
+        h = wide[:, 1:]  # rows 2 bytes past 16-byte alignment
+    g = gen(T + 7)
+    w = torch.rand(T, K, generator=g, device=DEVICE)
+    pad = torch.arange(T, device=DEVICE) % 5 == 4
+    w[pad] = float("nan")
+    if T % 2:
+        w = w.to(torch.bfloat16)
+    ids = torch.randint(0, 384, (T, K), generator=g, device=DEVICE, dtype=torch.int32)
+    kw = {}
+    if option in ("full_buffer", "both"):
+        kw.update(full_buffer=True, rows=T + 63)
+    if option in ("scaled", "both"):
+        kw.update(routed_scaling_factor=2.5)
+    got = stage_on("cuda", h, w, ids, s, pad, **kw)
+    want = stage_on("cpu", h.cpu(), w.cpu(), ids.cpu(), s, pad.cpu(), **kw)
+    same_all(got, want, f"{name} T={T} {option} {layout}")
 
 
 def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = 32):
