@@ -9,6 +9,7 @@
 #include <atomic>
 #include <string>
 
+#include "core/checked.h"
 #include "cuda/launch_util.cuh"
 #include "cuda/plan.h"
 #include "megamoe/error.h"
@@ -79,7 +80,10 @@ namespace {
 /// that start at row T (no top-k input is read for them).
 void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
   auto from_row = [&](TensorRef t) {
-    t.data = static_cast<char*>(t.data) + p.T * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
+    // Row T lies inside the validated span (M > T), so the offset fits; checked anyway.
+    const core::Checked off = core::Checked(p.T) * t.strides[0] * dtype_size(t.dtype);
+    if (!off.ok()) throw Error(ErrorCode::kInternal, "megamoe: full-buffer tail: row offset overflows");
+    t.data = static_cast<char*>(t.data) + off.value();
     t.shape[0] = p.M - p.T;
     return t;
   };
