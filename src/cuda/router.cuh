@@ -181,7 +181,9 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
   const uint32_t lane = threadIdx.x % 32u;
   const int64_t row = (r.flags & kRouteInputIdsI64) ? static_cast<const int64_t*>(r.input_ids)[t * r.iid_s0]
                                                     : static_cast<const int32_t*>(r.input_ids)[t * r.iid_s0];
-  const bool keep = row >= 0 && row < r.V;  // warp-uniform
+  // Warp-uniform. A padded token is never routed (SPEC: ids -1, weights +0.0, not recorded),
+  // whatever its table row says.
+  const bool keep = !router_padded(r, t) && row >= 0 && row < r.V;
   int64_t id = -1;
   float s = 0.0f;
   if (keep && lane < r.K) {

@@ -97,7 +97,12 @@ def test_fp8_fp32_per128_feeds_blockwise_scaled_mm(T, H, N):
     assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8))
     assert torch.equal(sf.view(torch.int32), ref_sf.view(torch.int32))
     assert torch.equal(out.view(torch.int16), out_ref.view(torch.int16)), "GEMM outputs differ bitwise"
-    err = rel_frobenius(out, x @ w.t())
+    # The tolerance measures the activation staging: the reference GEMM takes the original
+    # activations and the weights the fp8 GEMM was given (dequantized, fp32). Against the
+    # bf16 weights as well, the weights' own fp8 rounding adds as much again (0.037 measured
+    # on the H200, 2026-12-01); the activations alone give 0.026 on randn data.
+    w_deq = (wq.float().view(N // 128, 128, H // 128, 128) * w_sf[:, None, :, None]).view(N, H)
+    err = rel_frobenius(out, x.float() @ w_deq.t())
     assert err < 3e-2, err
 
 
