@@ -40,7 +40,7 @@
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
 # Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6),
-# SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
+# GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py).
 set -uo pipefail
@@ -219,13 +219,14 @@ step_build() {
   cmake_build . build-dev "$JOBS" "$(limit build)" ${BUILD_TARGETS:-}
 }
 
-GPU_BINS="megamoe_cuda_tests megamoe_router_cuda_tests"
+GPU_BINS=${GPU_BINS:-megamoe_cuda_tests megamoe_router_cuda_tests}
 bin_path() { echo "build-dev/tests/cuda/$1"; }
 
 suite_one() {  # binary box
   local b=$1 rc t
   t=$(date +%s)
-  timeout -k 5 "$2" "$(bin_path "$b")" --gtest_output=json:"$WORK/suite_$b.json" >"$WORK/suite_$b.log" 2>&1
+  timeout -k 5 "$2" "$(bin_path "$b")" --gtest_filter="${SUITE_FILTER:-*}" --gtest_output=json:"$WORK/suite_$b.json" \
+    >"$WORK/suite_$b.log" 2>&1
   rc=$?
   gtest_row suite "$b" "$rc" "$WORK/suite_$b.json" "$WORK/suite_$b.log" $(($(date +%s) - t)) >>"$WORK/suite.jsonl"
 }
