@@ -122,7 +122,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
   // Shapes with top-k blocks of their own fill a full buffer's tail rows there too (a few
   // more threads of the same launch); the others leave it to a routing-only launch.
   plan.fused_tail = topk_blocks_of_their_own && p.full_buffer && p.M > p.T;
-  const int64_t topk_blocks = ceil_div((plan.fused_tail ? p.M : p.T) * p.K, th);
+  const int64_t topk_blocks = topk_block_count(p.T, p.M, p.K, th, plan.fused_tail);
   switch (plan.shape) {
     case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
     case Shape::kSplitTopk: plan.quant_blocks = ceil_div(chunks, th); break;
@@ -203,7 +203,7 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
     reject(pl, "only the split-topk and tile shapes of a full-buffer call fill the tail in the kernel");
   }
   if (topk_own) {
-    if ((pl.grid - pl.quant_blocks) * th < (pl.fused_tail ? p.M : p.T) * p.K) reject(pl, "too few top-k blocks");
+    if (pl.grid - pl.quant_blocks < topk_block_count(p.T, p.M, p.K, th, pl.fused_tail)) reject(pl, "too few top-k blocks");
   } else if (pl.grid != pl.quant_blocks) {
     reject(pl, "only the split-topk and tile shapes have top-k blocks");
   }

@@ -73,6 +73,17 @@ constexpr int kDefaultMaxWaves = 16;
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).
 constexpr int kTileThreads = 256;
+/// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
+/// call is most of its top-k entries (M * K against T * K), and four per thread keep its
+/// blocks within one wave where one per thread took four.
+constexpr int kTailEntriesPerThread = 4;
+/// Top-k blocks of a split-topk or tile plan: one entry of rows 0..T-1 per thread, then
+/// (fused tail) kTailEntriesPerThread entries of rows T..M-1 per thread.
+inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads, bool fused_tail) {
+  const int64_t real = (T * K + threads - 1) / threads;
+  const int64_t per_block = threads * kTailEntriesPerThread;
+  return real + (fused_tail ? ((M - T) * K + per_block - 1) / per_block : 0);
+}
 constexpr int kTileTokens = 8;
 
 /// The library's choice for a validated call with T > 0.

@@ -254,6 +254,14 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   }
   const StageArgs a = detail::staged_args(r, *s);
   Plan pl = plan(p.stage, a, dev);
+  // The router blocks have the plan's block size; at decode (split-topk plans) the router
+  // block is the launch's critical path and its latency falls with more threads (scores
+  // and selection spread wider), while the quantizing blocks, one chunk a thread, do not
+  // care: 256 threads there.
+  if (pl.role == Role::kFast && pl.shape == Shape::kSplitTopk && pl.threads < 256) {
+    pl.threads = 256;
+    fill_grid(pl, p.stage, dev);
+  }
   check_plan(pl, p.stage, a);
   if (pl.role != Role::kFast) {  // two launches (see the file comment)
     launch_router(router_params(r, s, p, 256, dev, pdl), pdl, stream);

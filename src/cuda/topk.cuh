@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda/common.cuh"
+#include "cuda/plan.h"
 
 namespace megamoe {
 namespace cuda {
@@ -39,20 +40,31 @@ __device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx fi
   for (Idx k = first; k < p.K; k += step) repack_entry(p, t, k);
 }
 
-/// The split-topk and tile shapes' top-k blocks: block b >= quant_blocks repacks entries
-/// (b - quant_blocks) * blockDim.x + threadIdx.x of the flattened [T, K] (32-bit modes),
-/// and in full-buffer mode (n_topk = M * K) marks the tail rows T..M-1 empty: -1 / +0.0,
-/// nothing read for them.
+/// The split-topk and tile shapes' top-k blocks (32-bit modes; plan.h topk_block_count):
+/// the first ceil(T * K / blockDim.x) repack entry (b - quant_blocks) * blockDim.x +
+/// threadIdx.x of the flattened [T, K]; in full-buffer mode (n_topk = M * K) the blocks
+/// after them mark the tail rows T..M-1 empty, -1 / +0.0, nothing read, kTailEntriesPerThread
+/// entries a thread, blockDim.x apart (each store instruction of a warp stays contiguous).
 __device__ __forceinline__ void repack_block(const Params32& p) {
-  const uint32_t e = (blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
-  if (e >= p.n_topk) return;
-  const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
-  if (t >= p.T) {
-    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = int64_t{-1};
-    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = 0.0f;
+  const uint32_t b = blockIdx.x - p.quant_blocks;
+  const uint32_t real = p.T * p.K;  // <= n_topk < 2^31 (fits_idx32)
+  const uint32_t real_blocks = (real + blockDim.x - 1) / blockDim.x;
+  if (b < real_blocks) {
+    const uint32_t e = b * blockDim.x + threadIdx.x;
+    if (e >= real) return;
+    const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
+    repack_entry(p, t, k);
     return;
   }
-  repack_entry(p, t, k);
+  const uint32_t base = real + (b - real_blocks) * blockDim.x * kTailEntriesPerThread + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < kTailEntriesPerThread; ++r) {
+    const uint32_t e = base + static_cast<uint32_t>(r) * blockDim.x;  // < n_topk + grid threads < 2^32
+    if (e >= p.n_topk) return;
+    const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
+    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = int64_t{-1};
+    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = 0.0f;
+  }
 }
 
 }  // namespace

@@ -380,7 +380,9 @@ TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
     const mc::Plan p = c.plan();
     EXPECT_EQ(p.shape, mc::Shape::kSplitTopk);
     EXPECT_TRUE(p.fused_tail);
-    EXPECT_EQ(p.grid, p.quant_blocks + (4096 * 8 + p.threads - 1) / p.threads);
+    const int64_t tail_per_block = int64_t{p.threads} * mc::kTailEntriesPerThread;
+    EXPECT_EQ(p.grid, p.quant_blocks + (T * 8 + p.threads - 1) / p.threads +
+                          ((4096 - T) * 8 + tail_per_block - 1) / tail_per_block);
     EXPECT_NE(mc::to_string(p).find("fused_tail=on"), std::string::npos);
     EXPECT_NO_THROW(mc::check_plan(p, megamoe::detail::validate_args(c.a), c.a));
   }
@@ -399,7 +401,7 @@ TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
   const mc::Plan tile = call(4096, 8192, QuantScheme::fp8_fp32_g128(), mn).plan();
   EXPECT_EQ(tile.shape, mc::Shape::kTile);
   EXPECT_TRUE(tile.fused_tail);
-  EXPECT_EQ(tile.grid, tile.quant_blocks + (8192 * 8 + 255) / 256);
+  EXPECT_EQ(tile.grid, tile.quant_blocks + (4096 * 8 + 255) / 256 + (4096 * 8 + 1023) / 1024);
   // The loop shape, the generic and the row kernels leave the tail to a second launch.
   EXPECT_FALSE(call(16384, 20000, QuantScheme::mxfp8()).plan().fused_tail);
   Opts mis;
