@@ -4,10 +4,13 @@
 // full-buffer tail.
 //
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
-//     exp and log1p in double) are spread over all its threads, two independent ones per
-//     thread at a time, each writing the selection key and the score to shared memory.
-//     Spreading a token's E experts over the block is what keeps the decode latency down
-//     (T = 1, E = 384, 128 threads: three scores a thread).
+//     exp and log1p in double, some 100 dependent double operations each) are spread over
+//     all its threads (T = 1, E = 384, 128 threads: three scores a thread). A thread
+//     issues the loads of up to kChains of its entries (logit, bias, padding flag) before
+//     any arithmetic, then runs their scores side by side (core::router_scores: the chains
+//     interleave between the division's and the square root's branches; written one after
+//     the other, the compiler would run them one after the other), and writes each key and
+//     score to shared memory. kChains is what the kernel's register budget holds.
 //  2. Selection, one warp per token: lane l owns experts l, l + 32, ...; K rounds of a
 //     warp-wide argmax (redux.sync max of the keys, then min of the ids holding it, so
 //     ties go to the lowest id); only the winner's lane rescans its own experts.
@@ -201,39 +204,80 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
   if (lane < r.K) router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha));
 }
 
+/// N of a thread's entries of the block's ntok x E scores: entries i, i + blockDim.x, ...
+/// (entry w * E + e: token t0 + w, expert e; those from @p n on are stand-ins, neither
+/// counted nor stored). Every load is issued before the scores, which run side by side
+/// (core::router_scores); the key and the score go to shared memory unless the token is
+/// padded; hash layers only count.
+template <int N>
+__device__ __forceinline__ void router_score_entries(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
+                                                     uint32_t& nf, uint32_t* key, float* score) {
+  const uint32_t E = static_cast<uint32_t>(r.E);
+  const bool biased = (r.flags & kRouteBias) != 0;
+  uint32_t idx[N];
+  float x[N], b[N];
+  bool keep[N];
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    idx[c] = i + static_cast<uint32_t>(c) * blockDim.x;
+    const bool valid = idx[c] < n;
+    const uint32_t w = valid ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
+    x[c] = valid ? router_logit(r, t0 + w, e) : 0.0f;
+    b[c] = valid && biased ? router_bias(r, e) : 0.0f;
+    keep[c] = valid && !router_padded(r, t0 + w);
+    if (r.nonfinite != nullptr) nf += (valid && core::non_finite(x[c])) ? 1u : 0u;
+  }
+  if (r.flags & kRouteHash) return;
+  float s[N];
+  core::router_scores(x, s);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    if (keep[c]) {
+      score[idx[c]] = s[c];
+      key[idx[c]] = biased ? core::biased_key(s[c], b[c]) : core::selection_key(s[c]);
+    }
+  }
+}
+
+/// The thread's next entries from @p i: as many as the warp's first lane has @p rows left
+/// (warp-uniform), at most N side by side. Returns how many it took.
+template <int N>
+__device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
+                                                      uint32_t rows, uint32_t& nf, uint32_t* key, float* score) {
+  if constexpr (N > 1) {
+    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1>(r, t0, i, n, rows, nf, key, score);
+  }
+  router_score_entries<N>(r, t0, i, n, nf, key, score);
+  return N;
+}
+
 /// Router block @p rb (0-based among the router blocks). Every thread of the block calls
-/// it (barrier, warp shuffles). Not inlined: the fused kernel has one instantiation per
-/// quantizing variant, the router code is compiled once per unit; @p rp points at the
-/// kernel's __grid_constant__ parameter (read in place, no copy).
+/// it (barriers, warp shuffles). Not inlined: the fused kernel has one instantiation per
+/// quantizing variant, the router code is compiled once per unit and @p kChains (the most
+/// scores a thread runs side by side, what the caller's registers hold); @p rp points at
+/// the kernel's __grid_constant__ parameter (read in place, no copy; not __restrict__,
+/// which lets the compiler keep every field it has read in a register, more than the fused
+/// kernel's 32 hold).
+template <int kChains>
 __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
+  static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
   const RouterParams& r = *rp;
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
-  const uint32_t warp = threadIdx.x / 32u;
+  const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
   const int64_t ntok = t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0;
   const bool hash = (r.flags & kRouteHash) != 0;
-  // 1. Scores of the block's tokens (padded ones only counted): entry i = w * E + e of
-  // the block's ntok x E, two per thread and iteration (i and i + blockDim.x), so that
-  // each thread runs two independent score chains side by side (decode latency).
+  // 1. Scores of the block's tokens (padded ones only counted), entry w * E + e of the
+  // block's ntok x E spread over the threads (i, i + blockDim.x, ...): up to kChains of a
+  // thread's entries at a time, as many as the warp's first lane still has (warp-uniform),
+  // so that no chain is a stand-in except in the one warp that straddles n.
   uint32_t nf = 0;
   if (!hash || r.nonfinite != nullptr) {
-    const uint32_t n = static_cast<uint32_t>(ntok * r.E), E = static_cast<uint32_t>(r.E);  // <= 1536
-    for (uint32_t i = threadIdx.x; i < n; i += 2u * blockDim.x) {
-      const uint32_t j = i + blockDim.x < n ? i + blockDim.x : i;  // the second entry, or i again
-      const uint32_t wi = i / E, ei = i - wi * E, wj = j / E, ej = j - wj * E;
-      const float xi = router_logit(r, t0 + wi, ei), xj = router_logit(r, t0 + wj, ej);
-      if (r.nonfinite != nullptr) nf += (core::non_finite(xi) ? 1u : 0u) + (j != i && core::non_finite(xj) ? 1u : 0u);
-      if (hash) continue;
-      const float si = core::router_score(xi), sj = core::router_score(xj);
-      if (!router_padded(r, t0 + wi)) {
-        sh_s[i] = si;
-        sh_key[i] = (r.flags & kRouteBias) ? core::biased_key(si, router_bias(r, ei)) : core::selection_key(si);
-      }
-      if (j != i && !router_padded(r, t0 + wj)) {
-        sh_s[j] = sj;
-        sh_key[j] = (r.flags & kRouteBias) ? core::biased_key(sj, router_bias(r, ej)) : core::selection_key(sj);
-      }
+    const uint32_t n = static_cast<uint32_t>(ntok * r.E);  // <= kRouterSmemEntries
+    for (uint32_t i = threadIdx.x; i < n;) {
+      const uint32_t rows = (n - (i - lane) + blockDim.x - 1u) / blockDim.x;
+      i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
