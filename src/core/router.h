@@ -12,8 +12,9 @@
 // substituted (only ever looked up when the double lies that close to a boundary). Both
 // functions are thereby correctly rounded for every fp32 input (docs/ROUTER.md).
 // sqrt is IEEE (correctly rounded on both sides: sqrtss, __fsqrt_rn).
-// The special cases are selects after the main path rather than early returns, so that a
-// GPU thread scoring several experts runs their main paths side by side.
+// The special cases are selects after the main path rather than early returns, and
+// router_scores runs several experts' scores stage by stage, so that a GPU thread has their
+// main paths in flight side by side.
 #pragma once
 
 #include <cstdint>
@@ -193,28 +194,46 @@ MEGAMOE_HD double log_r(double z) {
   return dmul(q, z);
 }
 
-/// The main path of log1p_f32 for finite y > -1 with |y| >= 2^-29, before the rounding.
-MEGAMOE_HD double log1p_core(float y) {
+// log1p_core in three stages (reduction, quotient, finish), so that router_scores can run
+// each stage for several inputs side by side; log1p_core itself is the three in a row.
+
+/// The argument reduction of log1p_core (y as there): u = 1 + y = 2^k m with m in
+/// [sqrt(1/2), sqrt(2)); returns f = m - 1 (exact) and k in @p k.
+MEGAMOE_HD double log1p_reduce(float y, int& k) {
   // 1 + y is exact in double for 2^-29 <= |y| < 2^53 (at most 53 bits from 2^0 or y's top
   // bit down to y's last bit); beyond, its rounding moves log(1+y) by under 2^-53 / 36.
   const double u = dadd(1.0, static_cast<double>(y));
   // u = 2^k m with m in [sqrt(1/2), sqrt(2)): exponent and mantissa straight from the bits
   // (u >= 2^-24 is normal).
   const uint64_t ub = double_bits(u);
-  int k = static_cast<int>((ub >> 52) & 0x7FFu) - 1023;
+  k = static_cast<int>((ub >> 52) & 0x7FFu) - 1023;
   uint64_t mb = (ub & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;  // m in [1, 2)
   if (mb > 0x3FF6A09E667F3BCDull) {  // m > sqrt(2): halve it
     mb -= 0x0010000000000000ull;
     ++k;
   }
-  const double f = dsub(bits_double(mb), 1.0);  // exact (Sterbenz)
-  const double s = ddiv(f, dadd(2.0, f));
+  return dsub(bits_double(mb), 1.0);  // exact (Sterbenz)
+}
+
+/// The quotient of log1p_core: s = f / (2 + f), IEEE division (on the device an inline
+/// fast path and a branch to a slow-path call, hence a stage of its own).
+MEGAMOE_HD double log1p_quotient(double f) { return ddiv(f, dadd(2.0, f)); }
+
+/// log1p_core from the reduction (f, k) and the quotient s.
+MEGAMOE_HD double log1p_finish(double f, double s, int k) {
   const double hfsq = dmul(0.5, dmul(f, f));
   const double R = log_r(dmul(s, s));
   const double dk = static_cast<double>(k);
   // k ln2 + log(m), the small parts first (fdlibm's order): k * kLn2Hi is exact.
   const double tail = dsub(dsub(hfsq, dadd(dmul(s, dadd(hfsq, R)), dmul(dk, kLn2Lo))), f);
   return dsub(dmul(dk, kLn2Hi), tail);
+}
+
+/// The main path of log1p_f32 for finite y > -1 with |y| >= 2^-29, before the rounding.
+MEGAMOE_HD double log1p_core(float y) {
+  int k;
+  const double f = log1p_reduce(y, k);
+  return log1p_finish(f, log1p_quotient(f), k);
 }
 
 /// The fp32 inputs whose log1p_core rounds to the wrong fp32, with their correctly rounded
@@ -238,38 +257,75 @@ MEGAMOE_HD float log1p_exception(uint32_t y, float r) {
   }
 }
 
-/// log(1 + y) of an fp32, correctly rounded to fp32 for every input: NaN and y < -1 -> the
-/// quiet NaN, y = -1 -> -inf, +inf -> +inf; |y| < 2^-29 -> y itself (the exact y - y^2/2
-/// + ... is within 2^-30 |y| of y, closer than any fp32 rounding boundary around y;
-/// subnormals and ±0 included, the sign kept).
-MEGAMOE_HD float log1p_f32(float y) {
+/// log1p_f32 takes its main path: finite y > -1 with |y| >= 2^-29 (false for NaN).
+MEGAMOE_HD bool log1p_main(float y) {
+  const uint32_t b = float_bits(y);
+  return y > -1.0f && b != 0x7F800000u && (b & 0x7FFFFFFFu) >= 0x31000000u;
+}
+
+/// log1p_f32(y) from v = log1p_core(log1p_main(y) ? y : 1): the rounding, the exception
+/// table and the special cases.
+MEGAMOE_HD float log1p_round(float y, double v) {
   const uint32_t b = float_bits(y);
   const bool tiny = (b & 0x7FFFFFFFu) < 0x31000000u;
-  const bool main = y > -1.0f && b != 0x7F800000u && !tiny;  // false for NaN
-  const double v = log1p_core(main ? y : 1.0f);
   float r = to_f32(v);
-  if (main && near_fp32_midpoint(v)) r = log1p_exception(b, r);
+  if (log1p_main(y) && near_fp32_midpoint(v)) r = log1p_exception(b, r);
   r = tiny ? y : r;
   r = b == 0x7F800000u ? y : r;
   r = y == -1.0f ? bits_float(0xFF800000u) : r;
   return y != y || y < -1.0f ? quiet_nan() : r;
 }
 
+/// log(1 + y) of an fp32, correctly rounded to fp32 for every input: NaN and y < -1 -> the
+/// quiet NaN, y = -1 -> -inf, +inf -> +inf; |y| < 2^-29 -> y itself (the exact y - y^2/2
+/// + ... is within 2^-30 |y| of y, closer than any fp32 rounding boundary around y;
+/// subnormals and ±0 included, the sign kept).
+MEGAMOE_HD float log1p_f32(float y) { return log1p_round(y, log1p_core(log1p_main(y) ? y : 1.0f)); }
+
 // ---------------------------------------------------------------------------------------
 // The router's per-expert math.
 
-/// softplus(x) = x for x > 20, else log1p(exp(x)), each step an fp32 rounding.
-MEGAMOE_HD float softplus_f32(float x) {
-  const bool linear = x > kSoftplusThreshold;
-  const float sp = log1p_f32(exp_f32(linear ? 0.0f : x));
-  return linear ? x : sp;
+#if defined(__CUDA_ARCH__)
+#define MEGAMOE_UNROLL _Pragma("unroll")
+#else
+#define MEGAMOE_UNROLL
+#endif
+
+/// The expert scores s = sqrt(softplus(logit)) of N logits: each in [+0, +inf], or the
+/// quiet NaN for a NaN logit; softplus(x) = x for x > 20, else log1p(exp(x)), each step an
+/// fp32 rounding. Each logit goes through exactly the operations router_score applies to
+/// one, in the same order; the N of them advance stage by stage (exp, the log1p reduction,
+/// quotient and finish, then the rounding and the square root), so that between the
+/// stages that branch on the device (the division's and the square root's slow paths, the
+/// exception table) the N chains are straight-line code side by side and a GPU thread has
+/// N independent double-precision chains in flight.
+template <int N>
+MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
+  float y[N];
+  double f[N], q[N], v[N];
+  int k[N];
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) y[c] = exp_f32(logit[c] > kSoftplusThreshold ? 0.0f : logit[c]);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) f[c] = log1p_reduce(log1p_main(y[c]) ? y[c] : 1.0f, k[c]);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) q[c] = log1p_quotient(f[c]);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) v[c] = log1p_finish(f[c], q[c], k[c]);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    const float sp = logit[c] > kSoftplusThreshold ? logit[c] : log1p_round(y[c], v[c]);
+    const float r = sqrt_rn(sp);
+    s[c] = logit[c] != logit[c] ? quiet_nan() : r;
+  }
 }
 
-/// The expert score s = sqrt(softplus(logit)): in [+0, +inf], or the quiet NaN for a NaN
-/// logit.
+/// The expert score s = sqrt(softplus(logit)) of one logit (router_scores).
 MEGAMOE_HD float router_score(float logit) {
-  const float s = sqrt_rn(softplus_f32(logit));
-  return logit != logit ? quiet_nan() : s;
+  const float x[1] = {logit};
+  float s[1];
+  router_scores(x, s);
+  return s[0];
 }
 
 /// The selection key of a biased score b = fl(s + bias): an unsigned integer whose order is

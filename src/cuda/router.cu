@@ -39,10 +39,18 @@ struct FusedParams {
   RouterParams r;
 };
 
+/// The most scores a router thread runs side by side (router_block), what the kernel's
+/// registers hold: the router kernel's (no register cap) 3, 4 would spill on sm_90; the
+/// fused kernel's 2, without spills in its fp32 variants (a 64-register budget) and with
+/// some outside the chains in its 16-bit ones (32 registers, the quantizing blocks'
+/// occupancy).
+constexpr int kRouteChains = 3;
+constexpr int kFusedChains = 2;
+
 /// The router alone (route(), the two-launch path, a fused call without tokens).
 __global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ RouterParams r) {
   if (r.flags & kRoutePdl) pdl_wait_and_trigger();
-  router_block(&r, blockIdx.x);
+  router_block<kRouteChains>(&r, blockIdx.x);
 }
 
 /// Resident blocks per SM the fused kernel is built for: the fast kernel's for 16-bit
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
   constexpr bool kStream = kMode != Mode::kIdx32;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if (blockIdx.x >= p.quant_blocks) {  // block-uniform
-    router_block(&fp.r, blockIdx.x - p.quant_blocks);
+    router_block<kFusedChains>(&fp.r, blockIdx.x - p.quant_blocks);
     return;
   }
   const float s2 = static_scale2<F>(p);

@@ -1,21 +1,33 @@
 // router.cuh: the fused DeepSeek-V4 router's device code (docs/ROUTER.md "CUDA"): a
 // router block routes up to RouterParams::tpb consecutive tokens with the numeric rules of
 // core/router.h (the CPU backend's), then fills its share of the staged top-k buffers'
-// full-buffer tail.
+// full-buffer tail. What it costs is latency inside one block, so each phase spreads over
+// the whole block and keeps independent work in flight.
 //
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
-//     exp and log1p in double) are spread over all its threads, two independent ones per
-//     thread at a time, each writing the selection key and the score to shared memory.
-//     Spreading a token's E experts over the block is what keeps the decode latency down
-//     (T = 1, E = 384, 128 threads: three scores a thread).
-//  2. Selection, one warp per token: lane l owns experts l, l + 32, ...; K rounds of a
-//     warp-wide argmax (redux.sync max of the keys, then min of the ids holding it, so
-//     ties go to the lowest id); only the winner's lane rescans its own experts.
-//  3. Weights and stores, lane k for k < K: the scores are summed in k order (every lane
-//     accumulates the broadcast winners in the same order as the CPU loop), then the
-//     weight, the EPLB map and load, the public outputs and the staged top-k entry.
-// Hash layers skip 1 (except for counting non-finite logits) and 2: lane k reads its
-// table entry and scores that one expert.
+//     exp and log1p in double, some 100 dependent double operations each) are spread over
+//     all its threads (T = 1, E = 384, 128 threads: three scores a thread). A thread
+//     issues the loads of up to kChains of its entries (logit, bias, padding flag) before
+//     any arithmetic, then runs their scores side by side (core::router_scores: the chains
+//     interleave between the division's and the square root's branches; written one after
+//     the other, the compiler would run them one after the other), and writes each key and
+//     score to shared memory. kChains is what the kernel's register budget holds.
+//  2. Selection, G warps per token (router_group: the block's warps shared among its tokens,
+//     at most one per 32-expert column and G * K <= 32): each warp finds the top K of its
+//     slice of the token's experts (whole columns of 32, lane l holding expert 32 c + l) in
+//     K rounds of a warp-wide argmax: redux.sync max of the lanes' best keys, a ballot for
+//     the lane holding it, redux.sync min of the ids only when several do (ties go to the
+//     lowest id); only the winner's lane writes its candidate to shared memory and rescans
+//     its own experts. With G > 1, after a barrier the token's first warp ranks the G * K
+//     candidates, one per lane (the key and the complemented id packed in a 64-bit integer
+//     whose order is the selection order), which gives the same winners in the same order
+//     as one argmax over all E experts, each round rescanning 1/G of the experts a lane.
+//  3. Weights and stores, the token's first warp, lane k for k < K: winner k's score; the
+//     scores are summed in k order (every lane adds the K shuffled scores in the CPU loop's
+//     order), then the weight, the EPLB map and load, the public outputs and the staged
+//     top-k entry.
+// Hash layers skip 1 (except for counting non-finite logits) and 2: one warp per token,
+// lane k reads its table entry and scores that one expert.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,9 +42,10 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
-/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB, small enough
-/// not to cut the quantizing blocks' occupancy in the fused kernel (it is static, so every
-/// block of that kernel has it) on any architecture built (100 KiB per SM on sm_86/89).
+/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB (13 KiB with
+/// the selection candidates), small enough not to cut the quantizing blocks' occupancy in
+/// the fused kernel (it is static, so every block of that kernel has it) on any
+/// architecture built (100 KiB per SM on sm_86/89).
 constexpr int kRouterSmemEntries = 1536;
 
 enum : uint32_t {
@@ -134,46 +147,107 @@ __device__ __forceinline__ void router_store(const RouterParams& r, int64_t t, i
   }
 }
 
-/// Selection and weights of token t by one warp from the block's scores (key, s) of it.
-__device__ __forceinline__ void router_select(const RouterParams& r, int64_t t, const uint32_t* key, const float* s) {
+/// A selection candidate packed so that the selection order is the integer order: the key
+/// above, the complement of the expert id below (a larger key first, equal keys to the
+/// lower id). kNoCandidate (key 0, id kNoExpert) is below every real expert.
+constexpr uint32_t kNoExpert = 0xFFFFFFFFu;
+constexpr uint64_t kNoCandidate = 0;  // router_candidate(0, kNoExpert)
+__device__ __forceinline__ uint64_t router_candidate(uint32_t key, uint32_t id) {
+  return (static_cast<uint64_t>(key) << 32) | ~id;
+}
+__device__ __forceinline__ uint32_t candidate_id(uint64_t c) { return ~static_cast<uint32_t>(c); }
+
+/// Warps that select one token together (each over a slice of its experts, then merged):
+/// as many as the block has per token, at most one per 32-expert column and at most 32 / K
+/// (the merge ranks G * K <= 32 candidates, one per lane); the fewest that give the same
+/// columns per warp. Block-uniform.
+__device__ __forceinline__ uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
+  const uint32_t cols = (E + 31u) / 32u;
+  uint32_t g = warps / ntok;
+  g = g < cols ? g : cols;
+  g = g < 32u / K ? g : 32u / K;
+  const uint32_t per = (cols + g - 1u) / g;  // columns of the busiest warp
+  return (cols + per - 1u) / per;
+}
+
+/// The top K of one warp's slice of a token (keys @p key of its E experts): the columns
+/// g, g + G, ... of 32 experts, lane l holding expert 32 c + l of column c. Writes the K
+/// candidates in selection order to @p out (kNoCandidate once the slice is exhausted).
+/// K rounds of a warp-wide argmax: redux.sync max of the lanes' best keys; a single lane
+/// holding it wins (the common case, one ballot), several go to the lowest id (redux.sync
+/// min); only the winner's lane writes its candidate and rescans its own experts.
+__device__ __forceinline__ void router_slice_topk(const uint32_t* key, uint32_t E, uint32_t K, uint32_t g,
+                                                  uint32_t G, uint64_t* out) {
   const uint32_t lane = threadIdx.x % 32u;
-  const int64_t J = (r.E + 31) / 32;
-  constexpr uint32_t kNone = 0xFFFFFFFFu;  // no candidate: loses every tie (real ids are smaller)
-  uint32_t removed = 0, bk = 0, bid = kNone;
+  const uint32_t cols = (E + 31u) / 32u;
+  const uint32_t J = cols > g ? (cols - g + G - 1u) / G : 0u;  // this warp's columns
+  uint32_t removed = 0, bk = 0, bid = kNoExpert, bj = 0;
   auto rescan = [&] {
     bk = 0;
-    bid = kNone;
-    for (int64_t j = 0; j < J; ++j) {
-      const int64_t e = j * 32 + lane;
-      if (e < r.E && ((removed >> j) & 1u) == 0u) {
+    bid = kNoExpert;
+    for (uint32_t j = 0; j < J; ++j) {
+      const uint32_t e = (g + j * G) * 32u + lane;
+      if (e < E && ((removed >> j) & 1u) == 0u) {
         const uint32_t k = key[e];
-        if (bid == kNone || k > bk) {  // strictly larger: the lower id keeps a tie
+        if (bid == kNoExpert || k > bk) {  // strictly larger: the lower id keeps a tie
           bk = k;
-          bid = static_cast<uint32_t>(e);
+          bid = e;
+          bj = j;
         }
       }
     }
   };
   rescan();
-  float sum = 0.0f, mine = 0.0f;
-  uint32_t my_id = kNone;
-  for (int64_t k = 0; k < r.K; ++k) {
+  for (uint32_t k = 0; k < K; ++k) {
     const uint32_t m = warp_extreme<true>(bk);
-    const uint32_t win = warp_extreme<false>(bk == m ? bid : kNone);
-    const float sk = s[win];  // K <= E: a winner always exists
-    sum = core::add_rn(sum, sk);
-    if (lane == k) {
-      my_id = win;
-      mine = sk;
+    const uint32_t hold = __ballot_sync(0xFFFFFFFFu, bk == m);
+    bool won = lane == static_cast<uint32_t>(__ffs(hold) - 1);
+    if ((hold & (hold - 1u)) != 0u) {  // a tie between lanes (warp-uniform)
+      const uint32_t w = warp_extreme<false>(bk == m ? bid : kNoExpert);
+      if (w != kNoExpert) won = bid == w;  // else the slice is exhausted: the lowest lane says so
     }
-    if (bid == win) {
-      removed |= 1u << (win / 32u);
-      rescan();
+    if (won) {
+      out[k] = router_candidate(m, bid);  // kNoCandidate when exhausted
+      if (bid != kNoExpert) {
+        removed |= 1u << bj;
+        rescan();
+      }
     }
   }
-  if (lane < r.K) {
-    router_store(r, t, lane, true, my_id, core::router_weight(mine, core::weight_denominator(sum), r.alpha));
+}
+
+/// Token t's weights and stores by one warp from its K winners @p win (selection order)
+/// and its scores @p s: lane k < K takes winner k; every lane sums the K scores in k order
+/// (the CPU loop's order), then lane k writes its entry.
+__device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, const uint64_t* win, const float* s) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const uint32_t K = static_cast<uint32_t>(r.K);
+  uint32_t id = kNoExpert;
+  float mine = 0.0f;
+  if (lane < K) {
+    id = candidate_id(win[lane]);
+    mine = s[id];  // K <= E: every winner is a real expert
   }
+  float sum = 0.0f;
+  for (uint32_t k = 0; k < K; ++k) sum = core::add_rn(sum, __shfl_sync(0xFFFFFFFFu, mine, static_cast<int>(k)));
+  if (lane < K) router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha));
+}
+
+/// The merge of a token's G slices by one warp: @p c holds the G * K <= 32 candidates (each
+/// slice's top K in selection order); lane q ranks candidate q among them (how many are
+/// larger: the order is strict, so the ranks of the real candidates are distinct) and
+/// the winners k < K are written back to c[k]. The token's top K are among the candidates
+/// (an expert beaten by fewer than K of the token's experts is beaten by fewer than K of
+/// its slice) and every expert that beats one of them is a candidate too, so rank = the
+/// rank among all E experts: the same winners in the same order as one selection over E.
+__device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
+  uint32_t rank = 0;
+  for (uint32_t q = 0; q < n; ++q) rank += c[q] > mine ? 1u : 0u;
+  __syncwarp();
+  if (lane < n && rank < K) c[rank] = mine;  // never kNoCandidate: K real experts beat it
+  __syncwarp();
 }
 
 /// Hash layer token t by one warp: lane k scores tid2eid[input_ids[t], k].
@@ -201,52 +275,110 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
   if (lane < r.K) router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha));
 }
 
+/// N of a thread's entries of the block's ntok x E scores: entries i, i + blockDim.x, ...
+/// (entry w * E + e: token t0 + w, expert e; those from @p n on are stand-ins, neither
+/// counted nor stored). Every load is issued before the scores, which run side by side
+/// (core::router_scores); the key and the score go to shared memory unless the token is
+/// padded; hash layers only count.
+template <int N>
+__device__ __forceinline__ void router_score_entries(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
+                                                     uint32_t& nf, uint32_t* key, float* score) {
+  const uint32_t E = static_cast<uint32_t>(r.E);
+  const bool biased = (r.flags & kRouteBias) != 0;
+  uint32_t idx[N];
+  float x[N], b[N];
+  bool keep[N];
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    idx[c] = i + static_cast<uint32_t>(c) * blockDim.x;
+    const bool valid = idx[c] < n;
+    const uint32_t w = valid ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
+    x[c] = valid ? router_logit(r, t0 + w, e) : 0.0f;
+    b[c] = valid && biased ? router_bias(r, e) : 0.0f;
+    keep[c] = valid && !router_padded(r, t0 + w);
+    if (r.nonfinite != nullptr) nf += (valid && core::non_finite(x[c])) ? 1u : 0u;
+  }
+  if (r.flags & kRouteHash) return;
+  float s[N];
+  core::router_scores(x, s);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    if (keep[c]) {
+      score[idx[c]] = s[c];
+      key[idx[c]] = biased ? core::biased_key(s[c], b[c]) : core::selection_key(s[c]);
+    }
+  }
+}
+
+/// The thread's next entries from @p i: as many as the warp's first lane has @p rows left
+/// (warp-uniform), at most N side by side. Returns how many it took.
+template <int N>
+__device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
+                                                      uint32_t rows, uint32_t& nf, uint32_t* key, float* score) {
+  if constexpr (N > 1) {
+    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1>(r, t0, i, n, rows, nf, key, score);
+  }
+  router_score_entries<N>(r, t0, i, n, nf, key, score);
+  return N;
+}
+
+/// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
+constexpr int kRouterMaxWarps = 8;
+
 /// Router block @p rb (0-based among the router blocks). Every thread of the block calls
-/// it (barrier, warp shuffles). Not inlined: the fused kernel has one instantiation per
-/// quantizing variant, the router code is compiled once per unit; @p rp points at the
-/// kernel's __grid_constant__ parameter (read in place, no copy).
+/// it (barriers, warp shuffles). Not inlined: the fused kernel has one instantiation per
+/// quantizing variant, the router code is compiled once per unit and @p kChains (the most
+/// scores a thread runs side by side, what the caller's registers hold); @p rp points at
+/// the kernel's __grid_constant__ parameter (read in place, no copy; not __restrict__,
+/// which lets the compiler keep every field it has read in a register, more than the fused
+/// kernel's 32 hold).
+template <int kChains>
 __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
+  static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
   const RouterParams& r = *rp;
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
-  const uint32_t warp = threadIdx.x / 32u;
+  __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
+  const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
-  const int64_t ntok = t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0;
+  const uint32_t ntok = static_cast<uint32_t>(t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0);
+  const uint32_t E = static_cast<uint32_t>(r.E), K = static_cast<uint32_t>(r.K);
   const bool hash = (r.flags & kRouteHash) != 0;
-  // 1. Scores of the block's tokens (padded ones only counted): entry i = w * E + e of
-  // the block's ntok x E, two per thread and iteration (i and i + blockDim.x), so that
-  // each thread runs two independent score chains side by side (decode latency).
+  // Selection: G warps per token, warp = token * G + slice.
+  const uint32_t G = hash || ntok == 0 ? 1u : router_group(blockDim.x / 32u, ntok, E, K);
+  const uint32_t tok = warp / G, slice = warp % G;
+  const bool selects = !hash && tok < ntok;
+  const bool padded = selects && router_padded(r, t0 + tok);  // loaded before the scores
+  // 1. Scores of the block's tokens (padded ones only counted), entry w * E + e of the
+  // block's ntok x E spread over the threads (i, i + blockDim.x, ...): up to kChains of a
+  // thread's entries at a time, as many as the warp's first lane still has (warp-uniform),
+  // so that no chain is a stand-in except in the one warp that straddles n.
   uint32_t nf = 0;
   if (!hash || r.nonfinite != nullptr) {
-    const uint32_t n = static_cast<uint32_t>(ntok * r.E), E = static_cast<uint32_t>(r.E);  // <= 1536
-    for (uint32_t i = threadIdx.x; i < n; i += 2u * blockDim.x) {
-      const uint32_t j = i + blockDim.x < n ? i + blockDim.x : i;  // the second entry, or i again
-      const uint32_t wi = i / E, ei = i - wi * E, wj = j / E, ej = j - wj * E;
-      const float xi = router_logit(r, t0 + wi, ei), xj = router_logit(r, t0 + wj, ej);
-      if (r.nonfinite != nullptr) nf += (core::non_finite(xi) ? 1u : 0u) + (j != i && core::non_finite(xj) ? 1u : 0u);
-      if (hash) continue;
-      const float si = core::router_score(xi), sj = core::router_score(xj);
-      if (!router_padded(r, t0 + wi)) {
-        sh_s[i] = si;
-        sh_key[i] = (r.flags & kRouteBias) ? core::biased_key(si, router_bias(r, ei)) : core::selection_key(si);
-      }
-      if (j != i && !router_padded(r, t0 + wj)) {
-        sh_s[j] = sj;
-        sh_key[j] = (r.flags & kRouteBias) ? core::biased_key(sj, router_bias(r, ej)) : core::selection_key(sj);
-      }
+    const uint32_t n = ntok * E;  // <= kRouterSmemEntries
+    for (uint32_t i = threadIdx.x; i < n;) {
+      const uint32_t rows = (n - (i - lane) + blockDim.x - 1u) / blockDim.x;
+      i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
   __syncthreads();
-  // 2, 3. One warp per token.
-  if (warp < ntok) {
-    const int64_t t = t0 + warp;
-    if (hash) {
-      router_hash(r, t);
-    } else if (router_padded(r, t)) {
-      if (threadIdx.x % 32u < r.K) router_store(r, t, threadIdx.x % 32u, false, -1, 0.0f);
-    } else {
-      router_select(r, t, sh_key + warp * r.E, sh_s + warp * r.E);
+  // 2. Selection: each warp the top K of its slice of its token, then (G > 1) the token's
+  // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
+  if (hash) {
+    if (warp < ntok) router_hash(r, t0 + warp);
+  } else if (ntok > 0) {
+    uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
+    if (selects && !padded) router_slice_topk(sh_key + tok * E, E, K, slice, G, cand);
+    if (G > 1u) __syncthreads();  // block-uniform
+    else __syncwarp();
+    if (selects && slice == 0u) {
+      if (padded) {
+        if (lane < K) router_store(r, t0 + tok, lane, false, -1, 0.0f);
+      } else {
+        if (G > 1u) router_merge(cand, G * K, K);
+        router_finish(r, t0 + tok, cand, sh_s + tok * E);
+      }
     }
   }
   // Full-buffer tail: rows T..M-1 of the staged top-k, spread over all router blocks.

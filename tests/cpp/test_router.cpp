@@ -1,7 +1,8 @@
 // test_router.cpp: the fused DeepSeek-V4 router on the CPU backend against the
 // independent reference (tests/reference/router_reference.h):
 //  - the shared exp / log1p / sqrt / score (src/core/router.h) bit for bit against the
-//    reference's correctly rounded ones (docs/ROUTER.md: 0 ulp for every fp32 input);
+//    reference's correctly rounded ones (docs/ROUTER.md: 0 ulp for every fp32 input), and
+//    the scores side by side (router_scores) against the score one at a time;
 //  - route(): ids, weights, EPLB load and the logit counter for planted ties, NaN / Inf
 //    logits, all-equal logits, a reversing bias, E not a power of two, E = 512 / K = 16,
 //    hash layers, EPLB with 1..4 replicas (and out-of-range device data), padding;
@@ -110,6 +111,27 @@ TEST(RouterNumerics, SqrtAndScore) {
     const float s = megamoe::core::router_score(x);
     ASSERT_EQ(hex(u32(s)), hex(u32(ref::score(x)))) << "score(" << hex(b) << ")";
   }
+}
+
+/// router_scores<N> (the CUDA router's scores side by side) == router_score, N = 2..4, on
+/// the sample in every position of the N. (Every fp32 input was compared once.)
+template <int N>
+void expect_scores_side_by_side(const std::vector<uint32_t>& in) {
+  for (size_t i = 0; i + N <= in.size(); ++i) {
+    float x[N], s[N];
+    for (int c = 0; c < N; ++c) x[c] = f32(in[i + c]);
+    megamoe::core::router_scores(x, s);
+    for (int c = 0; c < N; ++c) {
+      ASSERT_EQ(hex(u32(s[c])), hex(u32(megamoe::core::router_score(x[c])))) << "score(" << hex(in[i + c]) << ")";
+    }
+  }
+}
+
+TEST(RouterNumerics, ScoresSideBySide) {
+  const std::vector<uint32_t> in = sample_inputs();
+  expect_scores_side_by_side<2>(in);
+  expect_scores_side_by_side<3>(in);
+  expect_scores_side_by_side<4>(in);
 }
 
 TEST(RouterNumerics, NanResultsAreTheQuietNaN) {
