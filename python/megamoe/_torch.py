@@ -9,8 +9,14 @@ reach the library as DLPack capsules (``torch.utils.dlpack.to_dlpack``: no strea
 synchronization, so it is safe inside CUDA graph capture); CUDA work goes to the current
 torch stream of the tensors' device.
 
-Importing this module costs no more than ``import torch``: ``torch.library.custom_op``
-does not load torch._dynamo, and nothing here does (see ``_scheme_ints``).
+The ops are registered with the low-level ``torch.library`` API (``Library.define`` /
+``Library.impl`` on the CPU and CUDA keys / ``torch.library.register_fake``), not with
+``torch.library.custom_op``, whose Python autograd, ADInplaceOrView and backend wrappers
+cost more per eager call than the library work at decode sizes
+(``bench/bench_op_overhead.py`` measures both styles, each next to an empty op of its own).
+
+Importing this module costs no more than ``import torch``: neither ``torch.library`` nor
+anything here loads torch._dynamo (see ``_scheme_ints``).
 """
 
 from __future__ import annotations
@@ -268,22 +274,41 @@ PyTorch op (the arguments of :func:`megamoe.route_and_stage` but the stream; the
 spelled out as for prepare_inputs)."""
 
 
-def _register(spec: Any, name: str, kernel: Any, doc: str) -> Any:
-    op = torch.library.custom_op(
-        f"megamoe::{name}",
-        spec.make_op_function(name, kernel, doc),
-        mutates_args=spec.mutates_args(),
-        device_types=("cuda", "cpu"),
-        schema=spec.op_schema(),
-    )
-    op.register_fake(spec.make_op_function(f"{name}_fake", _fake, _fake.__doc__))
-    return op
+# What the ops are registered with: the dispatch keys of their kernel (the backends the
+# library has; a tensor of another device gets the dispatcher's "no kernel" error) and their
+# tags (pt2_compliant_tag, as torch.library.custom_op sets it: opcheck passes for them).
+DISPATCH_KEYS = ("CPU", "CUDA")
+TAGS = (torch.Tag.pt2_compliant_tag,)
+
+# The namespace's one DEF library. It must stay referenced: a Library that is garbage
+# collected takes its definitions and kernels with it.
+_LIB = torch.library.Library("megamoe", "DEF")
 
 
-prepare_inputs_op = _register(PREPARE, "prepare_inputs", _prepare_kernel, _PREPARE_DOC)
-stage_routing_op = _register(ROUTING, "stage_routing", _routing_kernel, _ROUTING_DOC)
-route_op = _register(ROUTE, "route", _route_kernel, _ROUTE_DOC)
-route_and_stage_op = _register(ROUTE_AND_STAGE, "route_and_stage", _route_and_stage_kernel, _ROUTE_AND_STAGE_DOC)
+def _define(lib: Any, spec: Any, name: str, kernel: Any, doc: str, keys: Sequence[str] = DISPATCH_KEYS) -> Any:
+    """Define ``<lib.ns>::<name>`` (schema from ``spec``, TAGS), its kernel on ``keys`` and
+    its fake in ``lib`` (a DEF Library); returns the OpOverloadPacket. (The benchmark
+    registers its empty ops through this too, so that their floor is this style's.)
+
+    No Autograd kernel: the ops return nothing and write only their declared outputs, so
+    the dispatcher's autograd fallback (C++) passes them through (opcheck's
+    test_autograd_registration passes, tests/python/test_torch_cpu.py). No ADInplaceOrView
+    kernel either: like the direct call, the op does not bump the version counters of the
+    tensors it writes."""
+    lib.define(name + spec.op_schema(), tags=TAGS)
+    fn = spec.make_op_function(name, kernel, doc)
+    for key in keys:
+        lib.impl(name, fn, key)
+    fake = spec.make_op_function(f"{name}_fake", _fake, _fake.__doc__)
+    torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
+    return getattr(getattr(torch.ops, lib.ns), name)
+
+
+# The OpOverloadPackets torch.ops.megamoe.<name>.
+prepare_inputs_op = _define(_LIB, PREPARE, "prepare_inputs", _prepare_kernel, _PREPARE_DOC)
+stage_routing_op = _define(_LIB, ROUTING, "stage_routing", _routing_kernel, _ROUTING_DOC)
+route_op = _define(_LIB, ROUTE, "route", _route_kernel, _ROUTE_DOC)
+route_and_stage_op = _define(_LIB, ROUTE_AND_STAGE, "route_and_stage", _route_and_stage_kernel, _ROUTE_AND_STAGE_DOC)
 
 
 # ---------------------------------------------------------------------------------------

@@ -364,6 +364,33 @@ def test_opcheck_float8_x_fp8_all_but_the_schema_test():
         pass
 
 
+def test_opcheck_with_inputs_that_require_grad():
+    """opcheck's test_autograd_registration runs only when an input requires grad: the ops
+    have no Autograd kernel of their own (the dispatcher's fallback passes them through)."""
+    h, w, ids, outs = make(9, 256, 4, megamoe.MXFP8, dtype=torch.float32, x_dtype=torch.uint8)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    torch.library.opcheck(OP, op_args(h, w, ids, outs))
+    OP(*op_args(h, w, ids, outs))
+    check(outs, h.detach(), w.detach(), ids, megamoe.MXFP8)
+
+
+def test_ops_registration():
+    """The four ops come from megamoe's DEF library (Library.define / impl on the CPU and CUDA
+    keys / register_fake; no Python Autograd or ADInplaceOrView kernel, which is what made
+    torch.library.custom_op dearer per call); the public objects are their packets."""
+    for name, obj in (("prepare_inputs", mt.prepare_inputs_op), ("stage_routing", mt.stage_routing_op),
+                      ("route", mt.route_op), ("route_and_stage", mt.route_and_stage_op)):  # fmt: skip
+        assert obj is getattr(torch.ops.megamoe, name)
+        qualname = f"megamoe::{name}"
+        for key in ("CPU", "CUDA", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key), (qualname, key)
+        for key in ("Autograd", "ADInplaceOrView", "CompositeImplicitAutograd"):
+            assert not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key), (qualname, key)
+        assert torch.Tag.pt2_compliant_tag in obj.default.tags
+    assert mt._LIB.ns == "megamoe"
+
+
 def test_routing_op_and_opcheck():
     T, K = 11, 6
     g = np.random.default_rng(3)
