@@ -1,22 +1,33 @@
 #!/usr/bin/env python3
-"""Per-call eager host cost of the custom op torch.ops.megamoe.prepare_inputs against the
-direct call, with empty custom ops of the same registration style as the floor.
+"""Per-call eager host cost of the op torch.ops.megamoe.prepare_inputs against the direct
+call, with empty ops of each registration style as that style's floor.
 
 Calls (T = 1, H = 7168, MXFP8, K = 8, eager, no graph; wall time of N back-to-back calls,
 the variants interleaved round by round so that host drift hits them alike):
-  direct              megamoe.prepare_megamoe_inputs (plain eager: one nanobind call)
-  op                  torch.ops.megamoe.prepare_inputs (the OpOverloadPacket)
-  op_default          torch.ops.megamoe.prepare_inputs.default (the OpOverload)
-  op_kernel           the op's kernel function called as a Python function (no dispatcher)
-  empty_same_schema   a torch.library.custom_op with the op's schema and mutated arguments
-                      whose kernel does nothing (the floor the op's registration costs)
-  empty_one_tensor    a torch.library.custom_op "(Tensor(a!) x) -> ()" doing nothing
-op - empty_same_schema is what the library work and argument conversion add inside the op;
-empty_same_schema - empty_one_tensor is what the schema's 25 arguments cost the dispatcher.
+  direct                  megamoe.prepare_megamoe_inputs (plain eager: one nanobind call)
+  op                      torch.ops.megamoe.prepare_inputs (the OpOverloadPacket), registered
+                          as megamoe._torch registers it: torch.library.Library.define +
+                          Library.impl on megamoe._torch.DISPATCH_KEYS + register_fake
+  op_default              torch.ops.megamoe.prepare_inputs.default (the OpOverload)
+  op_kernel               the op's kernel function called as a Python function (no dispatcher)
+  op_custom_op            the same kernel registered with torch.library.custom_op (+
+                          register_fake), the registration megamoe used before
+  empty_library           an op of megamoe's registration style (Library, the same keys, tags
+                          and fake) with the op's schema, whose kernel does nothing: the floor
+                          of the op's registration
+  empty_library_composite the same with its kernel on CompositeExplicitAutograd
+  empty_same_schema       a torch.library.custom_op with the op's schema and mutated arguments
+                          whose kernel does nothing: the floor of op_custom_op
+  empty_one_tensor        a torch.library.custom_op "(Tensor(a!) x) -> ()" doing nothing
+op - empty_library is what the library work and argument conversion add inside the op (as
+is op_custom_op - empty_same_schema for the custom_op style); empty_same_schema -
+empty_library is what custom_op's wrappers cost; empty_same_schema - empty_one_tensor is what
+the schema's 25 arguments cost the dispatcher under custom_op.
 
-    python3 bench/bench_op_overhead.py --out DIR [--n 3000] [--rounds 7]
+    python3 bench/bench_op_overhead.py --out DIR [--n 3000] [--rounds 7] [--device cuda|cpu]
     python3 bench/bench_op_overhead.py --dry-run | --cpu-check
-Writes op_overhead.jsonl to --out.
+Writes op_overhead.jsonl to --out (--device cpu: CPU tensors, the CPU backend, full counts;
+--cpu-check: CPU tensors and few calls, the code path only, nothing written).
 """
 import argparse
 import json
@@ -28,12 +39,39 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import Rows, dry_run, header  # noqa: E402
 
-CALLS = ("direct", "op", "op_default", "op_kernel", "empty_same_schema", "empty_one_tensor")
+CALLS = ("direct", "op", "op_default", "op_kernel", "op_custom_op", "empty_library", "empty_library_composite",
+         "empty_same_schema", "empty_one_tensor")
+# The calls that write the staging bytes (checked against the direct call before timing).
+STAGING = ("direct", "op", "op_default", "op_kernel", "op_custom_op")
+FLOOR = "empty_library"  # the floor of the op's own registration style
+
+# The benchmark's torch.library.Library objects: a collected Library takes its ops with it.
+_LIBS = []
+
+
+def _library_op(torch, mt, ns, keys):
+    """An op doing nothing, of the op's schema, registered by megamoe._torch's own
+    registration function (Library define / impl on ``keys`` / register_fake)."""
+    from megamoe._signature import PREPARE
+
+    lib = torch.library.Library(ns, "DEF")
+    _LIBS.append(lib)
+    return mt._define(lib, PREPARE, "prepare_inputs_empty", lambda *a: None, "no-op", keys)
+
+
+def _custom_op(torch, qualname, spec, kernel, fake):
+    """A torch.library.custom_op as megamoe registered its ops before (custom_op + register_fake)."""
+    name = qualname.split("::")[1]
+    op = torch.library.custom_op(qualname, spec.make_op_function(name, kernel, "benchmark op"),
+                                 mutates_args=spec.mutates_args(), device_types=("cuda", "cpu"),
+                                 schema=spec.op_schema())  # fmt: skip
+    op.register_fake(spec.make_op_function(f"{name}_fake", fake, "no-op"))
+    return op
 
 
 def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
+    from megamoe import _torch as mt
     from megamoe._signature import PREPARE
-    from megamoe._torch import _op_scheme_args, _prepare_kernel
 
     gen = torch.Generator(device=dev).manual_seed(1)
     hs = (torch.randn(T, H, device=dev, generator=gen) * 17).bfloat16()
@@ -50,20 +88,18 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
                  enable_pdl=False)
     for i, p in enumerate(PREPARE.params):
         values[i] = given.get(p.name, p.default)
-    op_args = PREPARE.op_values(values, _op_scheme_args)
+    op_args = PREPARE.op_values(values, mt._op_scheme_args)
 
     def nothing(*a):
         return None
 
-    # Registered as megamoe._torch registers its ops (custom_op + register_fake), under a
-    # namespace of the benchmark's own; the names carry the pid so a second run in one
-    # process (the tests) registers afresh.
+    # Under namespaces of the benchmark's own; the names carry the pid and the time so that
+    # a second run in one process (the tests) registers afresh.
     ns = f"megamoe_bench{os.getpid()}_{int(time.time() * 1e6) % 10**9}"
-    empty = torch.library.custom_op(f"{ns}::prepare_inputs_empty",
-                                    PREPARE.make_op_function("prepare_inputs_empty", nothing, "no-op"),
-                                    mutates_args=PREPARE.mutates_args(), device_types=("cuda", "cpu"),
-                                    schema=PREPARE.op_schema())
-    empty.register_fake(PREPARE.make_op_function("prepare_inputs_empty_fake", nothing, "no-op"))
+    empty_lib = _library_op(torch, mt, f"{ns}_lib", mt.DISPATCH_KEYS)
+    empty_cea = _library_op(torch, mt, f"{ns}_cea", ("CompositeExplicitAutograd",))
+    empty = _custom_op(torch, f"{ns}::prepare_inputs_empty", PREPARE, nothing, nothing)
+    custom = _custom_op(torch, f"{ns}::prepare_inputs", PREPARE, mt._prepare_kernel, nothing)
 
     def touch(x):
         return None
@@ -76,7 +112,10 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
         "direct": lambda: megamoe.prepare_megamoe_inputs(hs, w, ids, xq, sf, io, wo, is_padding=pad),
         "op": lambda: op(*op_args),
         "op_default": lambda: op.default(*op_args),
-        "op_kernel": lambda: _prepare_kernel(*op_args),
+        "op_kernel": lambda: mt._prepare_kernel(*op_args),
+        "op_custom_op": lambda: custom(*op_args),
+        "empty_library": lambda: empty_lib(*op_args),
+        "empty_library_composite": lambda: empty_cea(*op_args),
         "empty_same_schema": lambda: empty(*op_args),
         "empty_one_tensor": lambda: one(xq),
     }, (xq, sf, io, wo)
@@ -104,23 +143,27 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     ap.add_argument("--n", type=int, default=3000, help="calls per round and variant")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="where the tensors live (cpu: the CPU backend does the staging work)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--cpu-check", action="store_true", help="CPU tensors, few calls: the code path only")
     args = ap.parse_args(argv)
     if args.dry_run:
-        return dry_run([dict(call=c, n=args.n, rounds=args.rounds) for c in CALLS],
+        return dry_run([dict(call=c, n=args.n, rounds=args.rounds, device=args.device) for c in CALLS],
                        os.path.join(args.out, "op_overhead.jsonl"))
     import torch
 
     import megamoe
+    from megamoe import _torch as mt
 
-    dev = "cpu" if args.cpu_check else "cuda"
+    dev = "cpu" if args.cpu_check else args.device
     if args.cpu_check:
         args.n, args.rounds = min(args.n, 30), min(args.rounds, 2)
     calls, outs = make_calls(torch, megamoe, dev)
-    # The op, its OpOverload, its kernel and the direct call write the same bytes.
+    # The op, its OpOverload, its kernel, its custom_op twin and the direct call write the
+    # same bytes.
     ref = None
-    for name in ("direct", "op", "op_default", "op_kernel"):
+    for name in STAGING:
         for o in outs:
             o.view(torch.uint8).fill_(0xA5)
         calls[name]()
@@ -132,17 +175,24 @@ def main(argv=None):
             return 1
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     rows = Rows(None if args.cpu_check else os.path.join(args.out, "op_overhead.jsonl"))
-    rows.write(header(n=args.n, rounds=args.rounds, T=1, H=7168, cpu_check=args.cpu_check))
+    rows.write(header(n=args.n, rounds=args.rounds, T=1, H=7168, cpu_check=args.cpu_check, tensor_device=dev,
+                      dispatch_keys=list(mt.DISPATCH_KEYS)))  # fmt: skip
     per = measure(torch, calls, args.n, args.rounds, sync)
     med = {}
     for name, v in per.items():
         med[name] = statistics.median(v)
         rows.write(dict(kind="op_overhead", call=name, us_median=med[name], us_min=min(v), us_max=max(v),
                         rounds=v))
-    rows.write(dict(kind="op_overhead_summary", op_minus_direct_us=med["op"] - med["direct"],
-                    op_minus_empty_same_schema_us=med["op"] - med["empty_same_schema"],
-                    empty_same_schema_minus_one_tensor_us=med["empty_same_schema"] - med["empty_one_tensor"],
-                    dispatcher_us=med["op"] - med["op_kernel"]))
+    rows.write(dict(kind="op_overhead_summary", floor=FLOOR,
+                    op_minus_direct_us=med["op"] - med["direct"],
+                    op_over_direct=med["op"] / med["direct"],
+                    op_minus_floor_us=med["op"] - med[FLOOR],
+                    dispatcher_us=med["op"] - med["op_kernel"],
+                    op_custom_op_minus_direct_us=med["op_custom_op"] - med["direct"],
+                    op_custom_op_minus_empty_same_schema_us=med["op_custom_op"] - med["empty_same_schema"],
+                    empty_same_schema_minus_empty_library_us=med["empty_same_schema"] - med["empty_library"],
+                    empty_library_composite_minus_empty_library_us=med["empty_library_composite"] - med["empty_library"],
+                    empty_same_schema_minus_one_tensor_us=med["empty_same_schema"] - med["empty_one_tensor"]))
     rows.close()
     return 0
 

@@ -154,6 +154,23 @@ def test_cpu_checks_of_formats_stage_and_op_overhead():
 
 
 @needs_torch
+def test_op_overhead_device_cpu_rows(tmp_path):
+    """--device cpu writes a row per call (each registration style with its empty op) and a
+    summary against the floor of the style megamoe registers its ops with."""
+    pytest.importorskip("megamoe")
+    bo = _module("bench_op_overhead")
+    assert bo.main(["--device", "cpu", "--n", "3", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "op_overhead.jsonl").read_text().splitlines()]
+    assert rows[0]["kind"] == "header" and rows[0]["tensor_device"] == "cpu"
+    assert [r["call"] for r in rows if r["kind"] == "op_overhead"] == list(bo.CALLS)
+    med = {r["call"]: r["us_median"] for r in rows if r["kind"] == "op_overhead"}
+    (summary,) = [r for r in rows if r["kind"] == "op_overhead_summary"]
+    assert summary["floor"] == "empty_library"
+    assert summary["op_minus_floor_us"] == med["op"] - med["empty_library"]
+    assert summary["op_custom_op_minus_empty_same_schema_us"] == med["op_custom_op"] - med["empty_same_schema"]
+
+
+@needs_torch
 def test_cpu_check_of_stage_megamoe_against_eager():
     pytest.importorskip("megamoe")
     assert _module("bench_stage").main(["--cpu-check", "--only", "all"]) == 0
