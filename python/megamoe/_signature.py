@@ -131,6 +131,18 @@ class Spec:
         self._bools = [(i, n) for i, n, k in kinds if k == "bool"]
         self._schemes = [i for i, _, k in kinds if k == "scheme"]
         self._streams = [i for i, _, k in kinds if k == "stream"]
+        # from_op_values' steps: n > 0 copies n op values as they are, 0 rebuilds the scheme
+        # from its SCHEME_FIELDS values, -1 inserts the stream.
+        steps, run = [], 0
+        for _, _, k in kinds:
+            if k in ("scheme", "stream"):
+                steps += [run] if run else []
+                steps.append(0 if k == "scheme" else -1)
+                run = 0
+            else:
+                run += 1
+        self._from_op_steps = tuple(steps + ([run] if run else []))
+        self._n_op = sum(len(SCHEME_FIELDS) if k == "scheme" else k != "stream" for _, _, k in kinds)
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -252,15 +264,20 @@ class Spec:
         return out
 
     def from_op_values(self, values: Sequence[Any], scheme: Callable[[tuple], Any], stream: int) -> list:
-        """The op's arguments back in table order (the scheme rebuilt, the given stream)."""
-        out, it = [], iter(values)
-        for p in self.params:
-            if p.kind == "stream":
-                out.append(stream)
-            elif p.kind == "scheme":
-                out.append(scheme(tuple(next(it) for _ in SCHEME_FIELDS)))
+        """The op's arguments back in table order (the scheme rebuilt, the given stream). On
+        every op call's path: runs of plain arguments copied as slices, not one by one."""
+        if len(values) != self._n_op:
+            raise TypeError(f"megamoe: {self.name}: expected {self._n_op} op arguments, got {len(values)}")
+        out, pos, n = [], 0, len(SCHEME_FIELDS)
+        for step in self._from_op_steps:
+            if step > 0:
+                out.extend(values[pos : pos + step])
+                pos += step
+            elif step == 0:
+                out.append(scheme(tuple(values[pos : pos + n])))
+                pos += n
             else:
-                out.append(next(it))
+                out.append(stream)
         return out
 
     # -- The stub -------------------------------------------------------------------------------

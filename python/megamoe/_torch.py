@@ -21,6 +21,7 @@ anything here loads torch._dynamo (see ``_scheme_ints``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import torch
@@ -235,8 +236,21 @@ def route_and_stage(a: Sequence[Any]) -> None:
 # The custom ops: schema, mutated arguments, kernel and fake from the one table
 
 
+@functools.lru_cache(maxsize=64, typed=True)
+def _cached_scheme(*fields: Any) -> _C.QuantScheme:
+    return scheme_from_plain(fields)
+
+
+def _op_scheme(fields: tuple) -> _C.QuantScheme:
+    """scheme_from_plain of the op's scheme values, built once per distinct scheme (building
+    a QuantScheme is most of what the kernel adds to the direct call); the objects stay
+    inside the kernel call, no caller sees or mutates one. A zero floor is built afresh:
+    +0.0 and -0.0 are one key but not one floor."""
+    return scheme_from_plain(fields) if fields[8] == 0 else _cached_scheme(*fields)
+
+
 def _prepare_kernel(*op_args: Any) -> None:
-    _run_prepare(PREPARE.from_op_values(op_args, scheme_from_plain, _stream_of(op_args[0])))
+    _run_prepare(PREPARE.from_op_values(op_args, _op_scheme, _stream_of(op_args[0])))
 
 
 def _routing_kernel(*op_args: Any) -> None:
@@ -248,7 +262,7 @@ def _route_kernel(*op_args: Any) -> None:
 
 
 def _route_and_stage_kernel(*op_args: Any) -> None:
-    _run_route_and_stage(ROUTE_AND_STAGE.from_op_values(op_args, scheme_from_plain, _stream_of(op_args[1])))
+    _run_route_and_stage(ROUTE_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[1])))
 
 
 def _fake(*op_args: Any) -> None:

@@ -172,6 +172,8 @@ def test_op_values_round_trip():
     back = PREPARE.from_op_values(op, scheme_from_plain, stream=7)
     args[PREPARE.index("stream")] = 7
     assert back == args
+    with pytest.raises(TypeError, match="expected 25 op arguments, got 24"):
+        PREPARE.from_op_values(op[:-1], scheme_from_plain, stream=7)
 
 
 # ---------------------------------------------------------------------------------------

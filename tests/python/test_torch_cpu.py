@@ -375,6 +375,20 @@ def test_opcheck_with_inputs_that_require_grad():
     check(outs, h.detach(), w.detach(), ids, megamoe.MXFP8)
 
 
+def test_op_scheme_cache():
+    """The kernels' scheme from the op's plain values: equal to scheme_from_plain, built once
+    per distinct scheme, a zero floor always afresh (+0.0 and -0.0 are one dict key)."""
+    from megamoe._scheme import scheme_from_plain
+
+    for s in ALL_SCHEMES.values():
+        f = mt._scheme_ints(s)
+        assert mt._op_scheme(f) == scheme_from_plain(f) == s
+        assert mt._op_scheme(f) is mt._op_scheme(tuple(f))
+    f = mt._scheme_ints(megamoe.MXFP8.with_amax_floor(0.0))
+    neg = f[:8] + (-0.0,)
+    assert str(mt._op_scheme(neg).amax_floor) == "-0.0" and str(mt._op_scheme(f).amax_floor) == "0.0"
+
+
 def test_ops_registration():
     """The four ops come from megamoe's DEF library (Library.define / impl on the CPU and CUDA
     keys / register_fake; no Python Autograd or ADInplaceOrView kernel, which is what made
