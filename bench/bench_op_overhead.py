@@ -19,10 +19,12 @@ the variants interleaved round by round so that host drift hits them alike):
   empty_same_schema       a torch.library.custom_op with the op's schema and mutated arguments
                           whose kernel does nothing: the floor of op_custom_op
   empty_one_tensor        a torch.library.custom_op "(Tensor(a!) x) -> ()" doing nothing
+  empty_library_one_tensor  the same schema in megamoe's style (Library, its keys and tags)
 op - empty_library is what the library work and argument conversion add inside the op (as
 is op_custom_op - empty_same_schema for the custom_op style); empty_same_schema -
-empty_library is what custom_op's wrappers cost; empty_same_schema - empty_one_tensor is what
-the schema's 25 arguments cost the dispatcher under custom_op.
+empty_library is what custom_op's wrappers cost; empty_library - empty_library_one_tensor
+(and empty_same_schema - empty_one_tensor) is what the schema's 25 arguments cost the
+dispatcher.
 
     python3 bench/bench_op_overhead.py --out DIR [--n 3000] [--rounds 7] [--device cuda|cpu]
     python3 bench/bench_op_overhead.py --dry-run | --cpu-check
@@ -40,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import Rows, dry_run, header  # noqa: E402
 
 CALLS = ("direct", "op", "op_default", "op_kernel", "op_custom_op", "empty_library", "empty_library_composite",
-         "empty_same_schema", "empty_one_tensor")
+         "empty_same_schema", "empty_one_tensor", "empty_library_one_tensor")
 # The calls that write the staging bytes (checked against the direct call before timing).
 STAGING = ("direct", "op", "op_default", "op_kernel", "op_custom_op")
 FLOOR = "empty_library"  # the floor of the op's own registration style
@@ -107,6 +109,13 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
     one = torch.library.custom_op(f"{ns}::touch", touch, mutates_args=("x",), device_types=("cuda", "cpu"),
                                   schema="(Tensor(a!) x) -> ()")
     one.register_fake(touch)
+    lib = torch.library.Library(f"{ns}_one", "DEF")
+    _LIBS.append(lib)
+    lib.define("touch(Tensor(a!) x) -> ()", tags=mt.TAGS)
+    for key in mt.DISPATCH_KEYS:
+        lib.impl("touch", touch, key)
+    torch.library.register_fake(f"{ns}_one::touch", touch, lib=lib)
+    one_lib = getattr(torch.ops, f"{ns}_one").touch
     op = torch.ops.megamoe.prepare_inputs
     return {
         "direct": lambda: megamoe.prepare_megamoe_inputs(hs, w, ids, xq, sf, io, wo, is_padding=pad),
@@ -118,6 +127,7 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
         "empty_library_composite": lambda: empty_cea(*op_args),
         "empty_same_schema": lambda: empty(*op_args),
         "empty_one_tensor": lambda: one(xq),
+        "empty_library_one_tensor": lambda: one_lib(xq),
     }, (xq, sf, io, wo)
 
 
@@ -192,6 +202,7 @@ def main(argv=None):
                     op_custom_op_minus_empty_same_schema_us=med["op_custom_op"] - med["empty_same_schema"],
                     empty_same_schema_minus_empty_library_us=med["empty_same_schema"] - med["empty_library"],
                     empty_library_composite_minus_empty_library_us=med["empty_library_composite"] - med["empty_library"],
+                    empty_library_minus_one_tensor_us=med["empty_library"] - med["empty_library_one_tensor"],
                     empty_same_schema_minus_one_tensor_us=med["empty_same_schema"] - med["empty_one_tensor"]))
     rows.close()
     return 0
