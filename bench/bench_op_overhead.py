@@ -4,22 +4,27 @@ call, with empty ops of each registration style as that style's floor.
 
 Calls (T = 1, H = 7168, MXFP8, K = 8, eager, no graph; wall time of N back-to-back calls,
 the variants interleaved round by round so that host drift hits them alike):
-  direct                  megamoe.prepare_megamoe_inputs (plain eager: one nanobind call)
-  op                      torch.ops.megamoe.prepare_inputs (the OpOverloadPacket), registered
-                          as megamoe._torch registers it: torch.library.Library.define +
-                          Library.impl on megamoe._torch.DISPATCH_KEYS + register_fake
-  op_default              torch.ops.megamoe.prepare_inputs.default (the OpOverload)
-  op_kernel               the op's kernel function called as a Python function (no dispatcher)
-  op_custom_op            the same kernel registered with torch.library.custom_op (+
-                          register_fake), the registration megamoe used before
-  empty_library           an op of megamoe's registration style (Library, the same keys, tags
-                          and fake) with the op's schema, whose kernel does nothing: the floor
-                          of the op's registration
-  empty_library_composite the same with its kernel on CompositeExplicitAutograd
-  empty_same_schema       a torch.library.custom_op with the op's schema and mutated arguments
-                          whose kernel does nothing: the floor of op_custom_op
-  empty_one_tensor        a torch.library.custom_op "(Tensor(a!) x) -> ()" doing nothing
+  direct                    megamoe.prepare_megamoe_inputs (plain eager: one nanobind call)
+  op                        torch.ops.megamoe.prepare_inputs (the OpOverloadPacket), registered
+                            as megamoe._torch registers it: torch.library.Library.define +
+                            Library.impl on megamoe._torch.DISPATCH_KEYS + register_fake
+  op_default                torch.ops.megamoe.prepare_inputs.default (the OpOverload)
+  op_kernel                 the op's kernel function called as a Python function (no dispatcher)
+  op_custom_op              the same kernel registered with torch.library.custom_op (+
+                            register_fake), the registration megamoe used before
+  empty_library             an op of megamoe's registration style (Library, the same keys, tags
+                            and fake) with the op's schema, whose kernel does nothing: the floor
+                            of the op's registration
+  empty_library_composite   the same with its kernel on CompositeExplicitAutograd
+  empty_same_schema         a torch.library.custom_op with the op's schema and mutated arguments
+                            whose kernel does nothing: the floor of op_custom_op
+  empty_one_tensor          a torch.library.custom_op "(Tensor(a!) x) -> ()" doing nothing
   empty_library_one_tensor  the same schema in megamoe's style (Library, its keys and tags)
+  empty_library_then_direct empty_library and then direct, one after the other per call: the
+                            op's floor plus the library work with nothing between them (what
+                            the op would cost if its kernel added nothing to the direct call)
+op - empty_library_then_direct is what the op adds to its floor and the direct call (the
+argument conversion in its kernel; what the two cost when interleaved counts in both);
 op - empty_library is what the library work and argument conversion add inside the op (as
 is op_custom_op - empty_same_schema for the custom_op style); empty_same_schema -
 empty_library is what custom_op's wrappers cost; empty_library - empty_library_one_tensor
@@ -42,9 +47,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import Rows, dry_run, header  # noqa: E402
 
 CALLS = ("direct", "op", "op_default", "op_kernel", "op_custom_op", "empty_library", "empty_library_composite",
-         "empty_same_schema", "empty_one_tensor", "empty_library_one_tensor")
+         "empty_same_schema", "empty_one_tensor", "empty_library_one_tensor", "empty_library_then_direct")
 # The calls that write the staging bytes (checked against the direct call before timing).
-STAGING = ("direct", "op", "op_default", "op_kernel", "op_custom_op")
+STAGING = ("direct", "op", "op_default", "op_kernel", "op_custom_op", "empty_library_then_direct")
 FLOOR = "empty_library"  # the floor of the op's own registration style
 
 # The benchmark's torch.library.Library objects: a collected Library takes its ops with it.
@@ -117,8 +122,16 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
     torch.library.register_fake(f"{ns}_one::touch", touch, lib=lib)
     one_lib = getattr(torch.ops, f"{ns}_one").touch
     op = torch.ops.megamoe.prepare_inputs
+
+    def direct():
+        megamoe.prepare_megamoe_inputs(hs, w, ids, xq, sf, io, wo, is_padding=pad)
+
+    def empty_then_direct():
+        empty_lib(*op_args)
+        direct()
+
     return {
-        "direct": lambda: megamoe.prepare_megamoe_inputs(hs, w, ids, xq, sf, io, wo, is_padding=pad),
+        "direct": direct,
         "op": lambda: op(*op_args),
         "op_default": lambda: op.default(*op_args),
         "op_kernel": lambda: mt._prepare_kernel(*op_args),
@@ -128,6 +141,7 @@ def make_calls(torch, megamoe, dev, T=1, H=7168, K=8):
         "empty_same_schema": lambda: empty(*op_args),
         "empty_one_tensor": lambda: one(xq),
         "empty_library_one_tensor": lambda: one_lib(xq),
+        "empty_library_then_direct": empty_then_direct,
     }, (xq, sf, io, wo)
 
 
@@ -197,6 +211,7 @@ def main(argv=None):
                     op_minus_direct_us=med["op"] - med["direct"],
                     op_over_direct=med["op"] / med["direct"],
                     op_minus_floor_us=med["op"] - med[FLOOR],
+                    op_minus_floor_then_direct_us=med["op"] - med["empty_library_then_direct"],
                     dispatcher_us=med["op"] - med["op_kernel"],
                     op_custom_op_minus_direct_us=med["op_custom_op"] - med["direct"],
                     op_custom_op_minus_empty_same_schema_us=med["op_custom_op"] - med["empty_same_schema"],

@@ -167,6 +167,7 @@ def test_op_overhead_device_cpu_rows(tmp_path):
     (summary,) = [r for r in rows if r["kind"] == "op_overhead_summary"]
     assert summary["floor"] == "empty_library"
     assert summary["op_minus_floor_us"] == med["op"] - med["empty_library"]
+    assert summary["op_minus_floor_then_direct_us"] == med["op"] - med["empty_library_then_direct"]
     assert summary["op_custom_op_minus_empty_same_schema_us"] == med["op_custom_op"] - med["empty_same_schema"]
 
 
