@@ -12,8 +12,9 @@ torch stream of the tensors' device.
 The ops are registered with the low-level ``torch.library`` API (``Library.define`` /
 ``Library.impl`` on the CPU and CUDA keys / ``torch.library.register_fake``), not with
 ``torch.library.custom_op``, whose Python autograd, ADInplaceOrView and backend wrappers
-cost more per eager call than the library work at decode sizes
-(``bench/bench_op_overhead.py`` measures both styles, each next to an empty op of its own).
+make an empty op of these schemas cost more per eager call than the direct call does
+(``bench/bench_op_overhead.py`` measures both styles, each next to an empty op of its own;
+docs/PERFORMANCE.md).
 
 Importing this module costs no more than ``import torch``: neither ``torch.library`` nor
 anything here loads torch._dynamo (see ``_scheme_ints``).
