@@ -32,6 +32,9 @@
 # Earlier names: test = suite ctest-cpu, bench = bench-kernel, python = pytest of all tests/python.
 # Groups: call1 = info build sanitize suite pytest suite-wait sanitize-wait
 #         call2 = info build bench-formats nonfinite bench-router ab bench-op
+#         call3 = info build bench-formats bench-router bench-op
+#         call4 = info build sanitize sanitize-wait (megamoe_cuda_tests' slow sanitizer pass
+#           alone: GPU_BINS=megamoe_cuda_tests SANITIZE_PASSES=slow)
 #           (BUILD_TARGETS defaults to "_C megamoe_bench_router" there; bench-op, which
 #           times the host, runs after the base build of `ab` has ended)
 #
@@ -40,7 +43,7 @@
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
 # Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6),
-# GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
+# GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py).
 set -uo pipefail
@@ -70,6 +73,20 @@ for a in "${ARGS[@]}"; do
     call2)
       STEPS+=(info build bench-formats nonfinite bench-router ab bench-op)
       BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_bench_router}
+      ;;
+    call3)
+      # What the 2026-12-01 session's device time did not cover, part 1: the benchmarks of the
+      # router, FP4 and full-buffer changes and of the Library-registered op.
+      STEPS+=(info build bench-formats bench-router bench-op)
+      BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_bench_router}
+      ;;
+    call4)
+      # Part 2: megamoe_cuda_tests' five slow tests (2^32 sweeps, LargeT, > 2^31 elements)
+      # under the four sanitizers, the slow pass alone with the rest of the call's time.
+      STEPS+=(info build sanitize sanitize-wait)
+      BUILD_TARGETS=${BUILD_TARGETS:-megamoe_cuda_tests}
+      GPU_BINS=${GPU_BINS:-megamoe_cuda_tests}
+      SANITIZE_PASSES=${SANITIZE_PASSES:-slow}
       ;;
     # the step names of earlier sessions' commands (docs quote them)
     test) STEPS+=(suite ctest-cpu) ;;
@@ -272,7 +289,7 @@ sanitize_one() {  # tool binary main_box slow_box
   local tool=$1 b=$2 slow extra="" rc t pass filter box
   [ "$b" = megamoe_cuda_tests ] && slow=$SLOW_CUDA || slow=$SLOW_ROUTER
   [ "$tool" = memcheck ] && extra="--leak-check full"
-  for pass in main slow; do
+  for pass in ${SANITIZE_PASSES:-main slow}; do
     if [ $pass = main ]; then
       filter="${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE"
       box=$3
@@ -297,7 +314,9 @@ step_sanitize() {
   slow_box=${SANITIZE_SLOW_TIMEOUT:-150}
   # Both passes must end inside the deadline.
   local l=$(($(left) - 30))
-  if [ $((main_box + slow_box)) -gt "$l" ]; then
+  if [ "${SANITIZE_PASSES:-main slow}" = slow ]; then
+    slow_box=$l  # the slow pass alone gets what is left
+  elif [ $((main_box + slow_box)) -gt "$l" ]; then
     main_box=$((l * 2 / 3)); slow_box=$((l - main_box))
   fi
   : >"$WORK/sanitize.pids"

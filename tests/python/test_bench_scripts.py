@@ -61,7 +61,9 @@ def test_bad_arguments_are_rejected():
 def test_device_sh_plans_both_calls_within_the_deadline():
     assert _run(["bash", "-n", str(ROOT / "scripts" / "device.sh")])[0] == 0
     for call, steps in (("call1", ["info", "build", "sanitize", "suite", "pytest", "suite-wait", "sanitize-wait"]),
-                        ("call2", ["info", "build", "bench-formats", "nonfinite", "bench-router", "ab", "bench-op"])):
+                        ("call2", ["info", "build", "bench-formats", "nonfinite", "bench-router", "ab", "bench-op"]),
+                        ("call3", ["info", "build", "bench-formats", "bench-router", "bench-op"]),
+                        ("call4", ["info", "build", "sanitize", "sanitize-wait"])):
         rc, out, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "--list", call])
         assert rc == 0, out + err
         lines = out.splitlines()
