@@ -31,7 +31,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 from . import _C
 from ._ops import call_prepare
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
-from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
 
 __all__ = [
     "prepare",
@@ -242,12 +242,15 @@ def _cached_scheme(*fields: Any) -> _C.QuantScheme:
     return scheme_from_plain(fields)
 
 
+_FLOOR = [name for name, _ in SCHEME_FIELDS].index("amax_floor")
+
+
 def _op_scheme(fields: tuple) -> _C.QuantScheme:
     """scheme_from_plain of the op's scheme values, built once per distinct scheme (building
     a QuantScheme is most of what the kernel adds to the direct call); the objects stay
     inside the kernel call, no caller sees or mutates one. A zero floor is built afresh:
     +0.0 and -0.0 are one key but not one floor."""
-    return scheme_from_plain(fields) if fields[8] == 0 else _cached_scheme(*fields)
+    return scheme_from_plain(fields) if fields[_FLOOR] == 0 else _cached_scheme(*fields)
 
 
 def _prepare_kernel(*op_args: Any) -> None:

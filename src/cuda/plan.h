@@ -73,6 +73,7 @@ constexpr int kDefaultMaxWaves = 16;
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).
 constexpr int kTileThreads = 256;
+constexpr int kTileTokens = 8;
 /// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
 /// call is most of its top-k entries (M * K against T * K), and four per thread keep its
 /// blocks within one wave where one per thread took four.
@@ -84,7 +85,6 @@ inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads
   const int64_t per_block = threads * kTailEntriesPerThread;
   return real + (fused_tail ? ((M - T) * K + per_block - 1) / per_block : 0);
 }
-constexpr int kTileTokens = 8;
 
 /// The library's choice for a validated call with T > 0.
 Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev);

@@ -48,14 +48,14 @@ __device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx fi
 __device__ __forceinline__ void repack_block(const Params32& p) {
   const uint32_t b = blockIdx.x - p.quant_blocks;
   const uint32_t real = p.T * p.K;  // <= n_topk < 2^31 (fits_idx32)
-  const uint32_t real_blocks = (real + blockDim.x - 1) / blockDim.x;
-  if (b < real_blocks) {
+  if (b * blockDim.x < real) {      // block-uniform: a block of rows 0..T-1, no division
     const uint32_t e = b * blockDim.x + threadIdx.x;
     if (e >= real) return;
     const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
     repack_entry(p, t, k);
     return;
   }
+  const uint32_t real_blocks = (real + blockDim.x - 1) / blockDim.x;
   const uint32_t base = real + (b - real_blocks) * blockDim.x * kTailEntriesPerThread + threadIdx.x;
 #pragma unroll
   for (int r = 0; r < kTailEntriesPerThread; ++r) {
