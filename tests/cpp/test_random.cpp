@@ -316,7 +316,12 @@ struct FormatCase {
 
 std::vector<FormatCase> format_cases() {
   std::vector<FormatCase> v;
-  for (float floor : {1e-4f, 1e-10f}) {
+  // The two floors engines use, and (fewer draws) any finite positive one the scheme
+  // accepts: the smallest subnormal (a zero group's fp8 scale underflows to 0), another
+  // subnormal, and one above most amaxes.
+  const std::pair<float, int> floors[] = {{1e-4f, 10}, {1e-10f, 10}, {std::numeric_limits<float>::denorm_min(), 2},
+                                          {1e-40f, 2}, {1e30f, 2}};
+  for (const auto& [floor, draws] : floors) {
     const std::pair<QuantScheme, bool> formats[] = {
         {QuantScheme::mxfp8(), false},           {QuantScheme::fp8_ue8m0_g128(), false},
         {QuantScheme::fp8_fp32_g128(), false},   {QuantScheme::fp8_fp32_g32(), false},
@@ -326,7 +331,7 @@ std::vector<FormatCase> format_cases() {
     for (const auto& [q0, dropin] : formats) {
       const QuantScheme q = q0.with_amax_floor(floor);
       // Draws per format: enough that every tensor's layouts and every option come up.
-      for (int d = 0; d < 10; ++d) v.push_back({mt::scheme_tag(q) + (dropin ? "_dropin" : ""), q, dropin, d});
+      for (int d = 0; d < draws; ++d) v.push_back({mt::scheme_tag(q) + (dropin ? "_dropin" : ""), q, dropin, d});
     }
   }
   return v;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -496,8 +497,10 @@ inline void run_all_modes(const Case& c, const Force& force = {}) {
 }
 
 /// The schemes of every format (fp8 with both scale types and group sizes, MXFP4 with
-/// both tie rules, NVFP4 with both second-level scales) and the SM90 pre-dispatch floor.
+/// both tie rules, NVFP4 with both second-level scales), the SM90 pre-dispatch floor, and
+/// subnormal floors (a zero group's fp8 scale underflows to 0: UE8M0 byte 1, fp32 r = +Inf).
 inline std::vector<QuantScheme> all_schemes() {
+  const float tiny = std::numeric_limits<float>::denorm_min();
   return {QuantScheme::mxfp8(),
           QuantScheme::fp8_ue8m0_g128(),
           QuantScheme::fp8_fp32_g128(),
@@ -509,7 +512,11 @@ inline std::vector<QuantScheme> all_schemes() {
           QuantScheme::mxfp8().with_amax_floor(1e-10f),
           QuantScheme::fp8_fp32_g128().with_amax_floor(1e-10f),
           QuantScheme::mxfp4().with_amax_floor(1e-10f),
-          QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f)};
+          QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f),
+          QuantScheme::mxfp8().with_amax_floor(tiny),
+          QuantScheme::fp8_fp32_g128().with_amax_floor(tiny),
+          QuantScheme::mxfp4().with_amax_floor(tiny),
+          QuantScheme::nvfp4_per_token().with_amax_floor(1e-40f)};
 }
 
 }  // namespace harness

@@ -339,6 +339,15 @@ def seeds():
     #    the amax floor); a shortcut for H == 0 must not skip it.
     s["h0_nvfp4_per_token_x_scales"] = make(3, 0, 8, mode=XSCALES, elem=3, scale=3, scale2=2,
                                             group_k=16, tensors={"x_scales": {"fill": 0x11}})
+    # A subnormal amax floor: a zero group's fp8 scale fl(floor / 448) underflows to 0, whose
+    #    UE8M0 byte is 1 (log2 0 = -Inf, clamped); the reference once read frexp(0)'s
+    #    exponent 0 as 2^0 and expected 127 (found by the CI fuzzing run). fp32 scales: s = 0,
+    #    r = 1/0 = +Inf, every code NaN (0x7F). MXFP4: amax = floor, byte 1.
+    zeros = b"\0" * 4
+    s["floor_denorm_min_ue8m0_zero_groups"] = make(3, 256, 2, floor_bits=1, payload=zeros)
+    s["floor_denorm_min_fp32_zero_groups"] = make(3, 256, 2, scale=1, group_k=128, floor_bits=1,
+                                                 payload=zeros)
+    s["floor_denorm_min_mxfp4_zero_groups"] = make(3, 256, 2, elem=3, floor_bits=1, payload=zeros)
     return s
 
 

@@ -87,9 +87,12 @@ inline float div_f32(float a, float b) {
 /// C = 1/448 rounded to fp32 (bits 0x3B124925).
 inline float inv448() { return static_cast<float>(1.0 / 448.0); }
 
-/// UE8M0 exponent byte of a positive scale s: ceil(log2 s) + 127, clamped to [1, 254].
+/// UE8M0 exponent byte of a scale s >= 0: ceil(log2 s) + 127, clamped to [1, 254]. A zero
+/// s (a subnormal amax floor times 1/448 underflows) has log2 = -Inf: byte 1 (frexp would
+/// report exponent 0 for it, as if s were 1).
 inline int ue8m0_byte(float s) {
   if (std::isinf(s)) return 254;
+  if (s == 0.0f) return 1;
   int x = 0;
   const double m = std::frexp(static_cast<double>(s), &x);
   const int ceil_log2 = (m == 0.5) ? x - 1 : x;
@@ -163,6 +166,7 @@ inline bool nonfinite(float v) { return (bits_of(v) & 0x7F800000u) == 0x7F800000
 /// [1, 254]; +Inf gives 254.
 inline int fp4_ue8m0_byte(float amax) {
   if (std::isinf(amax)) return 254;
+  if (amax == 0.0f) return 1;  // log2 0 = -Inf (ilogb(0) has no exponent to start from)
   const double a = amax;
   int k = std::ilogb(a) - 3;  // 6 * 2^k = 0.75 * 2^ilogb(a) < a: a lower start
   while (std::ldexp(6.0, k) < a) ++k;
