@@ -3,6 +3,7 @@
 // its amax, its non-finite count, and the vector stores of the encoded values.
 #pragma once
 
+#include "core/e2m1_pairs.h"
 #include "core/formats.h"
 #include "cuda/common.cuh"
 #include "cuda/packed_amax.cuh"
@@ -98,6 +99,26 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else {
+    if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
+      // MXFP4 of bf16: two values per integer op (core/e2m1_pairs.h) unless the group's
+      // exponent is at an end of the range or the chunk holds a NaN (then per value).
+      uint32_t nan = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
+      if (nan == 0u && gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE) {
+        constexpr bool kEven = F == core::Format::kMxfp4Rne;
+        const core::E2m1PairKeys k = core::e2m1_pair_keys<kEven>(gp.sf);
+        uint32_t p[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] = core::e2m1_pair_nibbles<kEven>(x.w[i], k);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          out.w[i] = core::e2m1_pack_two_pairs(p[4 * i], p[4 * i + 1]) |
+                     (core::e2m1_pack_two_pairs(p[4 * i + 2], p[4 * i + 3]) << 16);
+        }
+        return out;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint32_t word = 0;

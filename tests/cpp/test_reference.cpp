@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/e2m1_pairs.h"
 #include "core/fastdiv.h"
+#include "core/formats.h"
 #include "core/layout.h"
 #include "core/numerics.h"
 #include "megamoe_reference.h"
@@ -335,6 +337,61 @@ TEST(CoreVsReference, Ue8m0WordPacking) {
   EXPECT_EQ(core::sf_width(7168, 32, true), 56);
   EXPECT_EQ(core::sf_width(7168, 128, false), 56);
   EXPECT_EQ(core::sf_width(7168, 32, false), 224);
+}
+
+// The two-at-a-time MXFP4 codec of the CUDA kernels (core/e2m1_pairs.h) against the
+// reference's e2m1 of fl(x * 2^(127-e)) and against core::encode, for every non-NaN bf16
+// bit pattern in each half of a word and every UE8M0 byte e it takes, both tie rules; the
+// NaN flag for every pattern; the byte packing of two pairs.
+template <bool kEven>
+void check_e2m1_pairs() {
+  using megamoe_ref::Fp4Ties;
+  constexpr core::Format F = kEven ? core::Format::kMxfp4Rne : core::Format::kMxfp4;
+  const Fp4Ties ties = kEven ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero;
+  std::vector<uint32_t> pats;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if ((b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
+  }
+  const size_t n = pats.size();
+  int64_t bad = 0;
+  for (uint32_t e = core::kPairsMinE; e <= core::kPairsMaxE; ++e) {
+    const core::E2m1PairKeys keys = core::e2m1_pair_keys<kEven>(e);
+    const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t lo = pats[i], hi = pats[(i * 7919u + 104729u) % n];
+      const uint32_t got = core::e2m1_pair_nibbles<kEven>(lo | (hi << 16), keys);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = h == 0 ? lo : hi;
+        const float x = megamoe_ref::bf16_to_float(static_cast<uint16_t>(bits));
+        const float v = static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e)));
+        const uint32_t want = megamoe_ref::fp4_e2m1(v, ties);
+        const uint32_t core_code = core::encode<F>(x, gp);
+        const uint32_t nib = (got >> (16 * h)) & 0xFFFFu;
+        if (nib != want || core_code != want) {
+          if (++bad <= 8) {
+            ADD_FAILURE() << (kEven ? "rne" : "ttz") << " e=" << e << " bf16=0x" << std::hex << bits << ": pairs 0x"
+                          << nib << ", core 0x" << core_code << ", reference 0x" << want;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentTtz) { check_e2m1_pairs<false>(); }
+TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentRne) { check_e2m1_pairs<true>(); }
+
+TEST(CoreVsReference, Mxfp4PairsNanFlagAndPacking) {
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const bool nan = std::isnan(megamoe_ref::bf16_to_float(static_cast<uint16_t>(b)));
+    const uint32_t other = 0x3F80u;  // 1.0 in the other half
+    EXPECT_EQ(core::pairs_have_nan(b | (other << 16)), nan ? 0x8000u : 0u) << b;
+    EXPECT_EQ(core::pairs_have_nan(other | (b << 16)), nan ? 0x80000000u : 0u) << b;
+  }
+  // Nibbles a, b (pair 0) and c, d (pair 1) -> bytes b:a, d:c.
+  EXPECT_EQ(core::e2m1_pack_two_pairs(0x000F0001u, 0x00070009u), 0x79F1u);
+  EXPECT_EQ(core::e2m1_pack_two_pairs(0u, 0x00080000u), 0x8000u);
 }
 
 }  // namespace
