@@ -1,5 +1,6 @@
-// e2m1_pairs.h: MXFP4 codes of bf16 values two at a time, in the 16-bit halves of one
-// 32-bit word, by integer compares of the inputs' bits against per-group thresholds.
+// e2m1_pairs.h: MXFP4 and NVFP4-static codes of bf16 values two at a time, in the 16-bit
+// halves of one 32-bit word, by integer compares of the inputs' bits against per-group
+// thresholds.
 //
 // Why: the per-element e2m1 rule (core::encode: a multiply, then compares and selects on
 // each fp32 value) costs most of the FP4 kernels' instructions. For MXFP4 the multiplier is
@@ -53,6 +54,44 @@ MEGAMOE_HD E2m1PairKeys e2m1_pair_keys(uint32_t e) {
   return {e2m1_pair_key(0x3E80u, e, 0u), e2m1_pair_key(0x3F40u, e, up), e2m1_pair_key(0x3FA0u, e, 0u),
           e2m1_pair_key(0x3FE0u, e, up), e2m1_pair_key(0x4020u, e, 0u), e2m1_pair_key(0x4060u, e, up),
           e2m1_pair_key(0x40A0u, e, 0u)};
+}
+
+// NVFP4 static: v = fl(x / d) for the group's divisor d = fl(sf * gs) > 0. fl(x / d) > M
+// for a midpoint M (whose last mantissa bit is 0, so the tie between M and the next fp32
+// rounds to M) holds exactly when x / d > H = M + ulp(M) / 2, i.e. x > H * d, i.e.
+// x > rd(H * d), the fp32 rounded down; for bf16 x, when x's bits exceed that fp32's top
+// 16 bits (truncation rounds a positive value down). H * d = M * d + (ulp(M) / 2) * d,
+// the second term a power-of-two multiple of d (exact for d >= 2^-100), so rd(H * d) is
+// one fused multiply-add rounded down. No division per value.
+constexpr float kPairsMinDivisor = 0x1p-100f;  ///< (ulp(M) / 2) * d stays a normal fp32
+constexpr float kPairsMaxDivisor = 0x1p100f;   ///< 5 d stays finite
+
+/// rd(a * b + c) for a product a * b exact in 53 bits and a sum exact in 53 bits (the
+/// thresholds above: 3 + 24 and 25 + 24 significant bits), all positive.
+MEGAMOE_HD float mul_add_rd_exact(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rd(a, b, c);
+#else
+  const double p = static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c);  // exact
+  float f = static_cast<float>(p);
+  if (static_cast<double>(f) > p) f = bits_float(float_bits(f) - 1u);  // one step toward 0
+  return f;
+#endif
+}
+
+/// The key of threshold rd(H * d) for midpoint @p mid with half-ulp @p half_ulp (ttz).
+MEGAMOE_HD uint32_t e2m1_divisor_key(float mid, float half_ulp, float d) {
+  const uint32_t b = float_bits(mul_add_rd_exact(mid, d, mul_rn(half_ulp, d))) >> 16;
+  return (0x7FFFu - b) * 0x00010001u;
+}
+
+/// The keys of an NVFP4 static group with divisor d in [kPairsMinDivisor, kPairsMaxDivisor]
+/// (ties toward zero, the format's only rule).
+MEGAMOE_HD E2m1PairKeys e2m1_divisor_keys(float d) {
+  return {e2m1_divisor_key(0.25f, 0x1p-26f, d), e2m1_divisor_key(0.75f, 0x1p-25f, d),
+          e2m1_divisor_key(1.25f, 0x1p-24f, d), e2m1_divisor_key(1.75f, 0x1p-24f, d),
+          e2m1_divisor_key(2.5f, 0x1p-23f, d),  e2m1_divisor_key(3.5f, 0x1p-23f, d),
+          e2m1_divisor_key(5.0f, 0x1p-22f, d)};
 }
 
 /// Bit 15 of each half set where that half of w (two bf16) is NaN; OR these over a chunk.

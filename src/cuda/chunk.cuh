@@ -99,15 +99,20 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else {
-    if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
-      // MXFP4 of bf16: two values per integer op (core/e2m1_pairs.h) unless the group's
-      // exponent is at an end of the range or the chunk holds a NaN (then per value).
+    if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne ||
+                                    F == core::Format::kNvfp4Static)) {
+      // MXFP4 and NVFP4 static of bf16: two values per integer op (core/e2m1_pairs.h)
+      // unless the group's exponent or divisor is at an end of its range or the chunk holds
+      // a NaN (then per value).
+      constexpr bool kStatic = F == core::Format::kNvfp4Static;
       uint32_t nan = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
-      if (nan == 0u && gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE) {
+      const bool in_range = kStatic ? gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor
+                                    : gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE;
+      if (nan == 0u && in_range) {
         constexpr bool kEven = F == core::Format::kMxfp4Rne;
-        const core::E2m1PairKeys k = core::e2m1_pair_keys<kEven>(gp.sf);
+        const core::E2m1PairKeys k = kStatic ? core::e2m1_divisor_keys(gp.m) : core::e2m1_pair_keys<kEven>(gp.sf);
         uint32_t p[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) p[i] = core::e2m1_pair_nibbles<kEven>(x.w[i], k);

@@ -382,6 +382,65 @@ void check_e2m1_pairs() {
 TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentTtz) { check_e2m1_pairs<false>(); }
 TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentRne) { check_e2m1_pairs<true>(); }
 
+// NVFP4 static's thresholds rd(H * d) (core/e2m1_pairs.h) against the reference's e2m1 of
+// fl(x / d) and core::encode, every non-NaN bf16 in both halves, for divisors at both ends
+// of the range, near powers of two, e4m3 scale values times typical global scales, and
+// log-uniform random ones.
+TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
+  std::vector<float> ds = {core::kPairsMinDivisor, core::kPairsMaxDivisor, 1.0f, 0.5f, 3.0f, 448.0f, 0x1p-9f};
+  for (float p2 : {0x1p-60f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p40f}) {
+    ds.push_back(std::nextafter(p2, 0.0f));
+    ds.push_back(std::nextafter(p2, 1e30f));
+  }
+  std::mt19937 rng(20261201u);
+  std::uniform_int_distribution<int> e4m3(1, 0x7E);
+  std::uniform_real_distribution<double> lg(-100.0, 100.0), gs(-12.0, 4.0);
+  for (int i = 0; i < 60; ++i) {  // sf * gs as the kernels form it
+    const float sf = static_cast<float>(megamoe_ref::detail::fp8_value(e4m3(rng)));
+    ds.push_back(core::mul_rn(sf, static_cast<float>(std::exp2(gs(rng)))));
+  }
+  for (int i = 0; i < 120; ++i) ds.push_back(static_cast<float>(std::exp2(lg(rng))));
+  // Divisors that put x / d within a few ulps of a midpoint (ties and near-ties): d next to
+  // fl(x / M) for a few bf16 x.
+  for (float m : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f}) {
+    for (float x : {1.0f, 1.5f, 3.0f, 0.8125f, 96.0f}) {
+      const float d0 = megamoe_ref::detail::div_f32(x, m);
+      uint32_t b = core::float_bits(d0) - 4u;
+      for (int j = 0; j < 9; ++j) ds.push_back(core::bits_float(b++));
+    }
+  }
+  std::vector<uint32_t> pats;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if ((b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
+  }
+  const size_t n = pats.size();
+  int64_t bad = 0;
+  for (const float d : ds) {
+    if (!(d >= core::kPairsMinDivisor && d <= core::kPairsMaxDivisor)) continue;
+    const core::E2m1PairKeys keys = core::e2m1_divisor_keys(d);
+    const core::GroupParams gp{0u, d};
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t lo = pats[i], hi = pats[(i * 7919u + 104729u) % n];
+      const uint32_t got = core::e2m1_pair_nibbles<false>(lo | (hi << 16), keys);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = h == 0 ? lo : hi;
+        const float x = megamoe_ref::bf16_to_float(static_cast<uint16_t>(bits));
+        const uint32_t want =
+            megamoe_ref::fp4_e2m1(megamoe_ref::detail::div_f32(x, d), megamoe_ref::Fp4Ties::kTowardZero);
+        const uint32_t core_code = core::encode<core::Format::kNvfp4Static>(x, gp);
+        const uint32_t nib = (got >> (16 * h)) & 0xFFFFu;
+        if (nib != want || core_code != want) {
+          if (++bad <= 8) {
+            ADD_FAILURE() << "d=" << std::hexfloat << d << " bf16=0x" << std::hex << bits << ": pairs 0x" << nib
+                          << ", core 0x" << core_code << ", reference 0x" << want;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST(CoreVsReference, Mxfp4PairsNanFlagAndPacking) {
   for (uint32_t b = 0; b < 0x10000u; ++b) {
     const bool nan = std::isnan(megamoe_ref::bf16_to_float(static_cast<uint16_t>(b)));

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "core/e2m1_pairs.h"
+#include "core/formats.h"
 #include "core/numerics.h"
 #include "cuda/chunk.cuh"
 #include "cuda/packed_amax.cuh"
@@ -195,6 +197,9 @@ __global__ void chunk_forms(uint64_t n, unsigned long long* mismatches, uint32_t
         const uint32_t special = In == mcu::kInBF16 ? 0x7F807F80u : 0x7C007C00u;
         if (kind == 0) r |= special;
         else if (kind == 1) r &= ~special;
+        else if (kind >= 3 && In == mcu::kInBF16) {  // moderate: the fp4 paired paths' range
+          r = (r & 0x807F807Fu) | ((100u + r % 56u) << 7) | ((100u + (r >> 8) % 56u) << 23);
+        }
       }
       c.w[k] = r;
       if (i % 4096 == 7) c.w[k] = In == mcu::kInF32 ? 0xFFC00001u : (In == mcu::kInBF16 ? 0x7FC1FFC2u : 0x7E01FE02u);
@@ -260,6 +265,70 @@ TEST(CudaNumerics, ChunkVectorFormsMatchTheCoreRules) {
   check_chunk_forms<mcu::kInF16, Format::kMxfp4Rne>();
   check_chunk_forms<mcu::kInF32, Format::kNvfp4Static>();
   check_chunk_forms<mcu::kInBF16, Format::kNvfp4PerToken>();
+  check_chunk_forms<mcu::kInBF16, Format::kMxfp4Rne>();
+  check_chunk_forms<mcu::kInBF16, Format::kNvfp4Static>();
+}
+
+// core/e2m1_pairs.h on the device (the NVFP4 thresholds use __fmaf_rd there, a double
+// evaluation on the host) against core::encode, every non-NaN bf16 in the low half (the
+// high half a fixed partner) for every MXFP4 exponent in range and for divisors of every
+// binade in range.
+template <megamoe::core::Format F>
+__global__ void pairs_exhaustive(uint32_t params, unsigned long long* mismatches, uint32_t* first) {
+  namespace core = megamoe::core;
+  constexpr bool kStatic = F == core::Format::kNvfp4Static;
+  const uint64_t n = uint64_t{params} << 16;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
+    if ((bits & 0x7FFFu) > 0x7F80u) continue;  // NaN: the caller's per-value path
+    core::GroupParams gp;
+    core::E2m1PairKeys k;
+    if constexpr (kStatic) {
+      // binade -100 + j, a pseudo-random significand
+      const float d = __uint_as_float(((27u + j) << 23) | (mix(j) & 0x7FFFFFu));
+      gp = core::GroupParams{0u, d};
+      k = core::e2m1_divisor_keys(d);
+    } else {
+      const uint32_t e = core::kPairsMinE + j;
+      gp = core::GroupParams{e, core::ue8m0_inv_scale(e)};
+      k = core::e2m1_pair_keys<F == core::Format::kMxfp4Rne>(e);
+    }
+    const uint32_t partner = 0xBFC0u;  // -1.5
+    const uint32_t got = core::e2m1_pair_nibbles<F == core::Format::kMxfp4Rne>(bits | (partner << 16), k);
+    const uint32_t want_lo = core::encode<F>(__uint_as_float(bits << 16), gp);
+    const uint32_t want_hi = core::encode<F>(__uint_as_float(partner << 16), gp);
+    if (got != (want_lo | (want_hi << 16)) && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+template <megamoe::core::Format F>
+void check_pairs(uint32_t params) {
+  unsigned long long* d = nullptr;
+  uint32_t* first = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&first, 4), cudaSuccess);
+  cudaMemset(d, 0, 8);
+  cudaMemset(first, 0, 4);
+  pairs_exhaustive<F><<<264, 256>>>(params, d, first);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  unsigned long long c = ~0ull;
+  uint32_t f = 0;
+  ASSERT_EQ(cudaMemcpy(&c, d, 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaMemcpy(&f, first, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(c, 0ull) << "first mismatch: index " << f << " (bf16 0x" << std::hex << (f & 0xFFFFu) << ", row "
+                     << std::dec << (f >> 16) << ")";
+  cudaFree(d);
+  cudaFree(first);
+}
+
+TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using megamoe::core::Format;
+  const uint32_t exponents = megamoe::core::kPairsMaxE - megamoe::core::kPairsMinE + 1;
+  check_pairs<Format::kMxfp4>(exponents);
+  check_pairs<Format::kMxfp4Rne>(exponents);
+  check_pairs<Format::kNvfp4Static>(200);  // binades 2^-100 .. 2^99
 }
 
 }  // namespace
