@@ -12,6 +12,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -339,6 +341,36 @@ TEST(CoreVsReference, Ue8m0WordPacking) {
   EXPECT_EQ(core::sf_width(7168, 32, false), 224);
 }
 
+/// Every non-NaN bf16 pattern, in each half of a word (the other half another pattern),
+/// through core::e2m1_pair_nibbles<kEven> with @p keys, against want(x) (the reference)
+/// and have(x) (core::encode); returns the mismatches, the first few reported.
+template <bool kEven, typename Want, typename Have>
+int64_t sweep_bf16_pairs(const core::E2m1PairKeys& keys, Want want, Have have, const std::string& what) {
+  static const std::vector<uint32_t> pats = [] {
+    std::vector<uint32_t> v;
+    for (uint32_t b = 0; b < 0x10000u; ++b) {
+      if ((b & 0x7FFFu) <= 0x7F80u) v.push_back(b);
+    }
+    return v;
+  }();
+  const size_t n = pats.size();
+  int64_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t lo = pats[i], hi = pats[(i * 7919u + 104729u) % n];
+    const uint32_t got = core::e2m1_pair_nibbles<kEven>(lo | (hi << 16), keys);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t bits = h == 0 ? lo : hi;
+      const float x = megamoe_ref::bf16_to_float(static_cast<uint16_t>(bits));
+      const uint32_t w = want(x), c = have(x), nib = (got >> (16 * h)) & 0xFFFFu;
+      if ((nib != w || c != w) && ++bad <= 4) {
+        ADD_FAILURE() << what << " bf16=0x" << std::hex << bits << ": pairs 0x" << nib << ", core 0x" << c
+                      << ", reference 0x" << w;
+      }
+    }
+  }
+  return bad;
+}
+
 // The two-at-a-time MXFP4 codec of the CUDA kernels (core/e2m1_pairs.h) against the
 // reference's e2m1 of fl(x * 2^(127-e)) and against core::encode, for every non-NaN bf16
 // bit pattern in each half of a word and every UE8M0 byte e it takes, both tie rules; the
@@ -348,33 +380,16 @@ void check_e2m1_pairs() {
   using megamoe_ref::Fp4Ties;
   constexpr core::Format F = kEven ? core::Format::kMxfp4Rne : core::Format::kMxfp4;
   const Fp4Ties ties = kEven ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero;
-  std::vector<uint32_t> pats;
-  for (uint32_t b = 0; b < 0x10000u; ++b) {
-    if ((b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
-  }
-  const size_t n = pats.size();
   int64_t bad = 0;
   for (uint32_t e = core::kPairsMinE; e <= core::kPairsMaxE; ++e) {
-    const core::E2m1PairKeys keys = core::e2m1_pair_keys<kEven>(e);
     const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t lo = pats[i], hi = pats[(i * 7919u + 104729u) % n];
-      const uint32_t got = core::e2m1_pair_nibbles<kEven>(lo | (hi << 16), keys);
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t bits = h == 0 ? lo : hi;
-        const float x = megamoe_ref::bf16_to_float(static_cast<uint16_t>(bits));
-        const float v = static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e)));
-        const uint32_t want = megamoe_ref::fp4_e2m1(v, ties);
-        const uint32_t core_code = core::encode<F>(x, gp);
-        const uint32_t nib = (got >> (16 * h)) & 0xFFFFu;
-        if (nib != want || core_code != want) {
-          if (++bad <= 8) {
-            ADD_FAILURE() << (kEven ? "rne" : "ttz") << " e=" << e << " bf16=0x" << std::hex << bits << ": pairs 0x"
-                          << nib << ", core 0x" << core_code << ", reference 0x" << want;
-          }
-        }
-      }
-    }
+    const auto want = [&](float x) {
+      return megamoe_ref::fp4_e2m1(static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e))),
+                                   ties);
+    };
+    const auto have = [&](float x) { return core::encode<F>(x, gp); };
+    bad += sweep_bf16_pairs<kEven>(core::e2m1_pair_keys<kEven>(e), want, have,
+                                   std::string(kEven ? "rne" : "ttz") + " e=" + std::to_string(e));
   }
   EXPECT_EQ(bad, 0);
 }
@@ -409,34 +424,17 @@ TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
       for (int j = 0; j < 9; ++j) ds.push_back(core::bits_float(b++));
     }
   }
-  std::vector<uint32_t> pats;
-  for (uint32_t b = 0; b < 0x10000u; ++b) {
-    if ((b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
-  }
-  const size_t n = pats.size();
   int64_t bad = 0;
   for (const float d : ds) {
     if (!(d >= core::kPairsMinDivisor && d <= core::kPairsMaxDivisor)) continue;
-    const core::E2m1PairKeys keys = core::e2m1_divisor_keys(d);
     const core::GroupParams gp{0u, d};
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t lo = pats[i], hi = pats[(i * 7919u + 104729u) % n];
-      const uint32_t got = core::e2m1_pair_nibbles<false>(lo | (hi << 16), keys);
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t bits = h == 0 ? lo : hi;
-        const float x = megamoe_ref::bf16_to_float(static_cast<uint16_t>(bits));
-        const uint32_t want =
-            megamoe_ref::fp4_e2m1(megamoe_ref::detail::div_f32(x, d), megamoe_ref::Fp4Ties::kTowardZero);
-        const uint32_t core_code = core::encode<core::Format::kNvfp4Static>(x, gp);
-        const uint32_t nib = (got >> (16 * h)) & 0xFFFFu;
-        if (nib != want || core_code != want) {
-          if (++bad <= 8) {
-            ADD_FAILURE() << "d=" << std::hexfloat << d << " bf16=0x" << std::hex << bits << ": pairs 0x" << nib
-                          << ", core 0x" << core_code << ", reference 0x" << want;
-          }
-        }
-      }
-    }
+    const auto want = [&](float x) {
+      return megamoe_ref::fp4_e2m1(megamoe_ref::detail::div_f32(x, d), megamoe_ref::Fp4Ties::kTowardZero);
+    };
+    const auto have = [&](float x) { return core::encode<core::Format::kNvfp4Static>(x, gp); };
+    std::ostringstream what;
+    what << "d=" << std::hexfloat << d;
+    bad += sweep_bf16_pairs<false>(core::e2m1_divisor_keys(d), want, have, what.str());
   }
   EXPECT_EQ(bad, 0);
 }
