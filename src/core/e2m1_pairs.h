@@ -128,5 +128,11 @@ MEGAMOE_HD uint32_t e2m1_pack_two_pairs(uint32_t p0, uint32_t p1) {
   return ((p0 | (p0 >> 12)) & 0xFFu) | (((p1 | (p1 >> 12)) & 0xFFu) << 8);
 }
 
+/// Eight pairs' nibble words (elements 0..15 of a chunk) as its two words of x_q.
+MEGAMOE_HD void e2m1_pack_eight_pairs(const uint32_t (&p)[8], uint32_t (&w)[2]) {
+  w[0] = e2m1_pack_two_pairs(p[0], p[1]) | (e2m1_pack_two_pairs(p[2], p[3]) << 16);
+  w[1] = e2m1_pack_two_pairs(p[4], p[5]) | (e2m1_pack_two_pairs(p[6], p[7]) << 16);
+}
+
 }  // namespace core
 }  // namespace megamoe

@@ -116,11 +116,7 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         uint32_t p[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) p[i] = core::e2m1_pair_nibbles<kEven>(x.w[i], k);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          out.w[i] = core::e2m1_pack_two_pairs(p[4 * i], p[4 * i + 1]) |
-                     (core::e2m1_pack_two_pairs(p[4 * i + 2], p[4 * i + 3]) << 16);
-        }
+        core::e2m1_pack_eight_pairs(p, out.w);
         return out;
       }
     }

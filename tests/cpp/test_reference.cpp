@@ -449,6 +449,12 @@ TEST(CoreVsReference, Mxfp4PairsNanFlagAndPacking) {
   // Nibbles a, b (pair 0) and c, d (pair 1) -> bytes b:a, d:c.
   EXPECT_EQ(core::e2m1_pack_two_pairs(0x000F0001u, 0x00070009u), 0x79F1u);
   EXPECT_EQ(core::e2m1_pack_two_pairs(0u, 0x00080000u), 0x8000u);
+  const uint32_t p[8] = {0x00020001u, 0x00040003u, 0x00060005u, 0x00080007u,
+                         0x000A0009u, 0x000C000Bu, 0x000E000Du, 0x0000000Fu};
+  uint32_t w[2];
+  core::e2m1_pack_eight_pairs(p, w);
+  EXPECT_EQ(w[0], 0x87654321u);
+  EXPECT_EQ(w[1], 0x0FEDCBA9u);
 }
 
 }  // namespace
