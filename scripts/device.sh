@@ -35,6 +35,8 @@
 #         call3 = info build bench-formats bench-router bench-op
 #         call4 = info build sanitize sanitize-wait (megamoe_cuda_tests' slow sanitizer pass
 #           alone: GPU_BINS=megamoe_cuda_tests SANITIZE_PASSES=slow)
+#         call5 = info build suite pytest suite-wait bench-formats (the FP4 paired paths:
+#           CudaNumerics.Fp4Pairs*, the chunk forms, CudaStage.*, test_gpu.py, the figures)
 #           (BUILD_TARGETS defaults to "_C megamoe_bench_router" there; bench-op, which
 #           times the host, runs after the base build of `ab` has ended)
 #
@@ -87,6 +89,15 @@ for a in "${ARGS[@]}"; do
       BUILD_TARGETS=${BUILD_TARGETS:-megamoe_cuda_tests}
       GPU_BINS=${GPU_BINS:-megamoe_cuda_tests}
       SANITIZE_PASSES=${SANITIZE_PASSES:-slow}
+      ;;
+    call5)
+      # The FP4 paired paths (core/e2m1_pairs.h, not yet run on a GPU): their device checks
+      # and the staging tests of every format, test_gpu.py, then the formats benchmark.
+      STEPS+=(info build suite pytest suite-wait bench-formats)
+      BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_cuda_tests}
+      GPU_BINS=${GPU_BINS:-megamoe_cuda_tests}
+      SUITE_FILTER=${SUITE_FILTER:-CudaNumerics.Fp4Pairs*:CudaNumerics.ChunkVector*:CudaStage.*-CudaStage.MoreThan2Pow31Elements}
+      PYTEST_FILES=${PYTEST_FILES:-test_gpu.py}
       ;;
     # the step names of earlier sessions' commands (docs quote them)
     test) STEPS+=(suite ctest-cpu) ;;
