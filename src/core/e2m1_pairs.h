@@ -14,11 +14,12 @@
 // the seven sorted thresholds the magnitude exceeds: its three bits come from a binary
 // search done with bitwise selects on those bit-15 flags (LOP3), no branches, no fp math.
 //
-// Preconditions (the caller checks them per chunk and otherwise takes core::encode):
-// e in [kPairsMinE, kPairsMaxE] and no NaN among the values (pairs_have_nan).
-// Equal to core::encode<kMxfp4 / kMxfp4Rne> of each widened bf16 under group_params with
-// that e: tests/cpp/test_formats.cpp checks every bf16 bit pattern against it for every e
-// in range, in both halves.
+// Preconditions (the caller checks them per chunk and otherwise takes core::encode): no NaN
+// among the values (pairs_have_nan), and e in [kPairsMinE, kPairsMaxE] (MXFP4) or the
+// divisor in [kPairsMinDivisor, kPairsMaxDivisor] (NVFP4 static, below). Then equal to
+// core::encode of each widened bf16: tests/cpp/test_reference.cpp checks every bf16 bit
+// pattern in both halves, for every MXFP4 exponent and many divisors, against the
+// reference; tests/cuda/test_cuda_numerics.cu does the same on the device.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,6 @@ struct E2m1PairKeys {
   uint32_t k1, k2, k3, k4, k5, k6, k7;
 };
 
-/// The keys of a group with UE8M0 byte e (in [kPairsMinE, kPairsMaxE]); kEven: nearest
-/// even, whose ties at 0.75, 1.75 and 3.5 go up to the even code.
 /// One key: bf16 bits @p mid of a midpoint (exponent field 127 + E), @p up = 1 where the
 /// compare is >= (a tie rounding up).
 MEGAMOE_HD uint32_t e2m1_pair_key(uint32_t mid, uint32_t e, uint32_t up) {
