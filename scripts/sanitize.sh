@@ -143,13 +143,14 @@ if step fuzz; then
   found=("$ROOT/$run"/artifacts/{crash,leak,timeout,oom,slow-unit}-*)
   if [ "$rc" -ne 0 ] || [ ${#found[@]} -gt 0 ]; then
     echo "sanitize: FUZZER FINDINGS: ${#found[@]} reproducer(s), libFuzzer exit $rc; log: $ROOT/$run/fuzz.log" >&2
-    for f in "${found[@]}"; do echo "$(signature "$f")"$'\t'"$f"; done | sort | awk -F'\t' '
+    sigs=$(for f in "${found[@]}"; do echo "$(signature "$f")"$'\t'"$f"; done | sort)
+    awk -F'\t' '
       $1 != last { if (n) printf "  %d x %s\n     e.g. %s\n", n, last, ex; last = $1; ex = $2; n = 0 }
-      { n++ } END { if (n) printf "  %d x %s\n     e.g. %s\n", n, last, ex }' >&2
+      { n++ } END { if (n) printf "  %d x %s\n     e.g. %s\n", n, last, ex }' <<<"$sigs" >&2
     # CI keeps only its log: for the first reproducer of each signature, the harness' own
-    # account (bytes and the decoded call) or the sanitizer's report, and the input, base64 (inputs are at most
-    # -max_len = 4096 bytes), so that the log alone replays it.
-    for f in "${found[@]}"; do echo "$(signature "$f")"$'\t'"$f"; done | sort -t$'\t' -k1,1 -u | cut -f2 |
+    # account (bytes and the decoded call) or the sanitizer's report, and the input as
+    # base64 (at most -max_len = 4096 bytes), so that the log alone replays it.
+    sort -t$'\t' -k1,1 -u <<<"$sigs" | cut -f2 |
       while read -r f; do
         echo "--- $(basename "$f"): the harness' account" >&2
         MEGAMOE_FUZZ_VERBOSE=1 "$fuzzer" "$f" 2>&1 | grep -E -m1 -A40 '=== megamoe fuzz finding ===|runtime error:|ERROR: (Address|Leak)Sanitizer' >&2

@@ -42,11 +42,11 @@ constexpr bool kSm80 = true;
 #else
 constexpr bool kSm80 = false;
 #endif
-template <int In, core::Format F, bool kCount>
+template <core::Format F, bool kCount>
 constexpr bool kFast16NeedsRegisters =
     kCount || F == core::Format::kNvfp4Static || (kSm80 && core::values_per_byte(F) == 2);
 template <int In, core::Format F, bool kCount>
-constexpr int kFastBlocksPerSm = In != kInF32 ? (kFast16NeedsRegisters<In, F, kCount> ? 6 : kFastBlocksPerSm16)
+constexpr int kFastBlocksPerSm = In != kInF32 ? (kFast16NeedsRegisters<F, kCount> ? 6 : kFastBlocksPerSm16)
                                                 : (kCount || core::values_per_byte(F) == 2 ? 4 : 6);
 
 /// Index width and store policy of the fast kernel (64-bit plans always stream).
