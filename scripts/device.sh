@@ -46,6 +46,7 @@
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
 # Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6),
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
+# SANITIZE_SPLIT_SLOW (1: each slow test its own sanitizer process, all side by side),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py).
 set -uo pipefail
@@ -84,11 +85,13 @@ for a in "${ARGS[@]}"; do
       ;;
     call4)
       # Part 2: megamoe_cuda_tests' five slow tests (2^32 sweeps, LargeT, > 2^31 elements)
-      # under the four sanitizers, the slow pass alone with the rest of the call's time.
-      STEPS+=(info build sanitize sanitize-wait)
-      BUILD_TARGETS=${BUILD_TARGETS:-megamoe_cuda_tests}
+      # under the four sanitizers, a process per test and tool, with the rest of the call's
+      # time; the op-overhead benchmark (#16) first, on an idle GPU.
+      STEPS+=(info build bench-op sanitize sanitize-wait)
+      BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_cuda_tests}
       GPU_BINS=${GPU_BINS:-megamoe_cuda_tests}
       SANITIZE_PASSES=${SANITIZE_PASSES:-slow}
+      SANITIZE_SPLIT_SLOW=${SANITIZE_SPLIT_SLOW:-1}
       ;;
     call5)
       # The FP4 paired paths (core/e2m1_pairs.h, not yet run on a GPU): their device checks
@@ -296,26 +299,35 @@ step_ctest_cpu() {
 SLOW_CUDA='CudaNumerics.PackedAmaxMatchesScalarRuleBF16:CudaNumerics.PackedAmaxMatchesScalarRuleF16:CudaNumerics.Fp8HardwareMatchesSoftwareOnAllFloats:CudaStage.LargeT:CudaStage.MoreThan2Pow31Elements'
 SLOW_ROUTER='RouterCuda.KernelShapesAndLayouts'
 ON_PURPOSE='CudaErrorsDeathTest.*:CudaErrors.MissingDeviceIsACudaError'
+sanitize_run() {  # tool binary tag filter box extra...: one compute-sanitizer process, one row
+  local tool=$1 b=$2 tag=$3 filter=$4 box=$5 t rc
+  shift 5
+  t=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 10 "$box" compute-sanitizer --tool "$tool" "$@" --print-limit 200 --error-exitcode 9 \
+    "$(bin_path "$b")" --gtest_filter="$filter" --gtest_output=json:"$WORK/sanitize_${tool}_${b}_$tag.json" \
+    >"$WORK/sanitize_${tool}_${b}_$tag.log" 2>&1
+  rc=$?
+  gtest_row "sanitize-$tool-$tag" "$b" "$rc" "$WORK/sanitize_${tool}_${b}_$tag.json" \
+    "$WORK/sanitize_${tool}_${b}_$tag.log" $(($(date +%s) - t)) >>"$WORK/sanitize.jsonl"
+}
+
 sanitize_one() {  # tool binary main_box slow_box
-  local tool=$1 b=$2 slow extra="" rc t pass filter box
+  local tool=$1 b=$2 slow extra=() pass test
   [ "$b" = megamoe_cuda_tests ] && slow=$SLOW_CUDA || slow=$SLOW_ROUTER
-  [ "$tool" = memcheck ] && extra="--leak-check full"
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
   for pass in ${SANITIZE_PASSES:-main slow}; do
-    if [ $pass = main ]; then
-      filter="${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE"
-      box=$3
+    if [ "$pass" = main ]; then
+      sanitize_run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}"
+    elif [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
+      # one process per slow test, side by side, so one slow test cannot hide the others
+      for test in ${slow//:/ }; do
+        sanitize_run "$tool" "$b" "slow_${test//./_}" "$test" "$4" "${extra[@]}" &
+      done
+      wait
     else
-      filter="$slow"
-      box=$4
+      sanitize_run "$tool" "$b" slow "$slow" "$4" "${extra[@]}"
     fi
-    t=$(date +%s)
-    # shellcheck disable=SC2086
-    timeout -k 10 "$box" compute-sanitizer --tool "$tool" $extra --print-limit 200 --error-exitcode 9 \
-      "$(bin_path "$b")" --gtest_filter="$filter" --gtest_output=json:"$WORK/sanitize_${tool}_${b}_$pass.json" \
-      >"$WORK/sanitize_${tool}_${b}_$pass.log" 2>&1
-    rc=$?
-    gtest_row "sanitize-$tool-$pass" "$b" "$rc" "$WORK/sanitize_${tool}_${b}_$pass.json" \
-      "$WORK/sanitize_${tool}_${b}_$pass.log" $(($(date +%s) - t)) >>"$WORK/sanitize.jsonl"
   done
 }
 
