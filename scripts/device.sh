@@ -46,7 +46,8 @@
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
 # Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6),
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
-# SANITIZE_SPLIT_SLOW (1: each slow test its own sanitizer process, all side by side),
+# SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
+# side by side),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py).
 set -uo pipefail
@@ -84,13 +85,14 @@ for a in "${ARGS[@]}"; do
       BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_bench_router}
       ;;
     call4)
-      # Part 2: megamoe_cuda_tests' five slow tests (2^32 sweeps, LargeT, > 2^31 elements)
-      # under the four sanitizers, a process per test and tool, with the rest of the call's
-      # time; the op-overhead benchmark (#16) first, on an idle GPU.
+      # Part 2: megamoe_cuda_tests under the four sanitizers, its main pass and each of its
+      # five slow tests (2^32 sweeps, LargeT, > 2^31 elements) a process per tool, all side
+      # by side with the rest of the call's time; the op-overhead benchmark (#16) first, on
+      # an idle GPU.
       STEPS+=(info build bench-op sanitize sanitize-wait)
       BUILD_TARGETS=${BUILD_TARGETS:-_C megamoe_cuda_tests}
       GPU_BINS=${GPU_BINS:-megamoe_cuda_tests}
-      SANITIZE_PASSES=${SANITIZE_PASSES:-slow}
+      SANITIZE_PASSES=${SANITIZE_PASSES:-main slow}
       SANITIZE_SPLIT_SLOW=${SANITIZE_SPLIT_SLOW:-1}
       ;;
     call5)
@@ -316,15 +318,24 @@ sanitize_one() {  # tool binary main_box slow_box
   local tool=$1 b=$2 slow extra=() pass test
   [ "$b" = megamoe_cuda_tests ] && slow=$SLOW_CUDA || slow=$SLOW_ROUTER
   [ "$tool" = memcheck ] && extra=(--leak-check full)
+  if [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
+    # every pass and every slow test its own process, all side by side, so one slow test
+    # cannot hide the others
+    for pass in ${SANITIZE_PASSES:-main slow}; do
+      if [ "$pass" = main ]; then
+        sanitize_run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}" &
+      else
+        for test in ${slow//:/ }; do
+          sanitize_run "$tool" "$b" "slow_${test//./_}" "$test" "$4" "${extra[@]}" &
+        done
+      fi
+    done
+    wait
+    return
+  fi
   for pass in ${SANITIZE_PASSES:-main slow}; do
     if [ "$pass" = main ]; then
       sanitize_run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}"
-    elif [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
-      # one process per slow test, side by side, so one slow test cannot hide the others
-      for test in ${slow//:/ }; do
-        sanitize_run "$tool" "$b" "slow_${test//./_}" "$test" "$4" "${extra[@]}" &
-      done
-      wait
     else
       sanitize_run "$tool" "$b" slow "$slow" "$4" "${extra[@]}"
     fi
@@ -337,8 +348,8 @@ step_sanitize() {
   slow_box=${SANITIZE_SLOW_TIMEOUT:-150}
   # Both passes must end inside the deadline.
   local l=$(($(left) - 30))
-  if [ "${SANITIZE_PASSES:-main slow}" = slow ]; then
-    slow_box=$l  # the slow pass alone gets what is left
+  if [ "${SANITIZE_PASSES:-main slow}" = slow ] || [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
+    main_box=$l; slow_box=$l  # one pass, or all side by side: each gets what is left
   elif [ $((main_box + slow_box)) -gt "$l" ]; then
     main_box=$((l * 2 / 3)); slow_box=$((l - main_box))
   fi
