@@ -305,7 +305,6 @@ sanitize_run() {  # tool binary tag filter box extra...: one compute-sanitizer p
   local tool=$1 b=$2 tag=$3 filter=$4 box=$5 t rc
   shift 5
   t=$(date +%s)
-  # shellcheck disable=SC2086
   timeout -k 10 "$box" compute-sanitizer --tool "$tool" "$@" --print-limit 200 --error-exitcode 9 \
     "$(bin_path "$b")" --gtest_filter="$filter" --gtest_output=json:"$WORK/sanitize_${tool}_${b}_$tag.json" \
     >"$WORK/sanitize_${tool}_${b}_$tag.log" 2>&1
@@ -318,28 +317,19 @@ sanitize_one() {  # tool binary main_box slow_box
   local tool=$1 b=$2 slow extra=() pass test
   [ "$b" = megamoe_cuda_tests ] && slow=$SLOW_CUDA || slow=$SLOW_ROUTER
   [ "$tool" = memcheck ] && extra=(--leak-check full)
-  if [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
-    # every pass and every slow test its own process, all side by side, so one slow test
-    # cannot hide the others
-    for pass in ${SANITIZE_PASSES:-main slow}; do
-      if [ "$pass" = main ]; then
-        sanitize_run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}" &
-      else
-        for test in ${slow//:/ }; do
-          sanitize_run "$tool" "$b" "slow_${test//./_}" "$test" "$4" "${extra[@]}" &
-        done
-      fi
-    done
-    wait
-    return
-  fi
+  # With SANITIZE_SPLIT_SLOW=1 every pass and every slow test is its own process, all side
+  # by side, so one slow test cannot hide the others.
+  run() { if [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then sanitize_run "$@" & else sanitize_run "$@"; fi; }
   for pass in ${SANITIZE_PASSES:-main slow}; do
     if [ "$pass" = main ]; then
-      sanitize_run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}"
+      run "$tool" "$b" main "${SANITIZE_FILTER:-*}-$slow:$ON_PURPOSE" "$3" "${extra[@]}"
+    elif [ "${SANITIZE_SPLIT_SLOW:-0}" = 1 ]; then
+      for test in ${slow//:/ }; do run "$tool" "$b" "slow_${test//./_}" "$test" "$4" "${extra[@]}"; done
     else
-      sanitize_run "$tool" "$b" slow "$slow" "$4" "${extra[@]}"
+      run "$tool" "$b" slow "$slow" "$4" "${extra[@]}"
     fi
   done
+  wait
 }
 
 step_sanitize() {
