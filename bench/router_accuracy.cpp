@@ -10,11 +10,16 @@
 // log1p inputs, settled with mpmath at 300 bits) with that result. Errors in ulps are
 // |result - exact| / ulp(exact) with the double (or long double) value standing for exact.
 //
-// Usage: router_accuracy [--threads N] [--exceptions] [--only exp|log1p]
+// --only scores compares the router's fast score path (core::router_score: fused
+// multiply-adds, a refined reciprocal, the exact chain where it cannot decide) with the
+// exact chain (core::router_score_exact) on every fp32 logit, bit for bit, and counts the
+// fallbacks.
+//
+// Usage: router_accuracy [--threads N] [--exceptions] [--only exp|log1p|scores]
 //   --exceptions  print the misrounded inputs as (input, correct result) pairs, the form of
 //                 log1p_exception() in src/core/router.h (with that table in place the
 //                 program finds none), and the unresolved ones.
-//   --only        one function.
+//   --only        one function, or the score paths.
 // Build: cmake -DMEGAMOE_BUILD_BENCH=ON ... && ninja megamoe_router_accuracy, or directly
 //   g++ -O2 -std=c++17 -ffp-contract=off -Isrc bench/router_accuracy.cpp -o router_accuracy -lpthread
 #include <algorithm>
@@ -190,6 +195,56 @@ void report(const char* name, const char* glibc_name, const Stats& s, bool table
   }
 }
 
+/// Every fp32 logit: router_score == router_score_exact bitwise; counts the fast path's
+/// fallbacks (the logits below kExpFastMin apart) and keeps the first few.
+bool run_scores(int threads) {
+  namespace core = megamoe::core;
+  std::atomic<uint64_t> next{0}, differ{0}, low{0}, near{0};
+  std::mutex mu;
+  std::vector<uint32_t> near_at, differ_at;
+  constexpr uint64_t kBlock = uint64_t{1} << 22;
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&] {
+      for (;;) {
+        const uint64_t lo = next.fetch_add(kBlock);
+        if (lo > 0xFFFFFFFFull) return;
+        uint64_t d = 0, l = 0, n = 0;
+        for (uint64_t b = lo; b < lo + kBlock; ++b) {
+          const float x = f_of(static_cast<uint32_t>(b));
+          float fast;
+          const bool ok = core::router_score_fast(x, fast);
+          const float s = core::router_score(x), e = core::router_score_exact(x);
+          if (u_of(s) != u_of(e)) {
+            ++d;
+            std::lock_guard<std::mutex> g(mu);
+            if (differ_at.size() < 16) differ_at.push_back(static_cast<uint32_t>(b));
+          }
+          if (!ok && x < core::kExpFastMin) ++l;
+          else if (!ok) {
+            ++n;
+            std::lock_guard<std::mutex> g(mu);
+            if (near_at.size() < 16) near_at.push_back(static_cast<uint32_t>(b));
+          }
+        }
+        differ += d;
+        low += l;
+        near += n;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  std::printf("scores: %llu fp32 logits (all bit patterns)\n", 1ull << 32);
+  std::printf("  router_score != router_score_exact on %llu\n", static_cast<unsigned long long>(differ.load()));
+  std::printf("  fallbacks to the exact chain: %llu near a midpoint, %llu below %g\n",
+              static_cast<unsigned long long>(near.load()), static_cast<unsigned long long>(low.load()),
+              static_cast<double>(core::kExpFastMin));
+  std::sort(near_at.begin(), near_at.end());
+  for (uint32_t b : near_at) std::printf("    near a midpoint: 0x%08X (%a)\n", b, static_cast<double>(f_of(b)));
+  for (uint32_t b : differ_at) std::printf("    DIFFERS: 0x%08X (%a)\n", b, static_cast<double>(f_of(b)));
+  return differ.load() == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,14 +258,21 @@ int main(int argc, char** argv) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--exceptions") {
       tables = true;
-    } else if (a == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "exp" || std::string(argv[i + 1]) == "log1p")) {
+    } else if (a == "--only" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "exp" || std::string(argv[i + 1]) == "log1p" ||
+                std::string(argv[i + 1]) == "scores")) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--exceptions] [--only exp|log1p]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--exceptions] [--only exp|log1p|scores]\n", argv[0]);
       return 2;
     }
   }
   namespace core = megamoe::core;
+  if (only == "scores") {
+    const bool same = run_scores(threads);
+    std::printf("%s\n", same ? "PASS: the fast score path gives the exact chain's bits for every fp32 logit" : "FAIL");
+    return same ? 0 : 1;
+  }
   bool ok = true;
   if (only != "log1p") {
     const Stats e = run_all(

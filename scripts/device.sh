@@ -49,7 +49,8 @@
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
-# BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py).
+# BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py),
+# CMAKE_EXTRA (more cmake -D arguments for the build, e.g. -DCMAKE_CUDA_FLAGS=...).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 T0=$(date +%s)
@@ -117,7 +118,7 @@ done
 # Time box of each step in seconds (cut to what is left of DEADLINE_S when it starts).
 box() {
   case "$1" in
-    info) echo 30 ;; build) echo 240 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
+    info) echo 30 ;; build) echo 420 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;;
@@ -219,7 +220,7 @@ cmake_build() {  # src build_dir jobs seconds [targets...]
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_ENABLE_CUDA=ON \
     -DMEGAMOE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DMEGAMOE_BUILD_BENCH=ON -DMEGAMOE_BUILD_TESTS=ON \
     -DMEGAMOE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
-    -DCMAKE_PREFIX_PATH="$DEPS;$DEPS/usr" &&
+    -DCMAKE_PREFIX_PATH="$DEPS;$DEPS/usr" ${CMAKE_EXTRA:-} &&
     timeout -k 5 "$secs" cmake --build "$dir" -j"$jobs" "${tgt[@]}"
 }
 

@@ -67,6 +67,14 @@ MEGAMOE_HD double ddiv(double a, double b) {
   return a / b;
 #endif
 }
+/// Fused multiply-add, one IEEE rounding (std::fma on the host: glibc's is exact).
+MEGAMOE_HD double dfma(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 /// double -> fp32, round to nearest even (subnormal results rounded once, no flush).
 MEGAMOE_HD float to_f32(double d) {
 #if defined(__CUDA_ARCH__)
@@ -291,7 +299,8 @@ MEGAMOE_HD float log1p_f32(float y) { return log1p_round(y, log1p_core(log1p_mai
 #define MEGAMOE_UNROLL
 #endif
 
-/// The expert scores s = sqrt(softplus(logit)) of N logits: each in [+0, +inf], or the
+/// The expert scores s = sqrt(softplus(logit)) of N logits by the exact chain (exp_f32,
+/// log1p_f32, sqrt): each in [+0, +inf], or the
 /// quiet NaN for a NaN logit; softplus(x) = x for x > 20, else log1p(exp(x)), each step an
 /// fp32 rounding. Each logit goes through exactly the operations router_score applies to
 /// one, in the same order; the N of them advance stage by stage (exp, the log1p reduction,
@@ -300,7 +309,7 @@ MEGAMOE_HD float log1p_f32(float y) { return log1p_round(y, log1p_core(log1p_mai
 /// exception table) the N chains are straight-line code side by side and a GPU thread has
 /// N independent double-precision chains in flight.
 template <int N>
-MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
+MEGAMOE_HD void router_scores_exact(const float (&logit)[N], float (&s)[N]) {
   float y[N];
   double f[N], q[N], v[N];
   int k[N];
@@ -317,6 +326,115 @@ MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
     const float sp = logit[c] > kSoftplusThreshold ? logit[c] : log1p_round(y[c], v[c]);
     const float r = sqrt_rn(sp);
     s[c] = logit[c] != logit[c] ? quiet_nan() : r;
+  }
+}
+
+/// The expert score s = sqrt(softplus(logit)) of one logit by the exact chain
+/// (router_scores_exact): the definition router_scores reproduces, and its fallback.
+MEGAMOE_HD float router_score_exact(float logit) {
+  const float x[1] = {logit};
+  float s[1];
+  router_scores_exact(x, s);
+  return s[0];
+}
+
+// ---------------------------------------------------------------------------------------
+// The fast score path: the same fp32 results in about half the dependent double operations.
+//
+// exp_f32 and log1p_f32 above are correctly rounded, so any evaluation accurate to well
+// within near_fp32_midpoint's 256 double ulps whose double result is not that close to an
+// fp32 midpoint rounds to the same fp32. exp_fast and log1p_fast are such evaluations with
+// fused multiply-adds (exact on both backends: the device's fma and glibc's), Estrin-ordered
+// polynomials and a reciprocal refined from the fp32 one instead of a double division:
+// their errors are a few double ulps (exp: degree-12 Taylor, truncation below 2^-52; log1p:
+// the quotient to 2^-46, which only scales the f^3-sized correction term). Where the
+// double lands near a midpoint, or outside the fast domain (logits below -87: a subnormal
+// e^x), router_scores falls back to router_scores_exact for that score. Every fp32 logit
+// gives router_score_exact's bits (tests/cpp/test_router.cpp on a sample of all inputs and
+// every threshold's neighbourhood, bench/router_accuracy.cpp --scores on every input, the
+// CUDA tests on the device).
+
+constexpr float kExpFastMin = -87.0f;  ///< e^-87 > 2^-126: a normal fp32 result from here on
+
+/// e^x in double for x in [kExpFastMin, kSoftplusThreshold], error a few double ulps.
+MEGAMOE_HD double exp_fast(float x) {
+  const double xd = static_cast<double>(x);
+  const double kd = dsub(dfma(xd, kInvLn2, kRoundMagic), kRoundMagic);
+  const double r = dfma(-kd, kLn2Lo, dfma(-kd, kLn2Hi, xd));
+  const double r2 = dmul(r, r), r4 = dmul(r2, r2), r8 = dmul(r4, r4);
+  // 1/n!, n = 0..12
+  const double p01 = dfma(1.0, r, 1.0);
+  const double p23 = dfma(0x1.5555555555555p-3, r, 0.5);
+  const double p45 = dfma(0x1.1111111111111p-7, r, 0x1.5555555555555p-5);
+  const double p67 = dfma(0x1.a01a01a01a01ap-13, r, 0x1.6c16c16c16c17p-10);
+  const double p89 = dfma(0x1.71de3a556c734p-19, r, 0x1.a01a01a01a01ap-16);
+  const double pab = dfma(0x1.ae64567f544e4p-26, r, 0x1.27e4fb7789f5cp-22);
+  const double q0 = dfma(p23, r2, p01), q1 = dfma(p67, r2, p45), q2 = dfma(pab, r2, p89);
+  const double u0 = dfma(q1, r4, q0), u1 = dfma(0x1.1eed8eff8d898p-29, r4, q2);
+  const int k = static_cast<int>(kd);  // -126..29
+  return dmul(dfma(u1, r8, u0), bits_double(static_cast<uint64_t>(k + 1023) << 52));
+}
+
+/// log(1 + y) in double for finite y >= 2^-29 (log1p_main, y < 2^53), error a few double
+/// ulps: log1p_core's reduction and formula, the quotient from a refined reciprocal.
+MEGAMOE_HD double log1p_fast(float y) {
+  int k;
+  const double f = log1p_reduce(y, k);
+  const double d = dadd(2.0, f);
+  // 1/d: the fp32 IEEE reciprocal (to 2^-23 with the rounding of d), one Newton step
+  // (to 2^-46).
+  const double r0 = static_cast<double>(div_rn(1.0f, to_f32(d)));
+  const double r1 = dfma(r0, dfma(-d, r0, 1.0), r0);
+  const double s = dmul(f, r1);
+  const double z = dmul(s, s), z2 = dmul(z, z), z4 = dmul(z2, z2), z8 = dmul(z4, z4);
+  // R(z) = z (2/3 + 2/5 z + ... + 2/21 z^9)
+  const double b01 = dfma(0x1.999999999999ap-2, z, 0x1.5555555555555p-1);
+  const double b23 = dfma(0x1.c71c71c71c71cp-3, z, 0x1.2492492492492p-2);
+  const double b45 = dfma(0x1.3b13b13b13b14p-3, z, 0x1.745d1745d1746p-3);
+  const double b67 = dfma(0x1.e1e1e1e1e1e1ep-4, z, 0x1.1111111111111p-3);
+  const double b89 = dfma(0x1.8618618618618p-4, z, 0x1.af286bca1af28p-4);
+  const double e0 = dfma(dfma(b67, z2, b45), z4, dfma(b23, z2, b01));
+  const double R = dmul(dfma(b89, z8, e0), z);
+  const double hfsq = dmul(0.5, dmul(f, f));
+  const double dk = static_cast<double>(k);
+  const double tail = dsub(dsub(hfsq, dfma(s, dadd(hfsq, R), dmul(dk, kLn2Lo))), f);
+  return dfma(dk, kLn2Hi, -tail);
+}
+
+/// The fast path of one score: returns false where it cannot decide (a double near an fp32
+/// midpoint, a logit below kExpFastMin), and then @p s is to be replaced by
+/// router_score_exact's; otherwise @p s is router_score_exact's result.
+MEGAMOE_HD bool router_score_fast(float x, float& s) {
+  const bool big = x > kSoftplusThreshold;
+  const bool fast = x >= kExpFastMin && !big;  // false for NaN
+  const double ev = exp_fast(fast ? x : 0.0f);
+  const float y = to_f32(ev);
+  const bool main = y >= 0x1p-29f;  // else log1p(y) = y (log1p_round)
+  const double lv = log1p_fast(main ? y : 1.0f);
+  const float sp = big ? x : main ? to_f32(lv) : y;
+  const float r = sqrt_rn(sp);
+  s = x != x ? quiet_nan() : r;
+  return big || x != x || (fast && !near_fp32_midpoint(ev) && !(main && near_fp32_midpoint(lv)));
+}
+
+/// The expert scores s = sqrt(softplus(logit)) of N logits: exactly router_scores_exact's
+/// results (router_score_fast, and that chain where it cannot decide). The N chains run
+/// side by side; the fallback is a branch taken about once in 10^6 scores (and for logits
+/// below kExpFastMin).
+template <int N>
+MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
+  bool ok[N];
+  bool all = true;
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    ok[c] = router_score_fast(logit[c], s[c]);
+    all = all && ok[c];
+  }
+  if (!all) {
+    MEGAMOE_UNROLL
+    for (int c = 0; c < N; ++c) {
+      if (!ok[c]) s[c] = router_score_exact(logit[c]);
+    }
   }
 }
 

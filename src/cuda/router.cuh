@@ -5,13 +5,13 @@
 // the whole block and keeps independent work in flight.
 //
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
-//     exp and log1p in double, some 100 dependent double operations each) are spread over
-//     all its threads (T = 1, E = 384, 128 threads: three scores a thread). A thread
-//     issues the loads of up to kChains of its entries (logit, bias, padding flag) before
-//     any arithmetic, then runs their scores side by side (core::router_scores: the chains
-//     interleave between the division's and the square root's branches; written one after
-//     the other, the compiler would run them one after the other), and writes each key and
-//     score to shared memory. kChains is what the kernel's register budget holds.
+//     exp and log1p in double, some 40 dependent double operations each on
+//     core::router_scores' fast path) are spread over all its threads (T = 1, E = 384, 128
+//     threads: three scores a thread). A thread issues the loads of up to kChains of its
+//     entries (logit, bias, padding flag) before any arithmetic, then runs their scores
+//     side by side (straight-line code, the rare fallback to the exact chain after all N),
+//     and writes each key and score to shared memory. kChains is what the kernel's
+//     register budget holds.
 //  2. Selection, G warps per token (router_group: the block's warps shared among its tokens,
 //     at most one per 32-expert column and G * K <= 32): each warp finds the top K of its
 //     slice of the token's experts (whole columns of 32, lane l holding expert 32 c + l) in

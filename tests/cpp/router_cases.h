@@ -28,6 +28,12 @@ using megamoe::StageArgs;
 using megamoe::TensorRef;
 namespace ref = megamoe_router_ref;
 
+/// Logits (bits) whose fast score path cannot decide (core::router_score_fast returns
+/// false: a double near an fp32 midpoint), found by bench/router_accuracy.cpp --only scores
+/// and a scan of [2^-7, 2^5) both signs: e^x next to 1 + 2^-24, and others near 0.
+constexpr uint32_t kScoreFallbackLogits[] = {0x337FFFF0u, 0x33800000u, 0x33800007u, 0x3C273496u, 0x3C423862u,
+                                             0x3C5F7364u, 0xBC2A461Au, 0xBC7B48EDu, 0xBCB8F40Fu, 0xBCD2CF27u};
+
 inline uint32_t u32(float f) { return ref::bits(f); }
 inline float f32(uint32_t u) { return ref::from_bits(u); }
 
@@ -416,7 +422,8 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
     h.count = true;
     c.emplace_back(std::string("hash ") + megamoe::dtype_name(idt), h);
   }
-  for (int64_t R : {1, 2, 3, 4}) {
+  // 1..5 and 7 slots: small maps (a row of a few slots is the usual EPLB state) and wider.
+  for (int64_t R : {1, 2, 3, 4, 5, 7}) {
     for (bool record : {true, false}) {
       Spec e = eplb_spec(static_cast<uint32_t>(19 + R), R);
       e.record = record;

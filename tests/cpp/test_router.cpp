@@ -2,10 +2,11 @@
 // independent reference (tests/reference/router_reference.h):
 //  - the shared exp / log1p / sqrt / score (src/core/router.h) bit for bit against the
 //    reference's correctly rounded ones (docs/ROUTER.md: 0 ulp for every fp32 input), and
-//    the scores side by side (router_scores) against the score one at a time;
+//    the scores side by side (router_scores) against the score one at a time, and the
+//    fast score path against the exact chain (and declining where it must);
 //  - route(): ids, weights, EPLB load and the logit counter for planted ties, NaN / Inf
 //    logits, all-equal logits, a reversing bias, E not a power of two, E = 512 / K = 16,
-//    hash layers, EPLB with 1..4 replicas (and out-of-range device data), padding;
+//    hash layers, EPLB with 1..5 and 7 replica slots (and out-of-range device data), padding;
 //  - route_and_stage(): every staged byte equal to (reference router, then
 //    prepare_inputs with its outputs) for several formats, shared_x_sf, full buffer;
 //  - every argument error, with nothing written.
@@ -110,6 +111,35 @@ TEST(RouterNumerics, SqrtAndScore) {
     // The score is a number or the one quiet NaN, never another NaN.
     const float s = megamoe::core::router_score(x);
     ASSERT_EQ(hex(u32(s)), hex(u32(ref::score(x)))) << "score(" << hex(b) << ")";
+  }
+}
+
+/// The fast score path == the exact chain, on the sample and every 1021st bit pattern; it
+/// reports "cannot decide" on the known fallback logits and below kExpFastMin, and then the
+/// exact chain's result is the one returned. (Every fp32 logit: bench/router_accuracy.cpp
+/// --only scores.)
+TEST(RouterNumerics, FastScoresEqualTheExactChain) {
+  std::vector<uint32_t> in = sample_inputs();
+  for (uint64_t b = 5; b <= 0xFFFFFFFFull; b += 1021) in.push_back(static_cast<uint32_t>(b));
+  for (uint32_t b : in) {
+    const float x = f32(b);
+    const float e = megamoe::core::router_score_exact(x);
+    ASSERT_EQ(hex(u32(megamoe::core::router_score(x))), hex(u32(e))) << "score(" << hex(b) << ")";
+    float fast;
+    if (megamoe::core::router_score_fast(x, fast)) {
+      ASSERT_EQ(hex(u32(fast)), hex(u32(e))) << "fast(" << hex(b) << ")";
+    }
+  }
+  ASSERT_GT(std::size(kScoreFallbackLogits), 0u);
+  for (uint32_t b : kScoreFallbackLogits) {
+    float fast;
+    EXPECT_FALSE(megamoe::core::router_score_fast(f32(b), fast)) << hex(b);
+    EXPECT_EQ(hex(u32(megamoe::core::router_score(f32(b)))), hex(u32(ref::score(f32(b))))) << hex(b);
+  }
+  for (float x : {-87.5f, -100.0f, -1e30f, -INFINITY}) {
+    float fast;
+    EXPECT_FALSE(megamoe::core::router_score_fast(x, fast)) << x;
+    EXPECT_EQ(hex(u32(megamoe::core::router_score(x))), hex(u32(ref::score(x)))) << x;
   }
 }
 

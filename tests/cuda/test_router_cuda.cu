@@ -3,10 +3,12 @@
 // test_router.cpp): every buffer of the call, elements and poisoned gaps, after an eager
 // call and after CUDA-graph replays. Cases: the router catalog (tests/cpp/router_cases.h:
 // planted ties, NaN / Inf, all-equal logits, a reversing bias, odd E, E = 512 / K = 16,
-// hash layers, EPLB with 1..4 replicas, recording on and off, out-of-range device data,
-// padding) through route() and route_and_stage(), and route_and_stage over every format
+// hash layers, EPLB with 1..5 and 7 replica slots, recording on and off, out-of-range
+// device data, padding) through route() and route_and_stage(), and route_and_stage over every format
 // and kernel shape: one launch for fast plans (split, loop, tile), two for the generic and
-// row kernels; full buffer, T = 0, shared_x_sf, PDL. Every test SKIPs without a GPU.
+// row kernels; full buffer, T = 0, shared_x_sf, PDL. And the device's fast score path
+// against its exact chain on a sweep of the fp32 bit patterns. Every test SKIPs without a
+// GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -165,6 +167,75 @@ void check_fused(Spec spec, const StageCase& c) {
   const Mirror m(all);
   megamoe::route_and_stage(b->args, sb->args);
   run_and_compare(m, b->args, &sb->args);
+}
+
+/// Scores of the bit patterns i * stride (3 a thread, side by side as in the router
+/// kernel, core::router_scores<3>) against router_score_exact on the device; counts the
+/// differences and keeps the first, and writes the scores of @p sample.
+__global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* differ, uint32_t* first,
+                            const uint32_t* sample, uint32_t n_sample, float* sample_out) {
+  const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 3;
+  if (i < n) {
+    float x[3], s[3];
+    for (int c = 0; c < 3; ++c) {
+      x[c] = megamoe::core::bits_float(static_cast<uint32_t>((i + c) * stride));
+    }
+    megamoe::core::router_scores(x, s);
+    for (int c = 0; c < 3; ++c) {
+      const float e = megamoe::core::router_score_exact(x[c]);
+      if (megamoe::core::float_bits(s[c]) != megamoe::core::float_bits(e)) {
+        atomicAdd(differ, 1ull);
+        atomicMin(first, megamoe::core::float_bits(x[c]));
+      }
+    }
+  }
+  const uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < n_sample) sample_out[j] = megamoe::core::router_score(megamoe::core::bits_float(sample[j]));
+}
+
+/// The device's fast score path (fused multiply-adds, the refined reciprocal, the exact
+/// chain where it cannot decide) gives the exact chain's bits on a sweep of every 7th fp32
+/// bit pattern, and the host's bits on the fallback inputs and the thresholds.
+TEST(RouterCuda, ScoresOnTheDevice) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<uint32_t> sample;
+  for (float x : {20.0f, -87.0f, -20.1f, 0.0f, 1.0f, -1.0f, 8.0f}) {
+    for (int d = -256; d <= 256; ++d) sample.push_back(megamoe::core::float_bits(x) + static_cast<uint32_t>(d));
+  }
+  for (uint32_t b : kScoreFallbackLogits) sample.push_back(b);
+  for (uint32_t b : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x00000001u, 0x80000000u}) sample.push_back(b);
+  const uint32_t stride = 7;
+  const uint64_t n = (uint64_t{1} << 32) / stride;
+  unsigned long long* differ = nullptr;
+  uint32_t *first = nullptr, *dsample = nullptr;
+  float* dout = nullptr;
+  ASSERT_EQ(cudaMalloc(&differ, 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&first, 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dsample, sample.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dout, sample.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(differ, 0, 8), cudaSuccess);
+  ASSERT_EQ(cudaMemset(first, 0xFF, 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dout, 0xA5, sample.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dsample, sample.data(), sample.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const uint64_t threads = (n + 2) / 3;
+  score_sweep<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(n, stride, differ, first, dsample,
+                                                                    static_cast<uint32_t>(sample.size()), dout);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  unsigned long long nd = 0;
+  uint32_t f = 0;
+  std::vector<float> out(sample.size());
+  ASSERT_EQ(cudaMemcpy(&nd, differ, 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&f, first, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (void* p : {static_cast<void*>(differ), static_cast<void*>(first), static_cast<void*>(dsample),
+                  static_cast<void*>(dout)}) {
+    cudaFree(p);
+  }
+  EXPECT_EQ(nd, 0ull) << "first differing logit bits 0x" << std::hex << f;
+  for (size_t i = 0; i < sample.size(); ++i) {
+    const float want = megamoe::core::router_score_exact(megamoe::core::bits_float(sample[i]));
+    ASSERT_EQ(megamoe::core::float_bits(out[i]), megamoe::core::float_bits(want)) << "logit 0x" << std::hex << sample[i];
+  }
 }
 
 TEST(RouterCuda, RouteCatalog) {
