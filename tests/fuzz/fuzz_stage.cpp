@@ -1017,9 +1017,10 @@ int fuzz_one(const uint8_t* data, size_t size) {
       violate("packed scales with H/G not a multiple of 4");
     if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP4/NVFP4 family)");
     if (fp8 && !fp8_plain) maybe("fp8 with a non-default amax floor or tie rule");
-    // SPEC: the default scheme with an int8/uint8 x_q of width H/2 means MXFP4.
+    // SPEC: the default scheme with an int8/uint8 x_q of width H/2 means MXFP4 (also at
+    // H == 0, where that width is the fp8 one too: the library applies the rule as written).
     const TensorRef& xq = a.x_q;
-    dropin = fp8 && ue8m0 && q.group_k == 32 && q.rounding == megamoe::Rounding::kDefault && aH > 0 &&
+    dropin = fp8 && ue8m0 && q.group_k == 32 && q.rounding == megamoe::Rounding::kDefault &&
              xq.ndim == 2 && xq.shape[1] == aH / 2 && (xq.dtype == DType::kUInt8 || xq.dtype == DType::kInt8);
     if (dropin) maybe("MXFP4 drop-in (x_q of width H/2)");
     const bool model_quant_outputs = fp8 && !dropin;  // x_q / x_sf shapes modelled exactly

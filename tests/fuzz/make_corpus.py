@@ -262,6 +262,10 @@ def seeds():
     s["bug_nonfinite_count_overflow"] = make(
         1, 128, 0, mode=NONFINITE,
         payload=bf16(float("nan")) + bf16(1.0) * 127 + struct.pack("<q", INT64_MAX))
+    # 4. (a harness finding, 2026-12-02) H == 0 with an int8 x_q of width 0: the default
+    #    scheme's x_q of width H/2 selects MXFP4 (the library, as SPEC words it); the harness
+    #    had modelled the rule for H > 0 only and called the accepted call a violation.
+    s["h0_int8_x_q_dropin"] = make(1974 % 4097, 0, 30, tensors={"x_q": {"dtype": dtype("int8")}})
     # Full-buffer mode: every output has M = max_tokens rows; the top-k tail becomes -1 /
     # +0.0, the x_q / x_sf / x_scales tail stays as it was (filled with a poison byte).
     poison = {"x_q": {"fill": 0xEE}, "x_sf": {"fill": 0xDD}, "topk_idx_out": {"fill": 0x77},
