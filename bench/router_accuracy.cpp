@@ -152,9 +152,10 @@ void run_range(uint64_t lo, uint64_t hi, Mine mine, Glibc glibc, RefD ref_d, Ref
   }
 }
 
-template <typename... F>
-Stats run_all(int threads, F... f) {
-  std::vector<Stats> part(static_cast<size_t>(threads));
+/// Calls fn(lo, hi, worker) for blocks [lo, hi] of 2^22 bit patterns covering all 2^32,
+/// taken in turn by @p threads workers (0 .. threads-1).
+template <typename Fn>
+void for_all_blocks(int threads, Fn fn) {
   std::vector<std::thread> pool;
   std::atomic<uint64_t> next{0};
   constexpr uint64_t kBlock = uint64_t{1} << 22;
@@ -163,11 +164,17 @@ Stats run_all(int threads, F... f) {
       for (;;) {
         const uint64_t lo = next.fetch_add(kBlock);
         if (lo > 0xFFFFFFFFull) return;
-        run_range(lo, lo + kBlock - 1, f..., &part[static_cast<size_t>(i)]);
+        fn(lo, lo + kBlock - 1, i);
       }
     });
   }
   for (auto& t : pool) t.join();
+}
+
+template <typename... F>
+Stats run_all(int threads, F... f) {
+  std::vector<Stats> part(static_cast<size_t>(threads));
+  for_all_blocks(threads, [&](uint64_t lo, uint64_t hi, int i) { run_range(lo, hi, f..., &part[static_cast<size_t>(i)]); });
   Stats all;
   for (const Stats& s : part) all.merge(s);
   std::sort(all.exceptions.begin(), all.exceptions.end());
@@ -199,41 +206,27 @@ void report(const char* name, const char* glibc_name, const Stats& s, bool table
 /// fallbacks (the logits below kExpFastMin apart) and keeps the first few.
 bool run_scores(int threads) {
   namespace core = megamoe::core;
-  std::atomic<uint64_t> next{0}, differ{0}, low{0}, near{0};
+  std::atomic<uint64_t> differ{0}, low{0}, near{0};
   std::mutex mu;
   std::vector<uint32_t> near_at, differ_at;
-  constexpr uint64_t kBlock = uint64_t{1} << 22;
-  std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) {
-    pool.emplace_back([&] {
-      for (;;) {
-        const uint64_t lo = next.fetch_add(kBlock);
-        if (lo > 0xFFFFFFFFull) return;
-        uint64_t d = 0, l = 0, n = 0;
-        for (uint64_t b = lo; b < lo + kBlock; ++b) {
-          const float x = f_of(static_cast<uint32_t>(b));
-          float fast;
-          const bool ok = core::router_score_fast(x, fast);
-          const float s = core::router_score(x), e = core::router_score_exact(x);
-          if (u_of(s) != u_of(e)) {
-            ++d;
-            std::lock_guard<std::mutex> g(mu);
-            if (differ_at.size() < 16) differ_at.push_back(static_cast<uint32_t>(b));
-          }
-          if (!ok && x < core::kExpFastMin) ++l;
-          else if (!ok) {
-            ++n;
-            std::lock_guard<std::mutex> g(mu);
-            if (near_at.size() < 16) near_at.push_back(static_cast<uint32_t>(b));
-          }
-        }
-        differ += d;
-        low += l;
-        near += n;
-      }
-    });
-  }
-  for (auto& t : pool) t.join();
+  auto keep = [&](std::vector<uint32_t>& v, uint64_t b) {
+    std::lock_guard<std::mutex> g(mu);
+    if (v.size() < 16) v.push_back(static_cast<uint32_t>(b));
+  };
+  for_all_blocks(threads, [&](uint64_t lo, uint64_t hi, int) {
+    uint64_t d = 0, l = 0, n = 0;
+    for (uint64_t b = lo; b <= hi; ++b) {
+      const float x = f_of(static_cast<uint32_t>(b));
+      float fast;
+      const bool ok = core::router_score_fast(x, fast);
+      if (u_of(core::router_score(x)) != u_of(core::router_score_exact(x))) ++d, keep(differ_at, b);
+      if (!ok && x < core::kExpFastMin) ++l;
+      else if (!ok) ++n, keep(near_at, b);
+    }
+    differ += d;
+    low += l;
+    near += n;
+  });
   std::printf("scores: %llu fp32 logits (all bit patterns)\n", 1ull << 32);
   std::printf("  router_score != router_score_exact on %llu\n", static_cast<unsigned long long>(differ.load()));
   std::printf("  fallbacks to the exact chain: %llu near a midpoint, %llu below %g\n",

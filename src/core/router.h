@@ -12,9 +12,8 @@
 // substituted (only ever looked up when the double lies that close to a boundary). Both
 // functions are thereby correctly rounded for every fp32 input (docs/ROUTER.md).
 // sqrt is IEEE (correctly rounded on both sides: sqrtss, __fsqrt_rn).
-// The special cases are selects after the main path rather than early returns, and
-// router_scores runs several experts' scores stage by stage, so that a GPU thread has their
-// main paths in flight side by side.
+// The special cases are selects after the main path rather than early returns, so that
+// router_scores' N fast paths (below) are straight-line code a GPU thread runs side by side.
 #pragma once
 
 #include <cstdint>
@@ -202,8 +201,7 @@ MEGAMOE_HD double log_r(double z) {
   return dmul(q, z);
 }
 
-// log1p_core in three stages (reduction, quotient, finish), so that router_scores can run
-// each stage for several inputs side by side; log1p_core itself is the three in a row.
+// log1p_core in three parts (reduction, quotient, finish); log1p_fast shares the reduction.
 
 /// The argument reduction of log1p_core (y as there): u = 1 + y = 2^k m with m in
 /// [sqrt(1/2), sqrt(2)); returns f = m - 1 (exact) and k in @p k.
@@ -223,8 +221,7 @@ MEGAMOE_HD double log1p_reduce(float y, int& k) {
   return dsub(bits_double(mb), 1.0);  // exact (Sterbenz)
 }
 
-/// The quotient of log1p_core: s = f / (2 + f), IEEE division (on the device an inline
-/// fast path and a branch to a slow-path call, hence a stage of its own).
+/// The quotient of log1p_core: s = f / (2 + f), IEEE division.
 MEGAMOE_HD double log1p_quotient(double f) { return ddiv(f, dadd(2.0, f)); }
 
 /// log1p_core from the reduction (f, k) and the quotient s.
@@ -299,43 +296,15 @@ MEGAMOE_HD float log1p_f32(float y) { return log1p_round(y, log1p_core(log1p_mai
 #define MEGAMOE_UNROLL
 #endif
 
-/// The expert scores s = sqrt(softplus(logit)) of N logits by the exact chain (exp_f32,
-/// log1p_f32, sqrt): each in [+0, +inf], or the
-/// quiet NaN for a NaN logit; softplus(x) = x for x > 20, else log1p(exp(x)), each step an
-/// fp32 rounding. Each logit goes through exactly the operations router_score applies to
-/// one, in the same order; the N of them advance stage by stage (exp, the log1p reduction,
-/// quotient and finish, then the rounding and the square root), so that between the
-/// stages that branch on the device (the division's and the square root's slow paths, the
-/// exception table) the N chains are straight-line code side by side and a GPU thread has
-/// N independent double-precision chains in flight.
-template <int N>
-MEGAMOE_HD void router_scores_exact(const float (&logit)[N], float (&s)[N]) {
-  float y[N];
-  double f[N], q[N], v[N];
-  int k[N];
-  MEGAMOE_UNROLL
-  for (int c = 0; c < N; ++c) y[c] = exp_f32(logit[c] > kSoftplusThreshold ? 0.0f : logit[c]);
-  MEGAMOE_UNROLL
-  for (int c = 0; c < N; ++c) f[c] = log1p_reduce(log1p_main(y[c]) ? y[c] : 1.0f, k[c]);
-  MEGAMOE_UNROLL
-  for (int c = 0; c < N; ++c) q[c] = log1p_quotient(f[c]);
-  MEGAMOE_UNROLL
-  for (int c = 0; c < N; ++c) v[c] = log1p_finish(f[c], q[c], k[c]);
-  MEGAMOE_UNROLL
-  for (int c = 0; c < N; ++c) {
-    const float sp = logit[c] > kSoftplusThreshold ? logit[c] : log1p_round(y[c], v[c]);
-    const float r = sqrt_rn(sp);
-    s[c] = logit[c] != logit[c] ? quiet_nan() : r;
-  }
-}
-
-/// The expert score s = sqrt(softplus(logit)) of one logit by the exact chain
-/// (router_scores_exact): the definition router_scores reproduces, and its fallback.
+/// The expert score s = sqrt(softplus(logit)) of one logit by the exact chain (exp_f32,
+/// log1p_f32, sqrt): in [+0, +inf], or the quiet NaN for a NaN logit; softplus(x) = x for
+/// x > 20, else log1p(exp(x)), each step an fp32 rounding. The definition router_scores
+/// reproduces, and its fallback (taken for about one score in 10^6: one chain at a time).
 MEGAMOE_HD float router_score_exact(float logit) {
-  const float x[1] = {logit};
-  float s[1];
-  router_scores_exact(x, s);
-  return s[0];
+  const bool big = logit > kSoftplusThreshold;
+  const float y = exp_f32(big ? 0.0f : logit);
+  const float r = sqrt_rn(big ? logit : log1p_f32(y));
+  return logit != logit ? quiet_nan() : r;
 }
 
 // ---------------------------------------------------------------------------------------
