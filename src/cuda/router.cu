@@ -1,12 +1,13 @@
 // router.cu: the fused DeepSeek-V4 router on CUDA (docs/ROUTER.md "CUDA").
 //
 // route_and_stage with a fast-kernel plan (contiguous, aligned rows; every format but
-// NVFP4 per-token): ONE launch of route_stage_kernel, whose grid is the quantizing blocks
-// of the staging plan (plan.h: the same shapes, index modes and store policies, the same
-// device code from quantize_fast.cuh, minus its top-k repack) followed by router blocks
-// (router.cuh) that route the tokens and write the public top-k, the staged top-k buffers
-// and their full-buffer tail. The quantization does not depend on the routing, so the two
-// kinds of blocks run side by side.
+// NVFP4 per-token): ONE launch of route_stage_kernel (route_fused.cuh, instantiated in
+// route_fused_{bf16,f16,f32}.cu), whose grid is router blocks (router.cuh) that route the
+// tokens and write the public top-k, the staged top-k buffers and their full-buffer tail,
+// followed by the quantizing blocks of the staging plan (plan.h: the same shapes, index
+// modes and store policies, the same device code from quantize_fast.cuh, minus its top-k
+// repack). The quantization does not depend on the routing, so the two kinds of blocks run
+// side by side.
 //
 // Generic and row-kernel plans (strided or unaligned hidden states, NVFP4 per-token): two
 // launches on the stream, the router kernel (public and staged top-k, tail) then the plan's
@@ -22,7 +23,7 @@
 
 #include "cuda/launch_util.cuh"
 #include "cuda/plan.h"
-#include "cuda/quantize_fast.cuh"
+#include "cuda/route_fused.cuh"
 #include "cuda/router.cuh"
 #include "megamoe/error.h"
 #include "megamoe/router.h"
@@ -32,20 +33,10 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
-/// The fused kernel's parameters: the staging block's, then the router's.
-template <typename Idx>
-struct FusedParams {
-  ParamsT<Idx> q;
-  RouterParams r;
-};
-
 /// The most scores a router thread runs side by side (router_block), what the kernel's
-/// registers hold: the router kernel's (no register cap) 3, 4 would spill on sm_90; the
-/// fused kernel's 2, without spills in its fp32 variants (a 64-register budget) and with
-/// some outside the chains in its 16-bit ones (32 registers, the quantizing blocks'
-/// occupancy).
+/// registers hold: the router kernel's (no register cap) 3, 4 would spill on sm_90 (the
+/// fused kernel's: route_fused.cuh).
 constexpr int kRouteChains = 3;
-constexpr int kFusedChains = 2;
 
 /// The router alone (route(), the two-launch path, a fused call without tokens).
 __global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ RouterParams r) {
@@ -53,113 +44,8 @@ __global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ Rout
   router_block<kRouteChains>(&r, blockIdx.x);
 }
 
-/// Resident blocks per SM the fused kernel is built for: the fast kernel's for 16-bit
-/// inputs (the decode and prefill case: the quantizing blocks keep their occupancy), and
-/// the fast kernel's lowest for fp32 inputs (the router's registers come on top).
-template <int In>
-constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
-
-/// Blocks [0, quant_blocks) quantize exactly as stage_fast_kernel's quantizing blocks of
-/// the same plan; blocks from quant_blocks on are router blocks.
-template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
-__global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
-    route_stage_kernel(const __grid_constant__ FusedParams<IdxOf<kMode>> fp) {
-  using Idx = IdxOf<kMode>;
-  const ParamsT<Idx>& p = fp.q;
-  constexpr bool kStream = kMode != Mode::kIdx32;
-  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
-  if (blockIdx.x >= p.quant_blocks) {  // block-uniform
-    router_block<kFusedChains>(&fp.r, blockIdx.x - p.quant_blocks);
-    return;
-  }
-  const float s2 = static_scale2<F>(p);
-  uint32_t nf = 0;
-  if constexpr (kShape == Shape::kTile) {
-    for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
-  } else if constexpr (kShape == Shape::kSplitTopk) {
-    stage_chunk<In, F, G, kStream, false, X>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
-  } else {
-    // The loop shape's grid-stride loop over the quantizing blocks only (32-bit modes: the
-    // plan's n_chunks + grid threads < 2^32 covers this smaller stride).
-    const Idx step = static_cast<Idx>(p.quant_blocks) * blockDim.x;
-    for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks; base += step) {
-      stage_chunk<In, F, G, kStream, false, X>(p, base + threadIdx.x, s2, nf);
-    }
-  }
-  if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);
-}
-
 // ---------------------------------------------------------------------------------------
 // Host side.
-
-/// Calls v.template go<In, F, G, Mode, Shape>() for the fast-kernel variant a plan names.
-template <class V, int In, core::Format F, int G, Mode M>
-void visit_shape(const Plan& pl, const V& v) {
-  if constexpr (M == Mode::kIdx64Stream) {
-    v.template go<In, F, G, M, Shape::kLoop>();
-  } else if (pl.shape == Shape::kSplitTopk) {
-    v.template go<In, F, G, M, Shape::kSplitTopk>();
-  } else if (pl.shape == Shape::kTile) {
-    v.template go<In, F, G, M, Shape::kTile>();
-  } else {
-    v.template go<In, F, G, M, Shape::kLoop>();
-  }
-}
-
-template <class V, int In, core::Format F, int G>
-void visit_mode(const Plan& pl, const V& v) {
-  if (pl.index == IndexWidth::k64) return visit_shape<V, In, F, G, Mode::kIdx64Stream>(pl, v);
-  if (pl.store == StorePolicy::kEvictFirst) return visit_shape<V, In, F, G, Mode::kIdx32Stream>(pl, v);
-  visit_shape<V, In, F, G, Mode::kIdx32>(pl, v);
-}
-
-template <class V, int In>
-void visit_format(const Plan& pl, const V& v) {
-  using core::Format;
-  const bool g32 = pl.G == 32;
-  switch (pl.fmt) {
-    case Format::kFp8Ue8m0:
-      return g32 ? visit_mode<V, In, Format::kFp8Ue8m0, 32>(pl, v) : visit_mode<V, In, Format::kFp8Ue8m0, 128>(pl, v);
-    case Format::kFp8Fp32:
-      return g32 ? visit_mode<V, In, Format::kFp8Fp32, 32>(pl, v) : visit_mode<V, In, Format::kFp8Fp32, 128>(pl, v);
-    case Format::kMxfp4: return visit_mode<V, In, Format::kMxfp4, 32>(pl, v);
-    case Format::kMxfp4Rne: return visit_mode<V, In, Format::kMxfp4Rne, 32>(pl, v);
-    case Format::kNvfp4Static: return visit_mode<V, In, Format::kNvfp4Static, 16>(pl, v);
-    case Format::kNvfp4PerToken: break;  // never a fast plan (check_plan)
-  }
-  throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
-}
-
-template <class V>
-void visit_fast(const Plan& pl, const V& v) {
-  switch (in_kind(pl.in)) {
-    case kInBF16: return visit_format<V, kInBF16>(pl, v);
-    case kInF16: return visit_format<V, kInF16>(pl, v);
-    default: return visit_format<V, kInF32>(pl, v);
-  }
-}
-
-/// Launches the fused kernel of one variant.
-struct FusedLaunch {
-  const Plan& pl;
-  const StageArgs& a;
-  const detail::Problem& p;
-  const RouterParams& r;
-  cudaStream_t stream;
-  template <int In, core::Format F, int G, Mode M, Shape S>
-  void go() const {
-    const FusedParams<IdxOf<M>> fp{make_params<IdxOf<M>>(a, p, pl), r};
-    // The staging kernel's variants (launch_fast.cuh): the counter, a floor read from the
-    // parameters, or the default floor compiled in.
-    if (pl.count_nonfinite) return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kCount>, fp, pl, stream);
-    if constexpr (kUsesFloor<F>) {
-      if (p.floor != core::kAmaxFloor) {
-        return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kFloor>, fp, pl, stream);
-      }
-    }
-    launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kNone>, fp, pl, stream);
-  }
-};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -234,6 +120,8 @@ RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail
   rp.alpha = p.alpha;
   const int64_t spread = ceil_div(p.T, 2 * static_cast<int64_t>(std::max(1, dev.sm_count)));
   rp.tpb = static_cast<uint32_t>(std::max<int64_t>(1, std::min({int64_t{threads / 32}, kRouterSmemEntries / p.E, spread})));
+  rp.group = router_group(static_cast<uint32_t>(threads / 32), rp.tpb, static_cast<uint32_t>(p.E),
+                          static_cast<uint32_t>(p.K));
   const int64_t token_blocks = ceil_div(p.T, rp.tpb);
   const int64_t tail_blocks = ceil_div((rp.M - p.T) * p.K, threads * kTailPerThread);
   rp.blocks = static_cast<uint32_t>(std::max<int64_t>({1, token_blocks, tail_blocks}));
@@ -278,7 +166,11 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   }
   RouterParams rp = router_params(r, s, p, pl.threads, dev, pdl);
   pl.grid = pl.quant_blocks + rp.blocks;
-  visit_fast(pl, FusedLaunch{pl, a, p.stage, rp, stream});
+  switch (in_kind(pl.in)) {
+    case kInBF16: return route_fused_bf16(pl, a, p.stage, rp, stream);
+    case kInF16: return route_fused_f16(pl, a, p.stage, rp, stream);
+    default: return route_fused_f32(pl, a, p.stage, rp, stream);
+  }
 }
 
 }  // namespace cuda

@@ -4,28 +4,30 @@
 // full-buffer tail. What it costs is latency inside one block, so each phase spreads over
 // the whole block and keeps independent work in flight.
 //
+//  0. The parameters are copied into shared memory (one word a thread): read through the
+//     generic address of the kernel's parameter space, each field is a slow round trip.
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
-//     exp and log1p in double, some 40 dependent double operations each on
-//     core::router_scores' fast path) are spread over all its threads (T = 1, E = 384, 128
-//     threads: three scores a thread). A thread issues the loads of up to kChains of its
-//     entries (logit, bias, padding flag) before any arithmetic, then runs their scores
-//     side by side (straight-line code, the rare fallback to the exact chain after all N),
-//     and writes each key and score to shared memory. kChains is what the kernel's
+//     exp and log1p in double, core::router_scores' fast path: some 40 dependent double
+//     operations each) are spread over all its threads (T = 1, E = 384, 256 threads: one
+//     or two scores a thread). A thread issues the loads of up to kChains of its entries
+//     (logit, bias, padding flag) before any arithmetic, then runs their scores side by
+//     side, and writes each key and score to shared memory. kChains is what the kernel's
 //     register budget holds.
-//  2. Selection, G warps per token (router_group: the block's warps shared among its tokens,
-//     at most one per 32-expert column and G * K <= 32): each warp finds the top K of its
-//     slice of the token's experts (whole columns of 32, lane l holding expert 32 c + l) in
-//     K rounds of a warp-wide argmax: redux.sync max of the lanes' best keys, a ballot for
-//     the lane holding it, redux.sync min of the ids only when several do (ties go to the
-//     lowest id); only the winner's lane writes its candidate to shared memory and rescans
-//     its own experts. With G > 1, after a barrier the token's first warp ranks the G * K
-//     candidates, one per lane (the key and the complemented id packed in a 64-bit integer
-//     whose order is the selection order), which gives the same winners in the same order
-//     as one argmax over all E experts, each round rescanning 1/G of the experts a lane.
+//  2. Selection, G warps per token (router_group, computed on the host for full blocks: the
+//     block's warps shared among its tokens, at most one per 32-expert column and
+//     G * K <= 32): each warp finds the top K of its slice of the token's experts (whole
+//     columns of 32, lane l holding expert 32 c + l) in K rounds of a warp-wide argmax.
+//     Slices of up to 4 columns a lane (the decode shapes) keep their experts in registers
+//     as packed 64-bit candidates (key above, complemented id below: the integer order is
+//     the selection order) and a round is branch-free (router_slice_topk_regs); wider
+//     slices rescan shared memory (router_slice_topk). With G > 1, after a barrier the
+//     token's first warp ranks the G * K candidates, one per lane, against each other by
+//     shuffles, which gives the same winners in the same order as one argmax over all E.
 //  3. Weights and stores, the token's first warp, lane k for k < K: winner k's score; the
 //     scores are summed in k order (every lane adds the K shuffled scores in the CPU loop's
-//     order), then the weight, the EPLB map and load, the public outputs and the staged
-//     top-k entry.
+//     order), then the weight, the EPLB map and load (with R <= 4 slots the replica count
+//     and the map row are loaded side by side; the record flag was loaded at the start),
+//     the public outputs and the staged top-k entry.
 // Hash layers skip 1 (except for counting non-finite logits) and 2: one warp per token,
 // lane k reads its table entry and scores that one expert.
 #pragma once
@@ -40,28 +42,9 @@
 
 namespace megamoe {
 namespace cuda {
-namespace {
 
-/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB (13 KiB with
-/// the selection candidates), small enough not to cut the quantizing blocks' occupancy in
-/// the fused kernel (it is static, so every block of that kernel has it) on any
-/// architecture built (100 KiB per SM on sm_86/89).
-constexpr int kRouterSmemEntries = 1536;
-
-enum : uint32_t {
-  kRouteLogitsBF16 = 1u,
-  kRouteBiasBF16 = 2u,
-  kRouteBias = 4u,
-  kRouteIdsI64 = 8u,
-  kRouteHash = 16u,
-  kRouteInputIdsI64 = 32u,
-  kRouteEplb = 64u,
-  kRouteLoadI64 = 128u,
-  kRouteStaged = 256u,  // also write topk_idx_out / topk_weights_out (route_and_stage)
-  kRoutePdl = 512u,     // the standalone router kernel was launched with PDL
-};
-
-/// Everything a router block reads and writes (64-bit offsets: router tensors are small,
+/// Everything a router block reads and writes (outside the anonymous namespace: the
+/// fused kernel's launch units take it from router.cu) (64-bit offsets: router tensors are small,
 /// the cost is a few instructions per token).
 struct RouterParams {
   const void* logits;
@@ -84,7 +67,29 @@ struct RouterParams {
   float alpha;
   uint32_t flags;    // kRoute*
   uint32_t tpb;      // tokens per router block, 1..warps per block
+  uint32_t group;    // router_group of a block of tpb tokens (computed on the host)
   uint32_t blocks;   // router blocks
+};
+
+namespace {
+
+/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB (13 KiB with
+/// the selection candidates), small enough not to cut the quantizing blocks' occupancy in
+/// the fused kernel (it is static, so every block of that kernel has it) on any
+/// architecture built (100 KiB per SM on sm_86/89).
+constexpr int kRouterSmemEntries = 1536;
+
+enum : uint32_t {
+  kRouteLogitsBF16 = 1u,
+  kRouteBiasBF16 = 2u,
+  kRouteBias = 4u,
+  kRouteIdsI64 = 8u,
+  kRouteHash = 16u,
+  kRouteInputIdsI64 = 32u,
+  kRouteEplb = 64u,
+  kRouteLoadI64 = 128u,
+  kRouteStaged = 256u,  // also write topk_idx_out / topk_weights_out (route_and_stage)
+  kRoutePdl = 512u,     // the standalone router kernel was launched with PDL
 };
 
 /// Element @p off of an fp32 or (@p bf16) bf16 array, widened to fp32.
@@ -119,17 +124,29 @@ __device__ __forceinline__ uint32_t warp_extreme(uint32_t v) {
 }
 
 /// Lane k's entry of token t: logical id @p id (-1: none) with weight @p w, mapped and
-/// recorded (EPLB), written to the public and the staged outputs. @p keep: the token is
-/// routed (not padded, a valid hash row).
+/// recorded (EPLB; @p rec: the record flag, read at the block's start), written to the
+/// public and the staged outputs. @p keep: the token is routed (not padded, a valid hash
+/// row). With R <= 4 replica slots the replica count and the whole map row are loaded side
+/// by side (one memory round trip instead of two dependent ones).
 __device__ __forceinline__ void router_store(const RouterParams& r, int64_t t, int64_t k, bool keep, int64_t id,
-                                             float w) {
+                                             float w, bool rec) {
   if (!keep || id < 0) {
     id = -1;
     w = 0.0f;
   } else if (r.flags & kRouteEplb) {
-    const int64_t slot = core::replica_slot(t * r.K + k, r.replicas[id * r.rc_s0], r.R);
-    id = r.l2p[id * r.l2p_s0 + slot * r.l2p_s1];
-    if (*r.record != 0 && id >= 0 && id < r.P) {
+    const int64_t R = r.R;
+    const int32_t* row = r.l2p + id * r.l2p_s0;
+    const int32_t count = r.replicas[id * r.rc_s0];
+    if (R <= 4) {
+      int32_t m[4];
+      MEGAMOE_UNROLL
+      for (int j = 0; j < 4; ++j) m[j] = j < R ? row[j * r.l2p_s1] : -1;
+      const int64_t slot = core::replica_slot(t * r.K + k, count, R);
+      id = slot == 0 ? m[0] : slot == 1 ? m[1] : slot == 2 ? m[2] : m[3];
+    } else {
+      id = row[core::replica_slot(t * r.K + k, count, R) * r.l2p_s1];
+    }
+    if (rec && id >= 0 && id < r.P) {
       if (r.flags & kRouteLoadI64) {
         atomicAdd(reinterpret_cast<unsigned long long*>(static_cast<int64_t*>(r.load) + id * r.load_s0), 1ull);
       } else {
@@ -161,7 +178,7 @@ __device__ __forceinline__ uint32_t candidate_id(uint64_t c) { return ~static_ca
 /// as many as the block has per token, at most one per 32-expert column and at most 32 / K
 /// (the merge ranks G * K <= 32 candidates, one per lane); the fewest that give the same
 /// columns per warp. Block-uniform.
-__device__ __forceinline__ uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
+__host__ __device__ __forceinline__ uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
   const uint32_t cols = (E + 31u) / 32u;
   uint32_t g = warps / ntok;
   g = g < cols ? g : cols;
@@ -216,10 +233,45 @@ __device__ __forceinline__ void router_slice_topk(const uint32_t* key, uint32_t 
   }
 }
 
+/// Columns a lane holds in registers in router_slice_topk_regs.
+constexpr uint32_t kRegColumns = 4;
+
+/// router_slice_topk for slices of at most kRegColumns columns a warp (the decode shapes:
+/// E = 256 / 384 / 512 with K = 6 split over 4 warps give 2 / 3 / 4): the lane's experts
+/// stay in registers as packed candidates (0 once taken or absent), and a round has no
+/// branch: the warp-wide maximum of the 64-bit candidates by two redux.sync (the upper
+/// words, then the lower words among the lanes holding that maximum), the lane holding it
+/// (ids are distinct: one lane) clears it, every lane re-takes the maximum of its few
+/// registers, and lane 0 writes the winner, which is kNoCandidate (0) once the slice is
+/// exhausted. The same winners in the same order as router_slice_topk.
+__device__ __forceinline__ void router_slice_topk_regs(const uint32_t* key, uint32_t E, uint32_t K, uint32_t g,
+                                                       uint32_t G, uint32_t J, uint64_t* out) {
+  const uint32_t lane = threadIdx.x % 32u;
+  uint64_t c[kRegColumns];
+  MEGAMOE_UNROLL
+  for (uint32_t j = 0; j < kRegColumns; ++j) {
+    const uint32_t e = (g + j * G) * 32u + lane;
+    c[j] = j < J && e < E ? router_candidate(key[e], e) : kNoCandidate;
+  }
+  for (uint32_t k = 0; k < K; ++k) {
+    uint64_t best = c[0];
+    MEGAMOE_UNROLL
+    for (uint32_t j = 1; j < kRegColumns; ++j) best = c[j] > best ? c[j] : best;
+    const uint32_t hi = static_cast<uint32_t>(best >> 32), lo = static_cast<uint32_t>(best);
+    const uint32_t mh = warp_extreme<true>(hi);
+    const uint32_t ml = warp_extreme<true>(hi == mh ? lo : 0u);
+    const uint64_t win = (static_cast<uint64_t>(mh) << 32) | ml;
+    MEGAMOE_UNROLL
+    for (uint32_t j = 0; j < kRegColumns; ++j) c[j] = c[j] == win ? kNoCandidate : c[j];
+    if (lane == 0u) out[k] = win;
+  }
+}
+
 /// Token t's weights and stores by one warp from its K winners @p win (selection order)
 /// and its scores @p s: lane k < K takes winner k; every lane sums the K scores in k order
 /// (the CPU loop's order), then lane k writes its entry.
-__device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, const uint64_t* win, const float* s) {
+__device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, const uint64_t* win, const float* s,
+                                              bool rec) {
   const uint32_t lane = threadIdx.x % 32u;
   const uint32_t K = static_cast<uint32_t>(r.K);
   uint32_t id = kNoExpert;
@@ -228,9 +280,18 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
     id = candidate_id(win[lane]);
     mine = s[id];  // K <= E: every winner is a real expert
   }
+  // The K shuffles are independent (issued together), the adds in k order.
+  float v[core::kMaxRouterTopk];
+  MEGAMOE_UNROLL
+  for (int k = 0; k < core::kMaxRouterTopk; ++k) v[k] = __shfl_sync(0xFFFFFFFFu, mine, k);
   float sum = 0.0f;
-  for (uint32_t k = 0; k < K; ++k) sum = core::add_rn(sum, __shfl_sync(0xFFFFFFFFu, mine, static_cast<int>(k)));
-  if (lane < K) router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha));
+  MEGAMOE_UNROLL
+  for (uint32_t k = 0; k < static_cast<uint32_t>(core::kMaxRouterTopk); ++k) {
+    if (k < K) sum = core::add_rn(sum, v[k]);
+  }
+  if (lane < K) {
+    router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha), rec);
+  }
 }
 
 /// The merge of a token's G slices by one warp: @p c holds the G * K <= 32 candidates (each
@@ -243,15 +304,21 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
 __device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K) {
   const uint32_t lane = threadIdx.x % 32u;
   const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
+  // Each lane's candidate reaches every lane by shuffles (independent, issued back to back)
+  // instead of n dependent shared-memory reads a lane.
   uint32_t rank = 0;
-  for (uint32_t q = 0; q < n; ++q) rank += c[q] > mine ? 1u : 0u;
+  MEGAMOE_UNROLL
+  for (int q = 0; q < 32; ++q) {
+    const uint64_t o = __shfl_sync(0xFFFFFFFFu, mine, q);
+    rank += static_cast<uint32_t>(q) < n && o > mine ? 1u : 0u;
+  }
   __syncwarp();
   if (lane < n && rank < K) c[rank] = mine;  // never kNoCandidate: K real experts beat it
   __syncwarp();
 }
 
 /// Hash layer token t by one warp: lane k scores tid2eid[input_ids[t], k].
-__device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
+__device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bool rec) {
   const uint32_t lane = threadIdx.x % 32u;
   const int64_t row = (r.flags & kRouteInputIdsI64) ? static_cast<const int64_t*>(r.input_ids)[t * r.iid_s0]
                                                     : static_cast<const int32_t*>(r.input_ids)[t * r.iid_s0];
@@ -267,12 +334,17 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t) {
   }
   // The sum in k order, every lane the same: an invalid entry adds nothing.
   const uint32_t valid = __ballot_sync(0xFFFFFFFFu, id >= 0);
+  float v[core::kMaxRouterTopk];
+  MEGAMOE_UNROLL
+  for (int k = 0; k < core::kMaxRouterTopk; ++k) v[k] = __shfl_sync(0xFFFFFFFFu, s, k);
   float sum = 0.0f;
-  for (int64_t k = 0; k < r.K; ++k) {
-    const float sk = __shfl_sync(0xFFFFFFFFu, s, static_cast<int>(k));
-    if ((valid >> k) & 1u) sum = core::add_rn(sum, sk);
+  MEGAMOE_UNROLL
+  for (int k = 0; k < core::kMaxRouterTopk; ++k) {
+    if (k < r.K && ((valid >> k) & 1u)) sum = core::add_rn(sum, v[k]);
   }
-  if (lane < r.K) router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha));
+  if (lane < r.K) {
+    router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha), rec);
+  }
 }
 
 /// N of a thread's entries of the block's ntok x E scores: entries i, i + blockDim.x, ...
@@ -329,13 +401,21 @@ constexpr int kRouterMaxWarps = 8;
 /// it (barriers, warp shuffles). Not inlined: the fused kernel has one instantiation per
 /// quantizing variant, the router code is compiled once per unit and @p kChains (the most
 /// scores a thread runs side by side, what the caller's registers hold); @p rp points at
-/// the kernel's __grid_constant__ parameter (read in place, no copy; not __restrict__,
-/// which lets the compiler keep every field it has read in a register, more than the fused
-/// kernel's 32 hold).
+/// the kernel's __grid_constant__ parameter, copied into shared memory first.
 template <int kChains>
 __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
-  const RouterParams& r = *rp;
+  // The parameters into shared memory first, one word a thread: *rp is the kernel's
+  // parameter space seen through a generic address, each load of which is a slow round
+  // trip (on sm_90 some hundreds of cycles, measured), and every later field read would be
+  // one, reloaded after each store the compiler cannot prove does not alias it.
+  __shared__ RouterParams sh_p;
+  static_assert(sizeof(RouterParams) % 4 == 0, "copied as words");
+  for (uint32_t i = threadIdx.x; i < sizeof(RouterParams) / 4; i += blockDim.x) {
+    reinterpret_cast<uint32_t*>(&sh_p)[i] = reinterpret_cast<const uint32_t*>(rp)[i];
+  }
+  __syncthreads();
+  const RouterParams& r = sh_p;
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
@@ -345,10 +425,14 @@ __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
   const uint32_t E = static_cast<uint32_t>(r.E), K = static_cast<uint32_t>(r.K);
   const bool hash = (r.flags & kRouteHash) != 0;
   // Selection: G warps per token, warp = token * G + slice.
-  const uint32_t G = hash || ntok == 0 ? 1u : router_group(blockDim.x / 32u, ntok, E, K);
+  // (A full block's G comes from the host: its divisions are not on the critical path.)
+  const uint32_t G = hash || ntok == 0 ? 1u : ntok == r.tpb ? r.group : router_group(blockDim.x / 32u, ntok, E, K);
   const uint32_t tok = warp / G, slice = warp % G;
   const bool selects = !hash && tok < ntok;
   const bool padded = selects && router_padded(r, t0 + tok);  // loaded before the scores
+  // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
+  // that store.
+  const bool rec = (r.flags & kRouteEplb) != 0 && lane < K && *r.record != 0;
   // 1. Scores of the block's tokens (padded ones only counted), entry w * E + e of the
   // block's ntok x E spread over the threads (i, i + blockDim.x, ...): up to kChains of a
   // thread's entries at a time, as many as the warp's first lane still has (warp-uniform),
@@ -366,18 +450,23 @@ __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
   // 2. Selection: each warp the top K of its slice of its token, then (G > 1) the token's
   // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
   if (hash) {
-    if (warp < ntok) router_hash(r, t0 + warp);
+    if (warp < ntok) router_hash(r, t0 + warp, rec);
   } else if (ntok > 0) {
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
-    if (selects && !padded) router_slice_topk(sh_key + tok * E, E, K, slice, G, cand);
+    if (selects && !padded) {
+      const uint32_t cols = (E + 31u) / 32u;
+      const uint32_t J = cols > slice ? (cols - slice + G - 1u) / G : 0u;  // warp-uniform
+      if (J <= kRegColumns) router_slice_topk_regs(sh_key + tok * E, E, K, slice, G, J, cand);
+      else router_slice_topk(sh_key + tok * E, E, K, slice, G, cand);
+    }
     if (G > 1u) __syncthreads();  // block-uniform
     else __syncwarp();
     if (selects && slice == 0u) {
       if (padded) {
-        if (lane < K) router_store(r, t0 + tok, lane, false, -1, 0.0f);
+        if (lane < K) router_store(r, t0 + tok, lane, false, -1, 0.0f, rec);
       } else {
         if (G > 1u) router_merge(cand, G * K, K);
-        router_finish(r, t0 + tok, cand, sh_s + tok * E);
+        router_finish(r, t0 + tok, cand, sh_s + tok * E, rec);
       }
     }
   }

@@ -1,0 +1,146 @@
+// route_fused.cuh: the fused router + staging kernel (router.cu's file comment) and its
+// dispatch from a plan to one of its 420 variants. Included by the three launch units
+// that instantiate it, one per input dtype (route_fused_bf16.cu, route_fused_f16.cu,
+// route_fused_f32.cu), so that they compile in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/launch_util.cuh"
+#include "cuda/plan.h"
+#include "cuda/quantize_fast.cuh"
+#include "cuda/router.cuh"
+#include "megamoe/error.h"
+
+namespace megamoe {
+namespace cuda {
+
+/// The fused kernel of plan @p pl (a fast plan with pl.grid = its quantizing blocks plus
+/// rp.blocks router blocks) for hidden states of input kind bf16 / f16 / f32.
+void route_fused_bf16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
+                      cudaStream_t stream);
+void route_fused_f16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
+                     cudaStream_t stream);
+void route_fused_f32(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
+                     cudaStream_t stream);
+
+namespace {
+
+/// The fused kernel's parameters: the staging block's, then the router's.
+template <typename Idx>
+struct FusedParams {
+  ParamsT<Idx> q;
+  RouterParams r;
+};
+
+/// The most scores a fused router thread runs side by side (router_block): 2, without
+/// spills in the fp32 variants (a 64-register budget) and with some outside the chains in
+/// the 16-bit ones (32 registers, the quantizing blocks' occupancy).
+constexpr int kFusedChains = 2;
+
+/// Resident blocks per SM the fused kernel is built for: the fast kernel's for 16-bit
+/// inputs (the decode and prefill case: the quantizing blocks keep their occupancy), and
+/// the fast kernel's lowest for fp32 inputs (the router's registers come on top).
+template <int In>
+constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
+
+/// Blocks [0, r.blocks) are router blocks; blocks from r.blocks on quantize exactly as
+/// stage_fast_kernel's quantizing blocks [0, quant_blocks) of the same plan. The router
+/// blocks come first because blocks are dispatched in index order: when the grid is larger
+/// than what the GPU holds at once (prefill), router blocks placed last would start only
+/// after most quantizing blocks have finished, and their latency would add to the
+/// staging's instead of overlapping it.
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
+__global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
+    route_stage_kernel(const __grid_constant__ FusedParams<IdxOf<kMode>> fp) {
+  using Idx = IdxOf<kMode>;
+  const ParamsT<Idx>& p = fp.q;
+  constexpr bool kStream = kMode != Mode::kIdx32;
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  if (blockIdx.x < fp.r.blocks) {  // block-uniform
+    router_block<kFusedChains>(&fp.r, blockIdx.x);
+    return;
+  }
+  const uint32_t qb = blockIdx.x - fp.r.blocks;  // the quantizing block's index
+  const float s2 = static_scale2<F>(p);
+  uint32_t nf = 0;
+  if constexpr (kShape == Shape::kTile) {
+    for (uint32_t i = qb; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
+  } else if constexpr (kShape == Shape::kSplitTopk) {
+    stage_chunk<In, F, G, kStream, false, X>(p, qb * blockDim.x + threadIdx.x, s2, nf);
+  } else {
+    // The loop shape's grid-stride loop over the quantizing blocks only (32-bit modes: the
+    // plan's n_chunks + grid threads < 2^32 covers this smaller stride).
+    const Idx step = static_cast<Idx>(p.quant_blocks) * blockDim.x;
+    for (Idx base = static_cast<Idx>(qb) * blockDim.x; base < p.n_chunks; base += step) {
+      stage_chunk<In, F, G, kStream, false, X>(p, base + threadIdx.x, s2, nf);
+    }
+  }
+  if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);
+}
+
+/// Calls v.template go<In, F, G, Mode, Shape>() for the fast-kernel variant a plan names.
+template <class V, int In, core::Format F, int G, Mode M>
+void visit_shape(const Plan& pl, const V& v) {
+  if constexpr (M == Mode::kIdx64Stream) {
+    v.template go<In, F, G, M, Shape::kLoop>();
+  } else if (pl.shape == Shape::kSplitTopk) {
+    v.template go<In, F, G, M, Shape::kSplitTopk>();
+  } else if (pl.shape == Shape::kTile) {
+    v.template go<In, F, G, M, Shape::kTile>();
+  } else {
+    v.template go<In, F, G, M, Shape::kLoop>();
+  }
+}
+
+template <class V, int In, core::Format F, int G>
+void visit_mode(const Plan& pl, const V& v) {
+  if (pl.index == IndexWidth::k64) return visit_shape<V, In, F, G, Mode::kIdx64Stream>(pl, v);
+  if (pl.store == StorePolicy::kEvictFirst) return visit_shape<V, In, F, G, Mode::kIdx32Stream>(pl, v);
+  visit_shape<V, In, F, G, Mode::kIdx32>(pl, v);
+}
+
+template <class V, int In>
+void visit_format(const Plan& pl, const V& v) {
+  using core::Format;
+  const bool g32 = pl.G == 32;
+  switch (pl.fmt) {
+    case Format::kFp8Ue8m0:
+      return g32 ? visit_mode<V, In, Format::kFp8Ue8m0, 32>(pl, v) : visit_mode<V, In, Format::kFp8Ue8m0, 128>(pl, v);
+    case Format::kFp8Fp32:
+      return g32 ? visit_mode<V, In, Format::kFp8Fp32, 32>(pl, v) : visit_mode<V, In, Format::kFp8Fp32, 128>(pl, v);
+    case Format::kMxfp4: return visit_mode<V, In, Format::kMxfp4, 32>(pl, v);
+    case Format::kMxfp4Rne: return visit_mode<V, In, Format::kMxfp4Rne, 32>(pl, v);
+    case Format::kNvfp4Static: return visit_mode<V, In, Format::kNvfp4Static, 16>(pl, v);
+    case Format::kNvfp4PerToken: break;  // never a fast plan (check_plan)
+  }
+  throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
+}
+
+/// Launches the fused kernel of one variant.
+struct FusedLaunch {
+  const Plan& pl;
+  const StageArgs& a;
+  const detail::Problem& p;
+  const RouterParams& r;
+  cudaStream_t stream;
+  template <int In, core::Format F, int G, Mode M, Shape S>
+  void go() const {
+    const FusedParams<IdxOf<M>> fp{make_params<IdxOf<M>>(a, p, pl), r};
+    // The staging kernel's variants (launch_fast.cuh): the counter, a floor read from the
+    // parameters, or the default floor compiled in.
+    if (pl.count_nonfinite) return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kCount>, fp, pl, stream);
+    if constexpr (kUsesFloor<F>) {
+      if (p.floor != core::kAmaxFloor) {
+        return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kFloor>, fp, pl, stream);
+      }
+    }
+    launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kNone>, fp, pl, stream);
+  }
+};
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe

@@ -1,0 +1,14 @@
+// route_fused_bf16.cu: the fused router + staging kernel's variants for bf16 hidden states
+// (route_fused.cuh).
+#include "cuda/route_fused.cuh"
+
+namespace megamoe {
+namespace cuda {
+
+void route_fused_bf16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
+                      cudaStream_t stream) {
+  visit_format<FusedLaunch, kInBF16>(pl, FusedLaunch{pl, a, p, rp, stream});
+}
+
+}  // namespace cuda
+}  // namespace megamoe
