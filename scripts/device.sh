@@ -24,6 +24,9 @@
 #   ab             bench/bench_stage.py --only megamoe: this build, base, this, base; then
 #                  bench/ab_compare.py (#10). Needs AB_BASE (a .tar/.tar.gz of the base tree
 #                  from scripts/ab_prepare.sh, or a commit when git works here)
+#   ab-router      build-dev/megamoe_bench_router against the base's (AB_BASE, built with
+#                  AB_TARGETS=megamoe_bench_router): this, base, this, base ($ROUTER_ARGS), then
+#                  per row the fused and route times of both (ab_router.jsonl) (#12)
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
 #   pybench        the full side-by-side bench/bench_stage.py
 #   multigpu       tests/multigpu/stage_symmetric.py under torchrun, one process per GPU
@@ -44,7 +47,7 @@
 # $OUT/results.tgz and the step table into $OUT/summary.txt (two files: the device returns at
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
-# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6),
+# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6), AB_TARGETS (_C), ROUTER_ARGS,
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
@@ -110,7 +113,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | bench-kernel | ncu | pybench | multigpu) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | bench-kernel | ncu | pybench | multigpu) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -122,7 +125,7 @@ box() {
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;;
-    pybench) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
+    pybench) echo 200 ;; ab-router) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
   esac
 }
 
@@ -217,6 +220,7 @@ cmake_build() {  # src build_dir jobs seconds [targets...]
   shift 4
   local tgt=()
   [ $# -gt 0 ] && tgt=(--target "$@")
+  # shellcheck disable=SC2086  # CMAKE_EXTRA is a list of arguments
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_ENABLE_CUDA=ON \
     -DMEGAMOE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DMEGAMOE_BUILD_BENCH=ON -DMEGAMOE_BUILD_TESTS=ON \
     -DMEGAMOE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
@@ -244,7 +248,8 @@ step_build() {
   deps
   if [ -n "${AB_BASE:-}" ]; then
     # The base's extension only (its library and _C), beside the main build.
-    (ab_source && cmake_build "$AB_DIR/src" "$AB_DIR/build" "${AB_JOBS:-6}" $(($(left) - 90)) _C
+    # shellcheck disable=SC2086
+    (ab_source && cmake_build "$AB_DIR/src" "$AB_DIR/build" "${AB_JOBS:-6}" $(($(left) - 90)) ${AB_TARGETS:-_C}
       echo "ab-build rc=$?") >"$WORK/ab_build.log" 2>&1 &
     echo $! >"$WORK/ab_build.pid"
   fi
@@ -398,18 +403,24 @@ step_nonfinite() { pybench nonfinite bench/bench_formats.py --parts nonfinite $Q
 step_bench_router() { pybench bench-router bench/bench_router.py --cpp-bin build-dev/megamoe_bench_router $QUICK_FLAG; }
 step_bench_op() { pybench bench-op bench/bench_op_overhead.py; }
 
+ab_wait() {  # the base build started by `build`, while time is left
+  [ -f "$WORK/ab_build.pid" ] || return 0
+  local p
+  p=$(cat "$WORK/ab_build.pid")
+  while kill -0 "$p" 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
+  tail -3 "$WORK/ab_build.log"
+}
+
 step_ab() {
   [ -n "${AB_BASE:-}" ] || { echo "ab: set AB_BASE (scripts/ab_prepare.sh COMMIT makes the tarball)"; return 2; }
   pypkg || return 1
-  if [ -f "$WORK/ab_build.pid" ]; then
-    local p
-    p=$(cat "$WORK/ab_build.pid")
-    while kill -0 "$p" 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
-  fi
-  tail -3 "$WORK/ab_build.log"
+  ab_wait
   local base_pkg=/tmp/pypkg-base
-  rm -rf "$base_pkg" && mkdir -p "$base_pkg" && cp -r "$AB_DIR/src/python/megamoe" "$base_pkg/" &&
-    cp "$AB_DIR"/build/python/_C*.so "$base_pkg/megamoe/" || { echo "ab: no base extension"; return 1; }
+  if ! { rm -rf "$base_pkg" && mkdir -p "$base_pkg" && cp -r "$AB_DIR/src/python/megamoe" "$base_pkg/" &&
+    cp "$AB_DIR"/build/python/_C*.so "$base_pkg/megamoe/"; }; then
+    echo "ab: no base extension"
+    return 1
+  fi
   mkdir -p "$WORK/ab"
   local i lab pkg rc=0 each
   # Four runs share the box; this tree's bench_stage.py times both builds.
@@ -427,6 +438,51 @@ step_ab() {
     return 1
   fi
   python3 bench/ab_compare.py --this "$WORK"/ab/this*.json --base "$WORK"/ab/base*.json --out "$WORK/ab.jsonl"
+}
+
+step_ab_router() {
+  [ -n "${AB_BASE:-}" ] || { echo "ab-router: set AB_BASE"; return 2; }
+  ab_wait
+  [ -x "$AB_DIR/build/megamoe_bench_router" ] || { echo "ab-router: no base megamoe_bench_router"; return 1; }
+  local i lab bin each
+  each=$(($(limit ab-router) / 4))
+  mkdir -p "$WORK/ab-router"
+  for i in 1 2; do
+    for lab in this base; do
+      [ $lab = this ] && bin=build-dev/megamoe_bench_router || bin=$AB_DIR/build/megamoe_bench_router
+      # shellcheck disable=SC2086
+      timeout -k 5 "$each" "$bin" ${ROUTER_ARGS:-} >"$WORK/ab-router/$lab$i.jsonl" 2>"$WORK/ab-router/$lab$i.err" ||
+        echo "ab-router: $lab run $i rc=$?"
+    done
+  done
+  python3 - "$WORK/ab-router" "$WORK/ab_router.jsonl" <<'PYEOF'
+import glob, json, os, statistics, sys
+d, out = sys.argv[1:]
+rows = {}
+for f in sorted(glob.glob(os.path.join(d, "*.jsonl"))):
+    lab = os.path.basename(f)[:4]
+    for line in open(f):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("kind") != "router":
+            continue
+        k = (r["E"], r["K"], r["H"], r["T"], r["eplb"])
+        rows.setdefault(k, {}).setdefault(lab, []).append(r)
+with open(out, "w") as o:
+    for k, v in sorted(rows.items()):
+        row = dict(E=k[0], K=k[1], H=k[2], T=k[3], eplb=k[4])
+        for lab, rs in v.items():
+            for m in ("fused_us", "route_then_stage_us", "route_us", "stage_us", "copy_us"):
+                row[f"{lab}_{m}"] = round(statistics.median(r[m] for r in rs), 3)
+            row[f"{lab}_exact"] = all(r["fused_equals_two_step"] for r in rs)
+        if "this" in v and "base" in v:
+            row["fused_ratio"] = round(row["this_fused_us"] / row["base_fused_us"], 3)
+            row["route_ratio"] = round(row["this_route_us"] / row["base_route_us"], 3)
+        print(json.dumps(row))
+        o.write(json.dumps(row) + "\n")
+PYEOF
 }
 
 step_bench_kernel() {
