@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
   constexpr bool kStream = kMode != Mode::kIdx32;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if (blockIdx.x < fp.r.blocks) {  // block-uniform
-    router_block<kFusedChains>(&fp.r, blockIdx.x);
+    __shared__ RouterParams sh_r;
+    router_params_to_shared(fp.r, sh_r);
+    router_block<kFusedChains>(sh_r, blockIdx.x);
     return;
   }
   const uint32_t qb = blockIdx.x - fp.r.blocks;  // the quantizing block's index

@@ -4,8 +4,9 @@
 // full-buffer tail. What it costs is latency inside one block, so each phase spreads over
 // the whole block and keeps independent work in flight.
 //
-//  0. The parameters are copied into shared memory (one word a thread): read through the
-//     generic address of the kernel's parameter space, each field is a slow round trip.
+//  0. The kernel copies the parameters into shared memory (one word a thread, constant-bank
+//     loads) before it calls router_block: read through the generic address of the kernel's
+//     parameter space, each field would be a slow round trip.
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
 //     exp and log1p in double, core::router_scores' fast path: some 40 dependent double
 //     operations each) are spread over all its threads (T = 1, E = 384, 256 threads: one
@@ -364,7 +365,8 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
   for (int c = 0; c < N; ++c) {
     idx[c] = i + static_cast<uint32_t>(c) * blockDim.x;
     const bool valid = idx[c] < n;
-    const uint32_t w = valid ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
+    // One token a block (decode): no division on the way to the first load.
+    const uint32_t w = valid && E < n ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
     x[c] = valid ? router_logit(r, t0 + w, e) : 0.0f;
     b[c] = valid && biased ? router_bias(r, e) : 0.0f;
     keep[c] = valid && !router_padded(r, t0 + w);
@@ -397,25 +399,28 @@ __device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int
 /// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
 constexpr int kRouterMaxWarps = 8;
 
+/// The kernel's RouterParams into shared memory, one word a thread, then a barrier. Called
+/// in the __global__ function itself, where @p src is known to be the kernel's parameter
+/// (ld.param with a register offset: a constant-bank load); a noinline router_block sees
+/// it only through a generic address, each load of which is a slow round trip (about 430
+/// cycles for the copy and its barrier on sm_90, measured), and every later field read
+/// would be one, reloaded after each store the compiler cannot prove does not alias it.
+__device__ __forceinline__ void router_params_to_shared(const RouterParams& src, RouterParams& dst) {
+  static_assert(sizeof(RouterParams) % 4 == 0, "copied as words");
+  for (uint32_t i = threadIdx.x; i < sizeof(RouterParams) / 4; i += blockDim.x) {
+    reinterpret_cast<uint32_t*>(&dst)[i] = reinterpret_cast<const uint32_t*>(&src)[i];
+  }
+  __syncthreads();
+}
+
 /// Router block @p rb (0-based among the router blocks). Every thread of the block calls
 /// it (barriers, warp shuffles). Not inlined: the fused kernel has one instantiation per
 /// quantizing variant, the router code is compiled once per unit and @p kChains (the most
-/// scores a thread runs side by side, what the caller's registers hold); @p rp points at
-/// the kernel's __grid_constant__ parameter, copied into shared memory first.
+/// scores a thread runs side by side, what the caller's registers hold); @p r is the
+/// kernel's parameters in shared memory (router_params_to_shared).
 template <int kChains>
-__device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
+__device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
-  // The parameters into shared memory first, one word a thread: *rp is the kernel's
-  // parameter space seen through a generic address, each load of which is a slow round
-  // trip (on sm_90 some hundreds of cycles, measured), and every later field read would be
-  // one, reloaded after each store the compiler cannot prove does not alias it.
-  __shared__ RouterParams sh_p;
-  static_assert(sizeof(RouterParams) % 4 == 0, "copied as words");
-  for (uint32_t i = threadIdx.x; i < sizeof(RouterParams) / 4; i += blockDim.x) {
-    reinterpret_cast<uint32_t*>(&sh_p)[i] = reinterpret_cast<const uint32_t*>(rp)[i];
-  }
-  __syncthreads();
-  const RouterParams& r = sh_p;
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
@@ -440,8 +445,12 @@ __device__ __noinline__ void router_block(const RouterParams* rp, uint32_t rb) {
   uint32_t nf = 0;
   if (!hash || r.nonfinite != nullptr) {
     const uint32_t n = ntok * E;  // <= kRouterSmemEntries
+    // Block sizes are powers of two in practice: a shift instead of a division a step.
+    const bool pow2 = (blockDim.x & (blockDim.x - 1u)) == 0u;
+    const uint32_t shift = static_cast<uint32_t>(__ffs(static_cast<int>(blockDim.x)) - 1);
     for (uint32_t i = threadIdx.x; i < n;) {
-      const uint32_t rows = (n - (i - lane) + blockDim.x - 1u) / blockDim.x;
+      const uint32_t left = n - (i - lane) + blockDim.x - 1u;
+      const uint32_t rows = pow2 ? left >> shift : left / blockDim.x;
       i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
