@@ -4,9 +4,10 @@
 // full-buffer tail. What it costs is latency inside one block, so each phase spreads over
 // the whole block and keeps independent work in flight.
 //
-//  0. The kernel copies the parameters into shared memory (one word a thread, constant-bank
-//     loads) before it calls router_block: read through the generic address of the kernel's
-//     parameter space, each field would be a slow round trip.
+//  0. Parameters: route_kernel inlines the block (router_block_body), each field a
+//     constant-bank operand; the fused kernel copies them into shared memory (one word a
+//     thread) before it calls the noinline router_block: read through the generic address
+//     of the kernel's parameter space, each field would be a slow round trip.
 //  1. Scoring, the whole block: the block's tokens' tpb x E scores (the expensive part:
 //     exp and log1p in double, core::router_scores' fast path: some 40 dependent double
 //     operations each) are spread over all its threads (T = 1, E = 384, 256 threads: one
@@ -401,10 +402,11 @@ constexpr int kRouterMaxWarps = 8;
 
 /// The kernel's RouterParams into shared memory, one word a thread, then a barrier. Called
 /// in the __global__ function itself, where @p src is known to be the kernel's parameter
-/// (ld.param with a register offset: a constant-bank load); a noinline router_block sees
-/// it only through a generic address, each load of which is a slow round trip (about 430
-/// cycles for the copy and its barrier on sm_90, measured), and every later field read
-/// would be one, reloaded after each store the compiler cannot prove does not alias it.
+/// (ld.param with a register offset: constant-bank loads); the noinline router_block would
+/// see it only through a generic address, each load of which is a slow round trip (about
+/// 430 cycles for a copy through it and its barrier on sm_90, measured), and every later
+/// field read would be one, reloaded after each store the compiler cannot prove does not
+/// alias it.
 __device__ __forceinline__ void router_params_to_shared(const RouterParams& src, RouterParams& dst) {
   static_assert(sizeof(RouterParams) % 4 == 0, "copied as words");
   for (uint32_t i = threadIdx.x; i < sizeof(RouterParams) / 4; i += blockDim.x) {
@@ -414,12 +416,12 @@ __device__ __forceinline__ void router_params_to_shared(const RouterParams& src,
 }
 
 /// Router block @p rb (0-based among the router blocks). Every thread of the block calls
-/// it (barriers, warp shuffles). Not inlined: the fused kernel has one instantiation per
-/// quantizing variant, the router code is compiled once per unit and @p kChains (the most
-/// scores a thread runs side by side, what the caller's registers hold); @p r is the
-/// kernel's parameters in shared memory (router_params_to_shared).
+/// it (barriers, warp shuffles). @p kChains: the most scores a thread runs side by side,
+/// what the caller's registers hold. @p r: the kernel's own parameter (route_kernel, which
+/// inlines this: every field a constant-bank operand) or a copy in shared memory
+/// (router_block).
 template <int kChains>
-__device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
+__device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
@@ -489,6 +491,14 @@ __device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
       r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
     }
   }
+}
+
+/// router_block_body not inlined, for the fused kernel: it has one instantiation per
+/// quantizing variant, and this way the router code is compiled once per unit and
+/// kChains; @p r is the kernel's parameters in shared memory (router_params_to_shared).
+template <int kChains>
+__device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
+  router_block_body<kChains>(r, rb);
 }
 
 }  // namespace
