@@ -3,6 +3,7 @@
 // its amax, its non-finite count, and the vector stores of the encoded values.
 #pragma once
 
+#include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
 #include "cuda/common.cuh"
@@ -99,6 +100,23 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
+      // MXFP4 of bf16 on sm_89+: fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
+      // unless the group's exponent is at the top of its range or, nearest even, the chunk
+      // holds a NaN (then per value).
+      constexpr bool kEven = F == core::Format::kMxfp4Rne;
+      uint32_t nan = 0;
+      if constexpr (kEven) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
+      }
+      if (nan == 0u && gp.sf - core::kFp32MinE <= core::kFp32MaxE - core::kFp32MinE) {
+        core::e2m1_fp32_chunk<kEven>(x.w, core::e2m1_fp32_keys(gp.sf), out.w);
+        return out;
+      }
+    }
+#endif
     if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne ||
                                     F == core::Format::kNvfp4Static)) {
       // MXFP4 and NVFP4 static of bf16: two values per integer op (core/e2m1_pairs.h)

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/fastdiv.h"
 #include "core/formats.h"
@@ -437,6 +438,79 @@ TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
     bad += sweep_bf16_pairs<false>(core::e2m1_divisor_keys(d), want, have, what.str());
   }
   EXPECT_EQ(bad, 0);
+}
+
+/// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (core/e2m1_fp32.h, its host form)
+/// against the reference's e2m1 of x * 2^(127-e) and core::encode: for every exponent in
+/// range, chunks that hold every bf16 pattern once (at a position that moves with e); for a
+/// few exponents, every pattern at every one of the 16 positions. NaN patterns only for
+/// ties toward zero (nearest even's caller takes the per-value path on a NaN).
+template <bool kEven>
+void check_e2m1_fp32() {
+  using megamoe_ref::Fp4Ties;
+  constexpr core::Format F = kEven ? core::Format::kMxfp4Rne : core::Format::kMxfp4;
+  const Fp4Ties ties = kEven ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero;
+  std::vector<uint32_t> pats;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if (!kEven || (b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
+  }
+  const size_t n = pats.size();
+  int64_t bad = 0, checked = 0;
+  auto sweep = [&](uint32_t e, uint32_t rotate) {
+    const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
+    const core::E2m1Fp32Keys keys = core::e2m1_fp32_keys(e);
+    for (size_t base = 0; base < n; base += 16) {
+      uint16_t v[16];
+      for (uint32_t i = 0; i < 16; ++i) v[(i + rotate) % 16] = static_cast<uint16_t>(pats[(base + i) % n]);
+      uint32_t w[8], out[2];
+      for (int i = 0; i < 8; ++i) w[i] = v[2 * i] | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
+      core::e2m1_fp32_chunk<kEven>(w, keys, out);
+      for (int i = 0; i < 16; ++i) {
+        const float x = megamoe_ref::bf16_to_float(v[i]);
+        const uint32_t want =
+            megamoe_ref::fp4_e2m1(static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e))), ties);
+        const uint32_t got = (out[i / 8] >> (4 * (i % 8))) & 0xFu, c = core::encode<F>(x, gp);
+        ++checked;
+        if ((got != want || c != want) && ++bad <= 4) {
+          ADD_FAILURE() << (kEven ? "rne" : "ttz") << " e=" << e << " position " << i << " bf16=0x" << std::hex << v[i]
+                        << ": fp32 form 0x" << got << ", core 0x" << c << ", reference 0x" << want;
+        }
+      }
+    }
+  };
+  for (uint32_t e = core::kFp32MinE; e <= core::kFp32MaxE; ++e) sweep(e, e % 16);
+  for (uint32_t e : {1u, 2u, 100u, 121u, 127u, 133u, 200u, 250u}) {
+    for (uint32_t r = 1; r < 16; ++r) sweep(e, (e + r) % 16);
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(checked, static_cast<int64_t>((core::kFp32MaxE - core::kFp32MinE + 1 + 8 * 15) * ((n + 15) / 16) * 16));
+}
+
+TEST(CoreVsReference, Mxfp4Fp32ChunksEveryBf16PositionAndExponentTtz) { check_e2m1_fp32<false>(); }
+TEST(CoreVsReference, Mxfp4Fp32ChunksEveryBf16PositionAndExponentRne) { check_e2m1_fp32<true>(); }
+
+// The host forms of the fp32 codec's instructions: prmt's byte select and sign
+// replication, the e5m2 bytes of z, the saturating fma's roundings.
+TEST(CoreVsReference, Mxfp4Fp32Instructions) {
+  EXPECT_EQ(core::prmt(0x33221100u, 0x77665544u, 0x7531u), 0x77553311u);
+  EXPECT_EQ(core::prmt(0x0080FF7Fu, 0x80000001u, 0x0F98u), 0x7FFFFF00u);  // sign replication
+  EXPECT_EQ(core::e5m2_of_z_sw(0.0f), 0u);
+  EXPECT_EQ(core::e5m2_of_z_sw(2.0f), 0x40u);
+  EXPECT_EQ(core::e5m2_of_z_sw(std::nextafter(2.0f, 0.0f)), 0x40u);
+  EXPECT_EQ(core::e5m2_of_z_sw(2.25f), 0x40u);  // tie: even
+  EXPECT_EQ(core::e5m2_of_z_sw(2.75f), 0x42u);  // tie: even
+  EXPECT_EQ(core::e5m2_of_z_sw(6.5f), 0x46u);
+  EXPECT_EQ(core::e5m2_of_z_sw(7.0f), 0x47u);
+  EXPECT_EQ(core::e5m2_of_z_sw(1.0f), 0x3Cu);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(core::fma_sat<true>(nan, 1.0f, 0.25f), 0.0f);
+  EXPECT_EQ(core::fma_sat<false>(inf, 0x1p-126f, -2.0f), 1.0f);
+  EXPECT_EQ(core::fma_sat<true>(0.0f, 1.0f, 0.25f - 0x1p-26f), 0.25f - 0x1p-26f);
+  EXPECT_EQ(core::fma_sat<true>(0.5f, 1.0f, 0.25f - 0x1p-26f), 0.75f - 0x1p-24f);   // rounded down
+  EXPECT_EQ(core::fma_sat<false>(0.5f, 1.0f, 0.25f - 0x1p-26f), 0.75f);             // to nearest (even)
+  EXPECT_EQ(core::fma_sat<false>(0x1p-100f, 1.0f, 0.25f), 0.25f);
+  EXPECT_EQ(core::fma_sat<false>(5.0f, 0.5f, -2.0f), 0.5f);
+  EXPECT_EQ(core::fma_sat<false>(3.0f, 0.5f, -2.0f), 0.0f);
 }
 
 TEST(CoreVsReference, Mxfp4PairsNanFlagAndPacking) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
 #include "core/numerics.h"
@@ -302,24 +303,39 @@ __global__ void pairs_exhaustive(uint32_t params, unsigned long long* mismatches
   }
 }
 
-template <megamoe::core::Format F>
-void check_pairs(uint32_t params) {
+/// A mismatch count and the first mismatching index, as a check kernel leaves them.
+struct Mismatches {
+  unsigned long long count = ~0ull;
+  uint32_t first = 0;
+};
+
+/// Runs launch(count, first) on a zeroed device counter and index word, then reads them.
+template <typename Launch>
+Mismatches count_mismatches(Launch launch) {
+  Mismatches m;
   unsigned long long* d = nullptr;
   uint32_t* first = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, 8), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&first, 4), cudaSuccess);
+  if (cudaMalloc(&d, 8) != cudaSuccess || cudaMalloc(&first, 4) != cudaSuccess) {
+    ADD_FAILURE() << "cudaMalloc";
+    return m;
+  }
   cudaMemset(d, 0, 8);
-  cudaMemset(first, 0, 4);
-  pairs_exhaustive<F><<<264, 256>>>(params, d, first);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  unsigned long long c = ~0ull;
-  uint32_t f = 0;
-  ASSERT_EQ(cudaMemcpy(&c, d, 8, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaMemcpy(&f, first, 4, cudaMemcpyDeviceToHost);
-  EXPECT_EQ(c, 0ull) << "first mismatch: index " << f << " (bf16 0x" << std::hex << (f & 0xFFFFu) << ", row "
-                     << std::dec << (f >> 16) << ")";
+  cudaMemset(first, 0, 4);  // written only on a mismatch, read back always
+  launch(d, first);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(&m.count, d, 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaMemcpy(&m.first, first, 4, cudaMemcpyDeviceToHost);
   cudaFree(d);
   cudaFree(first);
+  return m;
+}
+
+template <megamoe::core::Format F>
+void check_pairs(uint32_t params) {
+  const Mismatches m = count_mismatches(
+      [&](unsigned long long* d, uint32_t* first) { pairs_exhaustive<F><<<264, 256>>>(params, d, first); });
+  EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
+                           << ", row " << std::dec << (m.first >> 16) << ")";
 }
 
 TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
@@ -329,6 +345,54 @@ TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
   check_pairs<Format::kMxfp4>(exponents);
   check_pairs<Format::kMxfp4Rne>(exponents);
   check_pairs<Format::kNvfp4Static>(200);  // binades 2^-100 .. 2^99
+}
+
+
+// core/e2m1_fp32.h with the device's instructions (fma.rm.sat, cvt e5m2x2, prmt) against
+// core::encode: every bf16 pattern (nearest even: every non-NaN one) for every exponent in
+// range, at a position of the chunk that moves with the exponent, the other 15 values
+// pseudo-random patterns of the moderate range.
+template <bool kEven>
+__global__ void fp32_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
+  namespace core = megamoe::core;
+  constexpr core::Format F = kEven ? core::Format::kMxfp4Rne : core::Format::kMxfp4;
+  const uint64_t n = uint64_t{core::kFp32MaxE - core::kFp32MinE + 1} << 16;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
+    if (kEven && (bits & 0x7FFFu) > 0x7F80u) continue;  // NaN: the caller's per-value path
+    const uint32_t e = core::kFp32MinE + j, pos = (j + (bits >> 12)) % 16u;
+    uint16_t v[16];
+    for (uint32_t k = 0; k < 16; ++k) {
+      const uint32_t r = mix(i * 16 + k);
+      v[k] = static_cast<uint16_t>(k == pos ? bits : (r & 0x807Fu) | (((e + 248u + r % 12u) & 0xFFu) << 7));
+      if (kEven && (v[k] & 0x7FFFu) > 0x7F80u) v[k] = 0x3F80u;
+    }
+    uint32_t w[8], out[2];
+    for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
+    core::e2m1_fp32_chunk<kEven>(w, core::e2m1_fp32_keys(e), out);
+    const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
+    bool ok = true;
+    for (int k = 0; k < 16; ++k) {
+      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) == core::encode<F>(__uint_as_float(uint32_t{v[k]} << 16), gp);
+    }
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+template <bool kEven>
+void check_fp32_chunks() {
+  const Mismatches m = count_mismatches(
+      [](unsigned long long* d, uint32_t* first) { fp32_chunks_exhaustive<kEven><<<528, 256>>>(d, first); });
+  EXPECT_EQ(m.count, 0ull) << (kEven ? "rne" : "ttz") << " first mismatch: index " << m.first << " (bf16 0x"
+                           << std::hex << (m.first & 0xFFFFu) << ", e " << std::dec
+                           << (megamoe::core::kFp32MinE + (m.first >> 16)) << ")";
+}
+
+TEST(CudaNumerics, Mxfp4Fp32ChunksMatchTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_fp32_chunks<false>();
+  check_fp32_chunks<true>();
 }
 
 }  // namespace
