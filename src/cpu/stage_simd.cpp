@@ -296,7 +296,7 @@ HWY_INLINE void GroupParams(VF amax, float floor, float s2, uint32_t* HWY_RESTRI
       hn::StoreU(hn::Div(hn::Set(df, 1.0f), s), df, m);
     }
   } else if constexpr (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne) {
-    const VU e = Ue8m0Exponent(hn::Div(FmaxNanIgnoring(amax, hn::Set(df, floor)), hn::Set(df, 6.0f)));
+    const VU e = Ue8m0Exponent(hn::Mul(FmaxNanIgnoring(amax, hn::Set(df, floor)), hn::Set(df, core::bits_float(core::kInv6Bits))));
     hn::StoreU(e, du, sf);
     hn::StoreU(Ue8m0InvScale(e), df, m);
   } else if constexpr (F == core::Format::kNvfp4Static) {
