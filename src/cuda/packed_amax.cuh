@@ -6,7 +6,7 @@
 // PTX max.{bf16x2,f16x2} instructions (sm_80+) return the non-NaN operand when exactly one
 // is NaN (fmaxf semantics), keep subnormals (no .ftz), and |x| is the sign bit cleared as in
 // core::abs_bits. tests/cuda/test_cuda_numerics.cu checks abs_max2 against the scalar rule
-// on all 2^32 operand pairs for both formats.
+// on all 2^32 operand pairs for both formats, abs_max2_xorsign's magnitudes as well.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -51,20 +51,38 @@ __device__ __forceinline__ float widen(uint32_t word, int half) {
   }
 }
 
-/// amax of the 2N elements packed in w[0..N): |x| of every word, a pairwise tree of max2,
-/// then the two halves widened and combined with fmaxf.
+/// Lane-wise max(|a|, |b|) with the sign bit the XOR of the operands' (PTX
+/// max.xorsign.abs, sm_86+): the magnitude is abs_max2's, NaN-ignoring, with no separate
+/// instruction clearing the signs; callers drop the sign.
+template <Half2Kind K>
+__device__ __forceinline__ uint32_t abs_max2_xorsign(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+  uint32_t d;
+  if constexpr (K == Half2Kind::kBF16) {
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  }
+  return d;
+#else
+  return abs_max2<K>(a, b);
+#endif
+}
+
+/// amax of the 2N elements packed in w[0..N): a pairwise tree of abs_max2_xorsign (signs
+/// ignored), then the two halves widened and combined with fmaxf of their magnitudes.
 template <Half2Kind K, int N>
 __device__ __forceinline__ float abs_max_packed(const uint32_t (&w)[N]) {
   static_assert(N >= 1 && (N & (N - 1)) == 0, "power of two");
   uint32_t m[N];
 #pragma unroll
-  for (int i = 0; i < N; ++i) m[i] = abs2(w[i]);
+  for (int i = 0; i < N; ++i) m[i] = w[i];
 #pragma unroll
   for (int width = N / 2; width >= 1; width /= 2) {
 #pragma unroll
-    for (int i = 0; i < width; ++i) m[i] = max2<K>(m[i], m[i + width]);
+    for (int i = 0; i < width; ++i) m[i] = abs_max2_xorsign<K>(m[i], m[i + width]);
   }
-  return fmaxf(widen<K>(m[0], 0), widen<K>(m[0], 1));
+  return fmaxf(fabsf(widen<K>(m[0], 0)), fabsf(widen<K>(m[0], 1)));
 }
 
 }  // namespace cuda

@@ -73,16 +73,19 @@ __global__ void packed_amax_exhaustive(unsigned long long* mismatches, uint32_t*
     const uint32_t a = static_cast<uint32_t>(i) & 0xFFFFu, b = static_cast<uint32_t>(i >> 16);
     // Lane 0 gets (a, b), lane 1 gets (b, a): both lanes and both operand orders.
     const uint32_t m = abs_max2<K>(a | (b << 16), b | (a << 16));
+    const uint32_t x = abs_max2_xorsign<K>(a | (b << 16), b | (a << 16));
     const float want = scalar_rule<K>(static_cast<uint16_t>(a), static_cast<uint16_t>(b));
-    const uint32_t words[1] = {m};
+    const uint32_t words[1] = {m}, pair[2] = {a | (b << 16), b | (a << 16)};
     const float lane0 = widen<K>(m, 0), lane1 = widen<K>(m, 1), both = abs_max_packed<K>(words);
+    const float xs0 = fabsf(widen<K>(x, 0)), xs1 = fabsf(widen<K>(x, 1)), tree = abs_max_packed<K>(pair);
     bool ok;
     if (want != want) {
-      ok = lane0 != lane0 && lane1 != lane1;
+      ok = lane0 != lane0 && lane1 != lane1 && xs0 != xs0 && xs1 != xs1 && tree != tree;
       atomicAdd(nan_results, 1ull);
     } else {
-      ok = __float_as_uint(lane0) == __float_as_uint(want) &&
-           __float_as_uint(lane1) == __float_as_uint(want) && __float_as_uint(both) == __float_as_uint(want);
+      ok = __float_as_uint(lane0) == __float_as_uint(want) && __float_as_uint(lane1) == __float_as_uint(want) &&
+           __float_as_uint(both) == __float_as_uint(want) && __float_as_uint(xs0) == __float_as_uint(want) &&
+           __float_as_uint(xs1) == __float_as_uint(want) && __float_as_uint(tree) == __float_as_uint(want);
     }
     if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
   }
