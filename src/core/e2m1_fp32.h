@@ -137,7 +137,7 @@ MEGAMOE_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 template <bool kEven>
 MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, uint32_t (&out)[2]) {
   uint32_t p[4];
-#pragma unroll
+  MEGAMOE_UNROLL
   for (int q = 0; q < 4; ++q) {
     const uint32_t a = w[2 * q], b = w[2 * q + 1];  // elements 4q .. 4q+3
     // Bytes (low to high): elements 4q+1, 4q, 4q+3, 4q+2, each 0x40 | code (0 for NaN).

@@ -1,6 +1,7 @@
-// e2m1_pairs.h: MXFP4 and NVFP4-static codes of bf16 values two at a time, in the 16-bit
-// halves of one 32-bit word, by integer compares of the inputs' bits against per-group
-// thresholds.
+// e2m1_pairs.h: MXFP4 codes of bf16 values two at a time, in the 16-bit halves of one
+// 32-bit word, by integer compares of the inputs' bits against per-group thresholds (the
+// kernels' form before sm_89, which has no e5m2 conversion; core/e2m1_fp32.h from sm_89);
+// and the thresholds of NVFP4 static's e2m1 of fl(x / d), which core/e2m1_f16.h compares.
 //
 // Why: the per-element e2m1 rule (core::encode: a multiply, then compares and selects on
 // each fp32 value) costs most of the FP4 kernels' instructions. For MXFP4 the multiplier is
@@ -15,11 +16,10 @@
 // search done with bitwise selects on those bit-15 flags (LOP3), no branches, no fp math.
 //
 // Preconditions (the caller checks them per chunk and otherwise takes core::encode): no NaN
-// among the values (pairs_have_nan), and e in [kPairsMinE, kPairsMaxE] (MXFP4) or the
-// divisor in [kPairsMinDivisor, kPairsMaxDivisor] (NVFP4 static, below). Then equal to
+// among the values (pairs_have_nan), and e in [kPairsMinE, kPairsMaxE]. Then equal to
 // core::encode of each widened bf16: tests/cpp/test_reference.cpp checks every bf16 bit
-// pattern in both halves, for every MXFP4 exponent and many divisors, against the
-// reference; tests/cuda/test_cuda_numerics.cu does the same on the device.
+// pattern in both halves, for every MXFP4 exponent, against the reference;
+// tests/cuda/test_cuda_numerics.cu does the same on the device.
 #pragma once
 
 #include <cstdint>
@@ -76,21 +76,6 @@ MEGAMOE_HD float mul_add_rd_exact(float a, float b, float c) {
   if (static_cast<double>(f) > p) f = bits_float(float_bits(f) - 1u);  // one step toward 0
   return f;
 #endif
-}
-
-/// The key of threshold rd(H * d) for midpoint @p mid with half-ulp @p half_ulp (ttz).
-MEGAMOE_HD uint32_t e2m1_divisor_key(float mid, float half_ulp, float d) {
-  const uint32_t b = float_bits(mul_add_rd_exact(mid, d, mul_rn(half_ulp, d))) >> 16;
-  return (0x7FFFu - b) * 0x00010001u;
-}
-
-/// The keys of an NVFP4 static group with divisor d in [kPairsMinDivisor, kPairsMaxDivisor]
-/// (ties toward zero, the format's only rule).
-MEGAMOE_HD E2m1PairKeys e2m1_divisor_keys(float d) {
-  return {e2m1_divisor_key(0.25f, 0x1p-26f, d), e2m1_divisor_key(0.75f, 0x1p-25f, d),
-          e2m1_divisor_key(1.25f, 0x1p-24f, d), e2m1_divisor_key(1.75f, 0x1p-24f, d),
-          e2m1_divisor_key(2.5f, 0x1p-23f, d),  e2m1_divisor_key(3.5f, 0x1p-23f, d),
-          e2m1_divisor_key(5.0f, 0x1p-22f, d)};
 }
 
 /// Bit 15 of each half set where that half of w (two bf16) is NaN; OR these over a chunk.

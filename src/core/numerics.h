@@ -21,6 +21,13 @@
 #define MEGAMOE_HD inline
 #endif
 
+// Unroll the next loop in device code (host compilers do not know the pragma).
+#if defined(__CUDA_ARCH__)
+#define MEGAMOE_UNROLL _Pragma("unroll")
+#else
+#define MEGAMOE_UNROLL
+#endif
+
 namespace megamoe {
 namespace core {
 

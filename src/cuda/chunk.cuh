@@ -3,6 +3,7 @@
 // its amax, its non-finite count, and the vector stores of the encoded values.
 #pragma once
 
+#include "core/e2m1_f16.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
@@ -100,13 +101,21 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (In == kInBF16 && F == core::Format::kNvfp4Static) {
+      // NVFP4 static of bf16: seven saturating f16x2 adds a pair (core/e2m1_f16.h) unless
+      // the group's divisor is at an end of its range (then per value).
+      if (gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor) {
+        core::e2m1_f16_chunk(x.w, core::e2m1_f16_keys(gp.m), out.w);
+        return out;
+      }
+    }
     if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
+      constexpr bool kEven = F == core::Format::kMxfp4Rne;
+      uint32_t nan = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
       // MXFP4 of bf16 on sm_89+: fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
       // unless the group's exponent is at the top of its range or, nearest even, the chunk
       // holds a NaN (then per value).
-      constexpr bool kEven = F == core::Format::kMxfp4Rne;
-      uint32_t nan = 0;
       if constexpr (kEven) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
@@ -115,28 +124,20 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         core::e2m1_fp32_chunk<kEven>(x.w, core::e2m1_fp32_keys(gp.sf), out.w);
         return out;
       }
-    }
-#endif
-    if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne ||
-                                    F == core::Format::kNvfp4Static)) {
-      // MXFP4 and NVFP4 static of bf16: two values per integer op (core/e2m1_pairs.h)
-      // unless the group's exponent or divisor is at an end of its range or the chunk holds
-      // a NaN (then per value).
-      constexpr bool kStatic = F == core::Format::kNvfp4Static;
-      uint32_t nan = 0;
+#else
+      // Before sm_89 (no e5m2 conversion): two values per integer op (core/e2m1_pairs.h)
+      // unless the group's exponent is at an end of its range or the chunk holds a NaN.
 #pragma unroll
       for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
-      const bool in_range = kStatic ? gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor
-                                    : gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE;
-      if (nan == 0u && in_range) {
-        constexpr bool kEven = F == core::Format::kMxfp4Rne;
-        const core::E2m1PairKeys k = kStatic ? core::e2m1_divisor_keys(gp.m) : core::e2m1_pair_keys<kEven>(gp.sf);
+      if (nan == 0u && gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE) {
+        const core::E2m1PairKeys k = core::e2m1_pair_keys<kEven>(gp.sf);
         uint32_t p[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) p[i] = core::e2m1_pair_nibbles<kEven>(x.w[i], k);
         core::e2m1_pack_eight_pairs(p, out.w);
         return out;
       }
+#endif
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

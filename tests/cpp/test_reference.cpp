@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/e2m1_f16.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/fastdiv.h"
@@ -428,11 +429,49 @@ void check_e2m1_pairs() {
 TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentTtz) { check_e2m1_pairs<false>(); }
 TEST(CoreVsReference, Mxfp4PairsEveryBf16AndExponentRne) { check_e2m1_pairs<true>(); }
 
-// NVFP4 static's thresholds rd(H * d) (core/e2m1_pairs.h) against the reference's e2m1 of
-// fl(x / d) and core::encode, every non-NaN bf16 in both halves, for divisors at both ends
-// of the range, near powers of two, e4m3 scale values times typical global scales, and
-// log-uniform random ones.
-TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
+/// Every bf16 pattern of @p pats once, in chunks of 16 (pattern i at position
+/// (i + rotate) % 16), through encode(w, out) (a chunk codec), against want(x) (the
+/// reference) and have(x) (core::encode); returns the mismatches, the first few reported,
+/// and adds the values checked to @p checked.
+template <typename Encode, typename Want, typename Have>
+int64_t sweep_bf16_chunks(const std::vector<uint32_t>& pats, uint32_t rotate, Encode encode, Want want, Have have,
+                          const std::string& what, int64_t& checked) {
+  const size_t n = pats.size();
+  int64_t bad = 0;
+  for (size_t base = 0; base < n; base += 16) {
+    uint16_t v[16];
+    for (uint32_t i = 0; i < 16; ++i) v[(i + rotate) % 16] = static_cast<uint16_t>(pats[(base + i) % n]);
+    uint32_t w[8], out[2];
+    for (int i = 0; i < 8; ++i) w[i] = v[2 * i] | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
+    encode(w, out);
+    for (int i = 0; i < 16; ++i) {
+      const float x = megamoe_ref::bf16_to_float(v[i]);
+      const uint32_t got = (out[i / 8] >> (4 * (i % 8))) & 0xFu, wv = want(x), c = have(x);
+      ++checked;
+      if ((got != wv || c != wv) && ++bad <= 4) {
+        ADD_FAILURE() << what << " position " << i << " bf16=0x" << std::hex << v[i] << ": chunk form 0x" << got
+                      << ", core 0x" << c << ", reference 0x" << wv;
+      }
+    }
+  }
+  return bad;
+}
+
+/// Every bf16 bit pattern, NaN ones too unless @p nan is false.
+std::vector<uint32_t> bf16_patterns(bool nan) {
+  std::vector<uint32_t> v;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if (nan || (b & 0x7FFFu) <= 0x7F80u) v.push_back(b);
+  }
+  return v;
+}
+
+// NVFP4 static's f16 chunk codec (core/e2m1_f16.h, its host form) against the reference's
+// e2m1 of fl(x / d) and core::encode, every bf16 (NaN included) at a position that moves
+// with the divisor, for divisors at both ends of the range, near powers of two, e4m3
+// scale values times typical global scales, log-uniform random ones, and ones that put
+// x / d within a few ulps of a midpoint.
+TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
   std::vector<float> ds = {core::kPairsMinDivisor, core::kPairsMaxDivisor, 1.0f, 0.5f, 3.0f, 448.0f, 0x1p-9f};
   for (float p2 : {0x1p-60f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p40f}) {
     ds.push_back(std::nextafter(p2, 0.0f));
@@ -455,7 +494,8 @@ TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
       for (int j = 0; j < 9; ++j) ds.push_back(core::bits_float(b++));
     }
   }
-  int64_t bad = 0;
+  const std::vector<uint32_t> pats = bf16_patterns(true);
+  int64_t bad = 0, checked = 0, used = 0;
   for (const float d : ds) {
     if (!(d >= core::kPairsMinDivisor && d <= core::kPairsMaxDivisor)) continue;
     const core::GroupParams gp{0u, d};
@@ -463,11 +503,15 @@ TEST(CoreVsReference, Nvfp4StaticPairsEveryBf16AndManyDivisors) {
       return megamoe_ref::fp4_e2m1(megamoe_ref::detail::div_f32(x, d), megamoe_ref::Fp4Ties::kTowardZero);
     };
     const auto have = [&](float x) { return core::encode<core::Format::kNvfp4Static>(x, gp); };
+    const core::E2m1F16Keys keys = core::e2m1_f16_keys(d);
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_f16_chunk(w, keys, out); };
     std::ostringstream what;
     what << "d=" << std::hexfloat << d;
-    bad += sweep_bf16_pairs<false>(core::e2m1_divisor_keys(d), want, have, what.str());
+    bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
   }
   EXPECT_EQ(bad, 0);
+  EXPECT_GT(used, 400);
+  EXPECT_EQ(checked, used * 65536);
 }
 
 /// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (core/e2m1_fp32.h, its host form)
@@ -480,40 +524,26 @@ void check_e2m1_fp32() {
   using megamoe_ref::Fp4Ties;
   constexpr core::Format F = kEven ? core::Format::kMxfp4Rne : core::Format::kMxfp4;
   const Fp4Ties ties = kEven ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero;
-  std::vector<uint32_t> pats;
-  for (uint32_t b = 0; b < 0x10000u; ++b) {
-    if (!kEven || (b & 0x7FFFu) <= 0x7F80u) pats.push_back(b);
-  }
-  const size_t n = pats.size();
+  const std::vector<uint32_t> pats = bf16_patterns(!kEven);
   int64_t bad = 0, checked = 0;
   auto sweep = [&](uint32_t e, uint32_t rotate) {
     const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
     const core::E2m1Fp32Keys keys = core::e2m1_fp32_keys(e);
-    for (size_t base = 0; base < n; base += 16) {
-      uint16_t v[16];
-      for (uint32_t i = 0; i < 16; ++i) v[(i + rotate) % 16] = static_cast<uint16_t>(pats[(base + i) % n]);
-      uint32_t w[8], out[2];
-      for (int i = 0; i < 8; ++i) w[i] = v[2 * i] | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
-      core::e2m1_fp32_chunk<kEven>(w, keys, out);
-      for (int i = 0; i < 16; ++i) {
-        const float x = megamoe_ref::bf16_to_float(v[i]);
-        const uint32_t want =
-            megamoe_ref::fp4_e2m1(static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e))), ties);
-        const uint32_t got = (out[i / 8] >> (4 * (i % 8))) & 0xFu, c = core::encode<F>(x, gp);
-        ++checked;
-        if ((got != want || c != want) && ++bad <= 4) {
-          ADD_FAILURE() << (kEven ? "rne" : "ttz") << " e=" << e << " position " << i << " bf16=0x" << std::hex << v[i]
-                        << ": fp32 form 0x" << got << ", core 0x" << c << ", reference 0x" << want;
-        }
-      }
-    }
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_fp32_chunk<kEven>(w, keys, out); };
+    const auto want = [&](float x) {
+      return megamoe_ref::fp4_e2m1(static_cast<float>(std::ldexp(static_cast<double>(x), 127 - static_cast<int>(e))),
+                                   ties);
+    };
+    const auto have = [&](float x) { return core::encode<F>(x, gp); };
+    bad += sweep_bf16_chunks(pats, rotate, encode, want, have, std::string(kEven ? "rne" : "ttz") + " e=" + std::to_string(e),
+                             checked);
   };
   for (uint32_t e = core::kFp32MinE; e <= core::kFp32MaxE; ++e) sweep(e, e % 16);
   for (uint32_t e : {1u, 2u, 100u, 121u, 127u, 133u, 200u, 250u}) {
     for (uint32_t r = 1; r < 16; ++r) sweep(e, (e + r) % 16);
   }
   EXPECT_EQ(bad, 0);
-  EXPECT_EQ(checked, static_cast<int64_t>((core::kFp32MaxE - core::kFp32MinE + 1 + 8 * 15) * ((n + 15) / 16) * 16));
+  EXPECT_EQ(checked, static_cast<int64_t>((core::kFp32MaxE - core::kFp32MinE + 1 + 8 * 15) * ((pats.size() + 15) / 16) * 16));
 }
 
 TEST(CoreVsReference, Mxfp4Fp32ChunksEveryBf16PositionAndExponentTtz) { check_e2m1_fp32<false>(); }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "core/e2m1_f16.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
@@ -273,31 +274,19 @@ TEST(CudaNumerics, ChunkVectorFormsMatchTheCoreRules) {
   check_chunk_forms<mcu::kInBF16, Format::kNvfp4Static>();
 }
 
-// core/e2m1_pairs.h on the device (the NVFP4 thresholds use __fmaf_rd there, a double
-// evaluation on the host) against core::encode, every non-NaN bf16 in the low half (the
-// high half a fixed partner) for every MXFP4 exponent in range and for divisors of every
-// binade in range.
+// core/e2m1_pairs.h (MXFP4 before sm_89) on the device against core::encode, every non-NaN
+// bf16 in the low half (the high half a fixed partner) for every MXFP4 exponent in range.
 template <megamoe::core::Format F>
 __global__ void pairs_exhaustive(uint32_t params, unsigned long long* mismatches, uint32_t* first) {
   namespace core = megamoe::core;
-  constexpr bool kStatic = F == core::Format::kNvfp4Static;
   const uint64_t n = uint64_t{params} << 16;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
     if ((bits & 0x7FFFu) > 0x7F80u) continue;  // NaN: the caller's per-value path
-    core::GroupParams gp;
-    core::E2m1PairKeys k;
-    if constexpr (kStatic) {
-      // binade -100 + j, a pseudo-random significand
-      const float d = __uint_as_float(((27u + j) << 23) | (mix(j) & 0x7FFFFFu));
-      gp = core::GroupParams{0u, d};
-      k = core::e2m1_divisor_keys(d);
-    } else {
-      const uint32_t e = core::kPairsMinE + j;
-      gp = core::GroupParams{e, core::ue8m0_inv_scale(e)};
-      k = core::e2m1_pair_keys<F == core::Format::kMxfp4Rne>(e);
-    }
+    const uint32_t e = core::kPairsMinE + j;
+    const core::GroupParams gp{e, core::ue8m0_inv_scale(e)};
+    const core::E2m1PairKeys k = core::e2m1_pair_keys<F == core::Format::kMxfp4Rne>(e);
     const uint32_t partner = 0xBFC0u;  // -1.5
     const uint32_t got = core::e2m1_pair_nibbles<F == core::Format::kMxfp4Rne>(bits | (partner << 16), k);
     const uint32_t want_lo = core::encode<F>(__uint_as_float(bits << 16), gp);
@@ -347,7 +336,46 @@ TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
   const uint32_t exponents = megamoe::core::kPairsMaxE - megamoe::core::kPairsMinE + 1;
   check_pairs<Format::kMxfp4>(exponents);
   check_pairs<Format::kMxfp4Rne>(exponents);
-  check_pairs<Format::kNvfp4Static>(200);  // binades 2^-100 .. 2^99
+}
+
+// core/e2m1_f16.h with the device's instructions (fma.rm, cvt.rz/rn f16x2, add.sat.f16x2)
+// against core::encode: every bf16 pattern (NaN included) for divisors of every binade in
+// range (a pseudo-random significand each), at a position of the chunk that moves, the
+// other 15 values pseudo-random ones around the group's midpoints times d.
+__global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
+  namespace core = megamoe::core;
+  const uint64_t n = uint64_t{200} << 16;  // binades 2^-100 .. 2^99
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
+    const float d = __uint_as_float(((27u + j) << 23) | (mix(j) & 0x7FFFFFu));
+    const uint32_t pos = (j + (bits >> 12)) % 16u;
+    uint16_t v[16];
+    for (uint32_t k = 0; k < 16; ++k) {
+      const uint32_t r = mix(i * 16 + k);
+      // |x| = d * 2^(-3 .. 3) times a random 8-bit significand, either sign
+      const uint32_t ex = ((__float_as_uint(d) >> 23) + 253u + r % 7u) & 0xFFu;
+      v[k] = static_cast<uint16_t>(k == pos ? bits : (r & 0x807Fu) | (ex << 7));
+    }
+    uint32_t w[8], out[2];
+    for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
+    core::e2m1_f16_chunk(w, core::e2m1_f16_keys(d), out);
+    const core::GroupParams gp{0u, d};
+    bool ok = true;
+    for (int k = 0; k < 16; ++k) {
+      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) ==
+                     core::encode<core::Format::kNvfp4Static>(__uint_as_float(uint32_t{v[k]} << 16), gp);
+    }
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+TEST(CudaNumerics, Nvfp4F16ChunksMatchTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Mismatches m = count_mismatches(
+      [](unsigned long long* d, uint32_t* first) { f16_chunks_exhaustive<<<528, 256>>>(d, first); });
+  EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
+                           << ", binade " << std::dec << (m.first >> 16) << ")";
 }
 
 
