@@ -290,7 +290,6 @@ MEGAMOE_HD float log1p_f32(float y) { return log1p_round(y, log1p_core(log1p_mai
 // ---------------------------------------------------------------------------------------
 // The router's per-expert math.
 
-
 /// The expert score s = sqrt(softplus(logit)) of one logit by the exact chain (exp_f32,
 /// log1p_f32, sqrt): in [+0, +inf], or the quiet NaN for a NaN logit; softplus(x) = x for
 /// x > 20, else log1p(exp(x)), each step an fp32 rounding. The definition router_scores
