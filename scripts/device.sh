@@ -28,6 +28,8 @@
 #                  AB_TARGETS=megamoe_bench_router): this, base, this, base ($ROUTER_ARGS), then
 #                  per row the fused and route times of both (ab_router.jsonl) (#12)
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
+#   sass           bench/sass_mix.py over the built CUDA objects: opcode histograms of the kernels
+#                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
 #   pybench        the full side-by-side bench/bench_stage.py
 #   multigpu       tests/multigpu/stage_symmetric.py under torchrun, one process per GPU
 #                  (NVLink multicast off), --timing; and pytest of tests/multigpu (#14; on a
@@ -51,7 +53,7 @@
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
-# PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, QUICK (1: the benchmarks' --quick grids),
+# PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py),
 # CMAKE_EXTRA (more cmake -D arguments for the build, e.g. -DCMAKE_CUDA_FLAGS=...).
 set -uo pipefail
@@ -113,7 +115,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | bench-kernel | ncu | pybench | multigpu) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | bench-kernel | ncu | sass | pybench | multigpu) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -497,6 +499,17 @@ step_ncu() {
     ./build-dev/megamoe_bench_kernel ${NCU_ARGS:---one 16384 4096} >"$WORK/ncu.txt" 2>&1
   local rc=$?
   grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy" "$WORK/ncu.txt" | head -40
+  return $rc
+}
+
+step_sass() {
+  local o rc=0
+  for o in build-dev/CMakeFiles/megamoe.dir/src/cuda/*.o; do
+    [ -f "$o" ] || continue
+    echo "== $o"
+    timeout -k 5 "$(limit sass)" python3 bench/sass_mix.py "$o" --match "${SASS_MATCH:-stage_fast_kernel}" || rc=$?
+  done >"$WORK/sass.txt" 2>&1
+  grep -c "instructions$" "$WORK/sass.txt"
   return $rc
 }
 

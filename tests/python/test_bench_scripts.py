@@ -256,3 +256,23 @@ def test_triton_router_in_the_interpreter():
     rc, out, err = _run([sys.executable, "-c", code], env={"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(BENCH), os.environ.get("PYTHONPATH", "")])})
     assert rc == 0 and "ok" in out, out + err
+
+
+def test_sass_mix_counts_opcodes_per_kernel(tmp_path):
+    sass = tmp_path / "k.sass"
+    sass.write_text(
+        "\n\tcode for sm_90\n\t\tFunction : _Z3fooPf\n"
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;   /* 0x00000a00ff017b82 */\n"
+        "        /*0010*/              @!P0 LOP3.LUT R0, R1, 0xff, RZ, 0xc0, !PT ;   /* 0x000000ff01007812 */\n"
+        "        /*0020*/                   FFMA.SAT R2, R0, R1, R0 ;   /* 0x0000000100027223 */\n"
+        "        /*0030*/                   FFMA R2, R0, R1, R0 ;   /* 0x0000000100027223 */\n"
+        "\t\tFunction : _Z3barv\n"
+        "        /*0000*/                   HADD2 R0, R1, R2 ;   /* 0x0000000201007230 */\n")
+    mod = _module("sass_mix")
+    k = mod.parse(sass.read_text())
+    assert set(k) == {"_Z3fooPf", "_Z3barv"}
+    assert k["_Z3fooPf"] == {"LDC": 1, "LOP3": 1, "FFMA": 2}
+    assert k["_Z3barv"] == {"HADD2": 1}
+    rc, out, err = _run([sys.executable, str(BENCH / "sass_mix.py"), "--sass-file", str(sass), "--match", "bar"])
+    assert rc == 0, err
+    assert "HADD2:1" in out and "foo" not in out
