@@ -41,8 +41,8 @@ struct E2m1F16Keys {
   uint32_t neg_c[7];
 };
 
-// Host forms of the f16 instructions below, exact: the f16 bits of a double rounded to
-// nearest even (overflow to Inf, subnormals kept) or toward zero, and an f16's value.
+// Host form of the f16 conversions below, exact: the f16 bits of a double rounded to
+// nearest even (overflow to Inf, subnormals kept) or toward zero.
 inline uint32_t f16_bits_of(double x, bool toward_zero) {
   if (x != x) return 0x7E00u;
   const uint32_t sign = std::signbit(x) ? 0x8000u : 0u;
@@ -57,13 +57,6 @@ inline uint32_t f16_bits_of(double x, bool toward_zero) {
   double q = toward_zero ? std::floor(y) : std::nearbyint(y);  // the default mode: nearest even
   // (q may reach 2048: the next binade's first value, whose bits follow by the carry)
   return sign | static_cast<uint32_t>((e + 14) * 1024 + static_cast<int64_t>(q));
-}
-
-inline double f16_value(uint32_t h) {
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  const double s = (h & 0x8000u) ? -1.0 : 1.0;
-  if (e == 0x1Fu) return m != 0u ? std::nan("") : s * HUGE_VAL;
-  return s * std::ldexp(static_cast<double>(e == 0u ? m : (m | 0x400u)), (e == 0u ? 1 : static_cast<int>(e)) - 25);
 }
 
 /// f16x2 of (hi, lo) rounded toward zero (lo in bits 0..15), for finite hi, lo.
@@ -100,9 +93,12 @@ MEGAMOE_HD uint32_t f16x2_add(uint32_t a, uint32_t b) {
 #else
   uint32_t r = 0;
   for (int h = 0; h < 2; ++h) {
-    const double s = f16_value((a >> (16 * h)) & 0xFFFFu) + f16_value((b >> (16 * h)) & 0xFFFFu);  // exact
+    const auto value = [](uint32_t x, int half) {
+      return static_cast<double>(half_to_float(static_cast<uint16_t>(x >> (16 * half))));
+    };
+    const double s = value(a, h) + value(b, h);  // exact
     uint32_t v = f16_bits_of(s, false);
-    if (kSat) v = s != s || f16_value(v) <= 0.0 ? 0u : (f16_value(v) >= 1.0 ? 0x3C00u : v);
+    if (kSat) v = s != s || value(v, 0) <= 0.0 ? 0u : (value(v, 0) >= 1.0 ? 0x3C00u : v);
     r |= v << (16 * h);
   }
   return r;

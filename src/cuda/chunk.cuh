@@ -16,6 +16,13 @@ namespace {
 
 constexpr int kChunk = 16;  // elements per thread
 
+// The e5m2 conversion instruction (cvt.rn.satfinite.e5m2x2.f32) exists from sm_89.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kHasE5m2 = true;
+#else
+constexpr bool kHasE5m2 = false;
+#endif
+
 /// One chunk as loaded: 8 packed words for 16-bit inputs, 16 floats' bits for fp32.
 template <int In>
 struct RawChunk {
@@ -110,26 +117,22 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       }
     }
     if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
+      // MXFP4 of bf16: on sm_89+ fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
+      // before it two values per integer op (core/e2m1_pairs.h); per value where the
+      // group's exponent is out of the form's range or the chunk holds a NaN the form does
+      // not encode (the fp32 form's ties toward zero does).
       constexpr bool kEven = F == core::Format::kMxfp4Rne;
       uint32_t nan = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-      // MXFP4 of bf16 on sm_89+: fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
-      // unless the group's exponent is at the top of its range or, nearest even, the chunk
-      // holds a NaN (then per value).
-      if constexpr (kEven) {
+      if constexpr (kEven || !kHasE5m2) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
       }
-      if (nan == 0u && gp.sf - core::kFp32MinE <= core::kFp32MaxE - core::kFp32MinE) {
-        core::e2m1_fp32_chunk<kEven>(x.w, core::e2m1_fp32_keys(gp.sf), out.w);
-        return out;
-      }
-#else
-      // Before sm_89 (no e5m2 conversion): two values per integer op (core/e2m1_pairs.h)
-      // unless the group's exponent is at an end of its range or the chunk holds a NaN.
-#pragma unroll
-      for (int i = 0; i < 8; ++i) nan |= core::pairs_have_nan(x.w[i]);
-      if (nan == 0u && gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE) {
+      if constexpr (kHasE5m2) {
+        if (nan == 0u && gp.sf - core::kFp32MinE <= core::kFp32MaxE - core::kFp32MinE) {
+          core::e2m1_fp32_chunk<kEven>(x.w, core::e2m1_fp32_keys(gp.sf), out.w);
+          return out;
+        }
+      } else if (nan == 0u && gp.sf >= core::kPairsMinE && gp.sf <= core::kPairsMaxE) {
         const core::E2m1PairKeys k = core::e2m1_pair_keys<kEven>(gp.sf);
         uint32_t p[8];
 #pragma unroll
@@ -137,7 +140,6 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         core::e2m1_pack_eight_pairs(p, out.w);
         return out;
       }
-#endif
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
