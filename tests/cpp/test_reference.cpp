@@ -153,6 +153,13 @@ void parallel_for(uint64_t n, F f) {
   for (auto& t : th) t.join();
 }
 
+/// Optimized builds sweep every pattern; unoptimized (Debug, sanitizer) ones a sample.
+#if defined(__OPTIMIZE__)
+constexpr bool kFullSweeps = true;
+#else
+constexpr bool kFullSweeps = false;
+#endif
+
 // Optimized builds check all 2^32 patterns (~15 s on 2 cores). Unoptimized (Debug,
 // sanitizer) builds check every sign and exponent with the top 7 mantissa bits (the kept,
 // round and first sticky bits of every fp8 target, normal or subnormal) crossed with
@@ -181,11 +188,7 @@ std::vector<uint32_t> fp8_sample_patterns() {
 // ue8m0(fl(a / 6)) for every non-negative finite fp32 a in optimized builds (~5 s on 2
 // cores), the fp8 sample's non-negative finite patterns otherwise; +Inf as well.
 TEST(CoreVsReference, Mxfp4ScaleByMultiplyEqualsDivision) {
-#if defined(__OPTIMIZE__)
-  const bool all = true;
-#else
-  const bool all = false;
-#endif
+  const bool all = kFullSweeps;
   std::vector<uint32_t> sample;
   if (!all) {
     for (uint32_t u : fp8_sample_patterns()) {
@@ -208,11 +211,7 @@ TEST(CoreVsReference, Mxfp4ScaleByMultiplyEqualsDivision) {
 }
 
 TEST(CoreVsReference, Fp8AllFloatBitPatterns) {
-#if defined(__OPTIMIZE__)
-  const bool all = true;
-#else
-  const bool all = false;
-#endif
+  const bool all = kFullSweeps;
   const std::vector<uint32_t> sample = all ? std::vector<uint32_t>{} : fp8_sample_patterns();
   const uint64_t n = all ? uint64_t{1} << 32 : sample.size();
   std::atomic<uint64_t> bad{0};
