@@ -372,18 +372,21 @@ TEST(CoreVsReference, Ue8m0WordPacking) {
   EXPECT_EQ(core::sf_width(7168, 32, false), 224);
 }
 
+/// Every bf16 bit pattern, NaN ones too unless @p nan is false.
+std::vector<uint32_t> bf16_patterns(bool nan) {
+  std::vector<uint32_t> v;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if (nan || (b & 0x7FFFu) <= 0x7F80u) v.push_back(b);
+  }
+  return v;
+}
+
 /// Every non-NaN bf16 pattern, in each half of a word (the other half another pattern),
 /// through core::e2m1_pair_nibbles<kEven> with @p keys, against want(x) (the reference)
 /// and have(x) (core::encode); returns the mismatches, the first few reported.
 template <bool kEven, typename Want, typename Have>
 int64_t sweep_bf16_pairs(const core::E2m1PairKeys& keys, Want want, Have have, const std::string& what) {
-  static const std::vector<uint32_t> pats = [] {
-    std::vector<uint32_t> v;
-    for (uint32_t b = 0; b < 0x10000u; ++b) {
-      if ((b & 0x7FFFu) <= 0x7F80u) v.push_back(b);
-    }
-    return v;
-  }();
+  static const std::vector<uint32_t> pats = bf16_patterns(false);
   const size_t n = pats.size();
   int64_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -454,15 +457,6 @@ int64_t sweep_bf16_chunks(const std::vector<uint32_t>& pats, uint32_t rotate, En
     }
   }
   return bad;
-}
-
-/// Every bf16 bit pattern, NaN ones too unless @p nan is false.
-std::vector<uint32_t> bf16_patterns(bool nan) {
-  std::vector<uint32_t> v;
-  for (uint32_t b = 0; b < 0x10000u; ++b) {
-    if (nan || (b & 0x7FFFu) <= 0x7F80u) v.push_back(b);
-  }
-  return v;
 }
 
 // NVFP4 static's f16 chunk codec (core/e2m1_f16.h, its host form) against the reference's
