@@ -19,12 +19,13 @@ namespace cuda {
 
 /// The fused kernel of plan @p pl (a fast plan with pl.grid = its quantizing blocks plus
 /// rp.blocks router blocks) for hidden states of input kind bf16 / f16 / f32.
+/// @p decode: use the decode variant where the plan has one (kFusedDecodeBlocksPerSm).
 void route_fused_bf16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
-                      cudaStream_t stream);
+                      bool decode, cudaStream_t stream);
 void route_fused_f16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
-                     cudaStream_t stream);
+                     bool decode, cudaStream_t stream);
 void route_fused_f32(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
-                     cudaStream_t stream);
+                     bool decode, cudaStream_t stream);
 
 namespace {
 
@@ -46,23 +47,38 @@ constexpr int kFusedChains = 2;
 template <int In>
 constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
 
+/// The decode variant (kDecode): for grids the GPU holds at once at this many blocks per
+/// SM (route() decides), where the quantizing blocks' occupancy does not matter and the
+/// router block is the launch's critical path. Its registers (64) hold the router inlined,
+/// every parameter a constant-bank operand as in route_kernel (no copy into shared memory,
+/// no spills), with kDecodeChains scores side by side. Only split-topk plans with 32-bit
+/// indices get it (the decode plans), which keeps the extra instantiations few.
+constexpr int kFusedDecodeBlocksPerSm = 4;
+constexpr int kDecodeChains = 3;
+template <Mode M, Shape S>
+constexpr bool kHasDecodeVariant = M == Mode::kIdx32 && S == Shape::kSplitTopk;
+
 /// Blocks [0, r.blocks) are router blocks; blocks from r.blocks on quantize exactly as
 /// stage_fast_kernel's quantizing blocks [0, quant_blocks) of the same plan. The router
 /// blocks come first because blocks are dispatched in index order: when the grid is larger
 /// than what the GPU holds at once (prefill), router blocks placed last would start only
 /// after most quantizing blocks have finished, and their latency would add to the
 /// staging's instead of overlapping it.
-template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
-__global__ void __launch_bounds__(256, kFusedBlocksPerSm<In>)
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X, bool kDecode>
+__global__ void __launch_bounds__(256, kDecode ? kFusedDecodeBlocksPerSm : kFusedBlocksPerSm<In>)
     route_stage_kernel(const __grid_constant__ FusedParams<IdxOf<kMode>> fp) {
   using Idx = IdxOf<kMode>;
   const ParamsT<Idx>& p = fp.q;
   constexpr bool kStream = kMode != Mode::kIdx32;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if (blockIdx.x < fp.r.blocks) {  // block-uniform
-    __shared__ RouterParams sh_r;
-    router_params_to_shared(fp.r, sh_r);
-    router_block<kFusedChains>(sh_r, blockIdx.x);
+    if constexpr (kDecode) {
+      router_block_body<kDecodeChains>(fp.r, blockIdx.x);
+    } else {
+      __shared__ RouterParams sh_r;
+      router_params_to_shared(fp.r, sh_r);
+      router_block<kFusedChains>(sh_r, blockIdx.x);
+    }
     return;
   }
   const uint32_t qb = blockIdx.x - fp.r.blocks;  // the quantizing block's index
@@ -121,25 +137,36 @@ void visit_format(const Plan& pl, const V& v) {
   throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
 }
 
-/// Launches the fused kernel of one variant.
+/// Launches the fused kernel of one variant; @p decode: the decode variant where it exists
+/// (route(): the grid fits the GPU at kFusedDecodeBlocksPerSm blocks per SM).
 struct FusedLaunch {
   const Plan& pl;
   const StageArgs& a;
   const detail::Problem& p;
   const RouterParams& r;
+  bool decode;
   cudaStream_t stream;
   template <int In, core::Format F, int G, Mode M, Shape S>
   void go() const {
+    if constexpr (kHasDecodeVariant<M, S>) {
+      if (decode) return go_variant<In, F, G, M, S, true>();
+    }
+    go_variant<In, F, G, M, S, false>();
+  }
+  template <int In, core::Format F, int G, Mode M, Shape S, bool kDecode>
+  void go_variant() const {
     const FusedParams<IdxOf<M>> fp{make_params<IdxOf<M>>(a, p, pl), r};
     // The staging kernel's variants (launch_fast.cuh): the counter, a floor read from the
     // parameters, or the default floor compiled in.
-    if (pl.count_nonfinite) return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kCount>, fp, pl, stream);
+    if (pl.count_nonfinite) {
+      return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kCount, kDecode>, fp, pl, stream);
+    }
     if constexpr (kUsesFloor<F>) {
       if (p.floor != core::kAmaxFloor) {
-        return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kFloor>, fp, pl, stream);
+        return launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kFloor, kDecode>, fp, pl, stream);
       }
     }
-    launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kNone>, fp, pl, stream);
+    launch_kernel(route_stage_kernel<In, F, G, M, S, Extras::kNone, kDecode>, fp, pl, stream);
   }
 };
 

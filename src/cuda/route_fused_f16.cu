@@ -6,8 +6,8 @@ namespace megamoe {
 namespace cuda {
 
 void route_fused_f16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
-                     cudaStream_t stream) {
-  visit_format<FusedLaunch, kInF16>(pl, FusedLaunch{pl, a, p, rp, stream});
+                     bool decode, cudaStream_t stream) {
+  visit_format<FusedLaunch, kInF16>(pl, FusedLaunch{pl, a, p, rp, decode, stream});
 }
 
 }  // namespace cuda

@@ -166,10 +166,13 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   }
   RouterParams rp = router_params(r, s, p, pl.threads, dev, pdl);
   pl.grid = pl.quant_blocks + rp.blocks;
+  // One wave at the decode variant's occupancy: every block starts at once, so the router
+  // block's latency is the launch's and the quantizing blocks lose nothing to its registers.
+  const bool decode = pl.grid <= static_cast<int64_t>(kFusedDecodeBlocksPerSm) * std::max(1, dev.sm_count);
   switch (in_kind(pl.in)) {
-    case kInBF16: return route_fused_bf16(pl, a, p.stage, rp, stream);
-    case kInF16: return route_fused_f16(pl, a, p.stage, rp, stream);
-    default: return route_fused_f32(pl, a, p.stage, rp, stream);
+    case kInBF16: return route_fused_bf16(pl, a, p.stage, rp, decode, stream);
+    case kInF16: return route_fused_f16(pl, a, p.stage, rp, decode, stream);
+    default: return route_fused_f32(pl, a, p.stage, rp, decode, stream);
   }
 }
 

@@ -283,6 +283,9 @@ TEST(RouterCuda, KernelShapesAndLayouts) {
   tile.mn_major_sf = true;
   tile.scheme = QuantScheme::fp8_fp32_g128();
   check_fused(random_spec(600, 384, 6, 43), tile);
+  StageCase split;  // a split-topk grid larger than the decode variant's one wave
+  split.H = 4096;
+  check_fused(random_spec(700, 256, 6, 49), split);
   StageCase loop;  // beyond one pass of the capped grid: the loop shape
   loop.H = 7168;
   check_fused(random_spec(12000, 256, 8, 44), loop);
