@@ -75,6 +75,9 @@ struct RouterParams {
 
 namespace {
 
+/// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
+constexpr int kRouterMaxWarps = 8;
+
 /// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB (13 KiB with
 /// the selection candidates), small enough not to cut the quantizing blocks' occupancy in
 /// the fused kernel (it is static, so every block of that kernel has it) on any
@@ -319,6 +322,64 @@ __device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K
   __syncwarp();
 }
 
+/// Shared scratch of router_select_single.
+struct SingleScratch {
+  uint32_t wmax[kRouterMaxWarps];  // each warp's largest key
+  uint32_t n;                          // experts at or above the threshold
+  alignas(16) uint64_t sel[32];        // their candidates (the first 32)
+};
+
+/// The top K of a block's only token without K rounds (K <= the warps that hold experts):
+/// each warp's largest key (one redux), a barrier; tau = the K-th largest of those W
+/// maxima, counted with multiplicity (every warp computes it: lane j counts the maxima >=
+/// its own, the largest with a count >= K is tau). At least K experts have a key >= tau
+/// (the K warps' maxima), so the token's top K are among the experts at or above it; they
+/// are compacted into shared memory (a shared atomic counter), and after a second barrier
+/// warp 0 ranks them, one a lane, against each other by broadcast reads: the same winners
+/// in the same order as K rounds of argmax over E (candidates are distinct: the id is part
+/// of them). Returns false (block-uniform) when more than 32 experts reach tau (many equal
+/// keys: all-equal logits), and then nothing is written to @p out. @p key: the token's E
+/// keys in shared memory; @p out: K candidates, written by warp 0.
+__device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32_t E, uint32_t K, SingleScratch& s,
+                                                     uint64_t* out) {
+  const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, W = blockDim.x / 32u;
+  uint32_t m = 0;
+  for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) m = max(m, key[e]);
+  m = warp_extreme<true>(m);
+  if (lane == 0u) s.wmax[warp] = m;
+  if (threadIdx.x == 0u) s.n = 0u;
+  __syncthreads();
+  const uint32_t Wh = W < (E + 31u) / 32u ? W : (E + 31u) / 32u;  // warps holding experts
+  const uint32_t mj = lane < Wh ? s.wmax[lane] : 0u;
+  uint32_t ge = 0;
+  MEGAMOE_UNROLL
+  for (uint32_t i = 0; i < static_cast<uint32_t>(kRouterMaxWarps); ++i) {
+    if (i < Wh) ge += s.wmax[i] >= mj ? 1u : 0u;
+  }
+  const uint32_t tau = warp_extreme<true>(lane < Wh && ge >= K ? mj : 0u);
+  for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
+    const uint32_t k = key[e];
+    if (k >= tau) {
+      const uint32_t slot = atomicAdd(&s.n, 1u);
+      if (slot < 32u) s.sel[slot] = router_candidate(k, e);
+    }
+  }
+  __syncthreads();
+  const uint32_t n = s.n;
+  if (n > 32u) return false;
+  if (warp == 0u) {
+    const uint64_t mine = lane < n ? s.sel[lane] : kNoCandidate;
+    uint32_t rank = 0;
+    MEGAMOE_UNROLL
+    for (uint32_t q = 0; q < 32u; ++q) {
+      if (q < n) rank += s.sel[q] > mine ? 1u : 0u;
+    }
+    if (lane < n && rank < K) out[rank] = mine;
+    __syncwarp();
+  }
+  return true;
+}
+
 /// Hash layer token t by one warp: lane k scores tid2eid[input_ids[t], k].
 __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bool rec) {
   const uint32_t lane = threadIdx.x % 32u;
@@ -397,8 +458,6 @@ __device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int
   return N;
 }
 
-/// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
-constexpr int kRouterMaxWarps = 8;
 
 /// The kernel's RouterParams into shared memory, one word a thread, then a barrier. Called
 /// in the __global__ function itself, where @p src is known to be the kernel's parameter
@@ -426,6 +485,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   __shared__ uint32_t sh_key[kRouterSmemEntries];
   __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
+  __shared__ SingleScratch sh_single;
   const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
   const uint32_t ntok = static_cast<uint32_t>(t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0);
@@ -436,7 +496,11 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   const uint32_t G = hash || ntok == 0 ? 1u : ntok == r.tpb ? r.group : router_group(blockDim.x / 32u, ntok, E, K);
   const uint32_t tok = warp / G, slice = warp % G;
   const bool selects = !hash && tok < ntok;
-  const bool padded = selects && router_padded(r, t0 + tok);  // loaded before the scores
+  // One token and K <= the warps holding experts (decode): router_select_single, padding
+  // known to every warp. Block-uniform.
+  const uint32_t warps = blockDim.x / 32u, cols = (E + 31u) / 32u;
+  const bool single = !hash && ntok == 1u && K <= (warps < cols ? warps : cols);
+  const bool padded = (selects || single) && router_padded(r, t0 + (single ? 0u : tok));  // loaded before the scores
   // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
   // that store.
   const bool rec = (r.flags & kRouteEplb) != 0 && lane < K && *r.record != 0;
@@ -462,10 +526,13 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
   if (hash) {
     if (warp < ntok) router_hash(r, t0 + warp, rec);
-  } else if (ntok > 0) {
+  } else if (single && padded) {
+    if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
+  } else if (single && router_select_single(sh_key, E, K, sh_single, sh_cand)) {
+    if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
+  } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
     if (selects && !padded) {
-      const uint32_t cols = (E + 31u) / 32u;
       const uint32_t J = cols > slice ? (cols - slice + G - 1u) / G : 0u;  // warp-uniform
       if (J <= kRegColumns) router_slice_topk_regs(sh_key + tok * E, E, K, slice, G, J, cand);
       else router_slice_topk(sh_key + tok * E, E, K, slice, G, cand);

@@ -257,6 +257,20 @@ inline Spec planted_ties_spec() {
   return s;
 }
 
+/// The top experts clustered in a few 32-expert columns (ids 0..39 far above the rest, the
+/// rest with pairs of equal logits): CUDA's single-token selection sees more than 32 experts
+/// at its threshold and falls back to the rounds; ids 40.. alone (the second token) give a
+/// threshold with ties between warps.
+inline Spec clustered_spec() {
+  Spec s = random_spec(2, 256, 8, 14);
+  for (int64_t e = 0; e < s.E; ++e) {
+    s.logits[e] = e < 40 ? 30.0f + 0.125f * static_cast<float>(e % 7) : static_cast<float>((e / 2) % 9);
+    s.logits[s.E + e] = e < 40 ? -50.0f : static_cast<float>((e / 2) % 9);
+  }
+  for (float& b : *s.bias) b = 0.0f;
+  return s;
+}
+
 /// A tie made by the bias: different logits (ids 5 and 10), equal fl(s + bias).
 inline Spec bias_tie_spec(float (*score)(float)) {
   Spec u = random_spec(1, 64, 4, 12);
@@ -410,6 +424,7 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
   nb.transposed_logits = true;
   c.emplace_back("transposed logits", nb);
   c.emplace_back("planted ties", planted_ties_spec());
+  c.emplace_back("clustered", clustered_spec());
   c.emplace_back("bias tie", bias_tie_spec(score));
   c.emplace_back("all equal", all_equal_spec());
   c.emplace_back("reversed bias", reversed_bias_spec());
