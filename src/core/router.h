@@ -437,7 +437,10 @@ MEGAMOE_HD float router_weight(float s, float d, float alpha) {
 /// EPLB: the replica slot of flat position p for a logical expert with @p count replicas
 /// (device data: clamped to [1, R]) in a map of R >= 1 slots.
 MEGAMOE_HD int64_t replica_slot(int64_t p, int32_t count, int64_t R) {
-  const int64_t c = count < 1 ? 1 : (count > R ? R : count);
+  const int64_t c = count < 1 ? 1 : (count > R ? R : count);  // in [1, 2^31)
+  // The same remainder in 32 bits where p allows (every realistic T * K): on the GPU a
+  // 64-bit remainder is a long subroutine on the EPLB store's dependent chain.
+  if (static_cast<uint64_t>(p) <= 0xFFFFFFFFull) return static_cast<uint32_t>(p) % static_cast<uint32_t>(c);
   return p % c;
 }
 

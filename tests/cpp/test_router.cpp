@@ -192,6 +192,21 @@ TEST(RouterNumerics, SelectionKeyOrder) {
 // ---------------------------------------------------------------------------------------
 // route() against the reference.
 
+// The EPLB slot's 32-bit shortcut against the plain 64-bit remainder, across 2^32.
+TEST(RouterNumerics, ReplicaSlotEqualsTheRemainder) {
+  std::mt19937_64 rng(77);
+  std::vector<int64_t> ps = {0, 1, 5, 0xFFFFFFFEll, 0xFFFFFFFFll, 0x100000000ll, 0x100000001ll, 0x7FFFFFFFFFFFFFFFll};
+  for (int i = 0; i < 2000; ++i) ps.push_back(static_cast<int64_t>(rng() >> (1 + i % 40)));
+  for (int64_t p : ps) {
+    for (int32_t count : {-3, 0, 1, 2, 3, 4, 5, 7, 1000, 0x7FFFFFFF}) {
+      for (int64_t R : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{7}, int64_t{1} << 40}) {
+        const int64_t c = std::min<int64_t>(std::max<int64_t>(count, 1), R);
+        ASSERT_EQ(megamoe::core::replica_slot(p, count, R), p % c) << p << " " << count << " " << R;
+      }
+    }
+  }
+}
+
 TEST(Route, RandomDeepSeekShapes) {
   uint32_t seed = 1;
   for (auto [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {256, 8}, {384, 6}, {384, 8}}) {
