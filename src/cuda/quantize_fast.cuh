@@ -29,9 +29,9 @@ namespace {
 // registers; fp32 inputs hold twice the bytes per chunk and get 6 blocks (40 registers).
 // The variants off the measured paths get more registers where ptxas -v showed spills:
 // counting 16-bit inputs 6 blocks (NVFP4 static on sm_100), counting or fp4-encoding fp32
-// inputs 4 (the tile shape; on sm_80 the one-pass shape), MXFP4's paired path on sm_80 6
-// (it spilled at 32 registers). NVFP4 static of 16-bit inputs fits 32 registers with its
-// f16 form (core/e2m1_f16.h) and runs 8.
+// inputs 4 (the tile shape; on sm_80 the one-pass shape). NVFP4 static of 16-bit inputs
+// also gets 6: its seven per-group thresholds (core/e2m1_pairs.h) spilled at 32 registers,
+// as did MXFP4's paired path on sm_80.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
 constexpr int kFastBlocksPerSm16 = 6;
 #else
@@ -44,7 +44,7 @@ constexpr bool kSm80 = false;
 #endif
 template <core::Format F, bool kCount>
 constexpr bool kFast16NeedsRegisters =
-    kCount || (kSm80 && core::values_per_byte(F) == 2);
+    kCount || F == core::Format::kNvfp4Static || (kSm80 && core::values_per_byte(F) == 2);
 template <int In, core::Format F, bool kCount>
 constexpr int kFastBlocksPerSm = In != kInF32 ? (kFast16NeedsRegisters<F, kCount> ? 6 : kFastBlocksPerSm16)
                                                 : (kCount || core::values_per_byte(F) == 2 ? 4 : 6);
