@@ -10,28 +10,16 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
-template <int In, core::Format F, int G, Mode M, Shape S, bool kLatency>
-void fast_go_build(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+template <int In, core::Format F, int G, Mode M, Shape S>
+void fast_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
   const ParamsT<IdxOf<M>> prm = make_params<IdxOf<M>>(a, p, plan);
-  if (plan.count_nonfinite) {
-    return launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kCount, kLatency>, prm, plan, stream);
-  }
+  if (plan.count_nonfinite) return launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kCount>, prm, plan, stream);
   // The default floor compiled in: reading it costs the decode path a dependent constant
   // load (measured +2-3% at T = 1).
   if constexpr (kUsesFloor<F>) {
-    if (p.floor != core::kAmaxFloor) {
-      return launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kFloor, kLatency>, prm, plan, stream);
-    }
+    if (p.floor != core::kAmaxFloor) return launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kFloor>, prm, plan, stream);
   }
-  launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kNone, kLatency>, prm, plan, stream);
-}
-
-template <int In, core::Format F, int G, Mode M, Shape S>
-void fast_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
-  if constexpr (kHasLatencyBuild<F, M, S>) {
-    if (plan.latency) return fast_go_build<In, F, G, M, S, true>(plan, a, p, stream);
-  }
-  fast_go_build<In, F, G, M, S, false>(plan, a, p, stream);
+  launch_kernel(stage_fast_kernel<In, F, G, M, S, Extras::kNone>, prm, plan, stream);
 }
 
 template <int In, core::Format F, int G, Mode M>

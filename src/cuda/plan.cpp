@@ -139,8 +139,6 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
     case Shape::kRowwise: plan.quant_blocks = capped_blocks(p.T * th, plan.threads, dev, max_waves); break;
   }
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
-  plan.latency = plan.role == Role::kFast && core::values_per_byte(plan.fmt) == 2 && plan.shape == Shape::kSplitTopk &&
-                 plan.index == IndexWidth::k32 && plan.grid <= int64_t{kLatencyBlocksPerSm} * std::max(1, dev.sm_count);
 }
 
 Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
@@ -223,7 +221,6 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
         if (pl.shape != Shape::kLoop || pl.store != StorePolicy::kEvictFirst) {
           reject(pl, "64-bit indices come with the loop shape and evict-first stores");
         }
-        if (pl.latency) reject(pl, "the latency build is the FP4 formats' split_topk with 32-bit indices");
         break;
       }
       if (!fits_idx32(p, a)) reject(pl, "32-bit indices do not fit these tensors");
@@ -233,9 +230,6 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
       }
       if (pl.shape == Shape::kTile && (pl.threads != kTileThreads || pl.quant_blocks * th > kMaxGridThreads)) {
         reject(pl, "tile blocks have 256 threads and at most kMaxGridThreads in all");
-      }
-      if (pl.latency && (pl.shape != Shape::kSplitTopk || core::values_per_byte(pl.fmt) != 2)) {
-        reject(pl, "the latency build is the FP4 formats' split_topk with 32-bit indices");
       }
       break;
     }
@@ -256,7 +250,6 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
       break;
   }
   if (per_token && pl.role != Role::kRowwise) reject(pl, "per-token formats need the row kernel");
-  if (pl.latency && pl.role != Role::kFast) reject(pl, "only the fast kernel has a latency build");
 }
 
 std::string to_string(const Plan& pl) {
@@ -278,7 +271,6 @@ std::string to_string(const Plan& pl) {
   s += pl.count_nonfinite ? " nonfinite=on" : " nonfinite=off";
   s += pl.vectorized ? " vectorized=on" : " vectorized=off";
   s += pl.fused_tail ? " fused_tail=on" : " fused_tail=off";
-  s += pl.latency ? " build=latency" : " build=occupancy";
   return s;
 }
 

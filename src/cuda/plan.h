@@ -65,15 +65,7 @@ struct Plan {
   /// Full-buffer mode: the kernel's top-k blocks also fill the tail rows T..M-1 (split-topk
   /// and tile shapes); otherwise prepare_inputs fills them with a second, routing-only launch.
   bool fused_tail = false;
-  /// The fast kernel's latency build (FP4 formats, split-topk with 32-bit indices, the grid
-  /// within one wave at kLatencyBlocksPerSm blocks per SM: the decode sizes): built for
-  /// that occupancy, so its registers hold the loads and the group math side by side
-  /// instead of the 32 that 8 blocks per SM allow. fill_grid decides it.
-  bool latency = false;
 };
-
-/// Resident blocks per SM the latency build is made for (64 registers a thread).
-constexpr int kLatencyBlocksPerSm = 4;
 
 /// Grid caps of the looping shapes, in waves of (8 blocks of 256 threads) per SM.
 constexpr int kDefaultMaxWaves = 16;

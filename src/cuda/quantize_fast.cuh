@@ -166,16 +166,10 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
   if (i + p.quant_blocks < p.n_tiles) __syncthreads();  // (block-uniform) the tile is free for the next one
 }
 
-/// The plans with a latency build (Plan::latency): the FP4 formats', whose group math
-/// takes 40-50 registers given them (ptxas -v, sm_90); the fp8 kernels keep 29-40 either way.
-template <core::Format F, Mode M, Shape S>
-constexpr bool kHasLatencyBuild = core::values_per_byte(F) == 2 && M == Mode::kIdx32 && S == Shape::kSplitTopk;
-
 /// The fast kernel. X == Extras::kCount: the variant that counts non-finite hidden
 /// elements into p.nonfinite; the others neither compute nor touch the counter.
-/// kLatency: the latency build (Plan::latency), made for kLatencyBlocksPerSm blocks per SM.
-template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X, bool kLatency>
-__global__ void __launch_bounds__(256, kLatency ? kLatencyBlocksPerSm : kFastBlocksPerSm<In, F, X == Extras::kCount>)
+template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
+__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, F, X == Extras::kCount>)
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");

@@ -24,10 +24,10 @@
 //     the selection order) and a round is branch-free (router_slice_topk_regs); wider
 //     slices rescan shared memory (router_slice_topk). With G > 1, after a barrier the
 //     token's first warp ranks the G * K candidates, one per lane, against each other by
-//     broadcast shared-memory reads, which gives the same winners in the same order as
-//     one argmax over all E. A block's only token with K at most its warps holding
-//     experts (decode) skips the rounds: router_select_single, two barriers and one
-//     ranking of the few experts above a threshold.
+//     shuffles, which gives the same winners in the same order as one argmax over all E.
+//     A block's only token with K at most its warps holding experts (decode) skips the
+//     rounds: router_select_single, two barriers and one ranking of the few experts at or
+//     above a threshold.
 //  3. Weights and stores, the token's first warp, lane k for k < K: winner k's score; the
 //     scores are summed in k order (every lane adds the K shuffled scores in the CPU loop's
 //     order), then the weight, the EPLB map and load (with R <= 4 slots the replica count
@@ -312,14 +312,13 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
 __device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K) {
   const uint32_t lane = threadIdx.x % 32u;
   const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
-  // Every lane reads all n candidates from shared memory (the same address across the
-  // warp: broadcasts, independent, issued back to back): 299 cycles for n = 24 on the
-  // H200 where 32 shuffles of the 64-bit candidates took 512
-  // (bench/results/h200_3e84726_latency_probe.txt).
+  // Each lane's candidate reaches every lane by shuffles (independent, issued back to back)
+  // instead of n dependent shared-memory reads a lane.
   uint32_t rank = 0;
   MEGAMOE_UNROLL
-  for (uint32_t q = 0; q < 32u; ++q) {
-    if (q < n) rank += c[q] > mine ? 1u : 0u;
+  for (int q = 0; q < 32; ++q) {
+    const uint64_t o = __shfl_sync(0xFFFFFFFFu, mine, q);
+    rank += static_cast<uint32_t>(q) < n && o > mine ? 1u : 0u;
   }
   __syncwarp();
   if (lane < n && rank < K) c[rank] = mine;  // never kNoCandidate: K real experts beat it

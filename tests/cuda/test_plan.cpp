@@ -434,38 +434,6 @@ TEST(CudaPlan, CheckRejectsAFusedTailItCannotRun) {
   EXPECT_THROW(mc::check_plan(claim, megamoe::detail::validate_args(plain.a), plain.a), megamoe::Error);
 }
 
-// The FP4 formats' latency build: decode grids of one wave at kLatencyBlocksPerSm, and
-// nothing else (fp8, larger grids, other shapes); check_plan refuses it where no such
-// build exists.
-TEST(CudaPlan, LatencyBuildForFp4DecodeGrids) {
-  for (const QuantScheme& q : {QuantScheme::mxfp4(), QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
-                               QuantScheme::nvfp4_static()}) {
-    const mc::Plan p = FakeCall(1, 7168, q).plan();
-    EXPECT_TRUE(p.latency) << mc::to_string(p);
-    EXPECT_NE(mc::to_string(p).find("build=latency"), std::string::npos);
-    EXPECT_LE(p.grid, int64_t{mc::kLatencyBlocksPerSm} * kH200.sm_count);
-    const mc::Plan big = FakeCall(4096, 7168, q).plan();
-    EXPECT_FALSE(big.latency) << mc::to_string(big);
-    EXPECT_NE(mc::to_string(big).find("build=occupancy"), std::string::npos);
-  }
-  EXPECT_FALSE(FakeCall(1, 7168, QuantScheme::mxfp8()).plan().latency);
-  EXPECT_FALSE(FakeCall(1, 7168, QuantScheme::nvfp4_per_token()).plan().latency);
-  const FakeCall c(4, 7168, QuantScheme::mxfp4());
-  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
-  mc::Plan loop = c.plan();
-  ASSERT_TRUE(loop.latency);
-  EXPECT_NO_THROW(mc::check_plan(loop, pr, c.a));
-  loop.shape = mc::Shape::kLoop;
-  mc::fill_grid(loop, pr, kH200);  // recomputed: no latency build for the loop shape
-  EXPECT_FALSE(loop.latency);
-  loop.latency = true;
-  EXPECT_THROW(mc::check_plan(loop, pr, c.a), megamoe::Error);
-  const FakeCall f(4, 7168, QuantScheme::mxfp8());
-  mc::Plan fp8 = f.plan();
-  fp8.latency = true;
-  EXPECT_THROW(mc::check_plan(fp8, megamoe::detail::validate_args(f.a), f.a), megamoe::Error);
-}
-
 TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {
   FakeCall c(434, 7168, QuantScheme::mxfp8());
   const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
