@@ -507,6 +507,91 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
   EXPECT_EQ(checked, used * 65536);
 }
 
+// The thresholds of core::e2m1_f16_keys_mul are rd(H_i / m) exactly: t m <= H_i < succ(t) m
+// (products exact in double) for random multipliers and for every m = (N_i / d) 2^j with d
+// a divisor of H_i's odd part N_i, where H_i / m is an fp32 and fl(H_i * fl(1 / m)) can fall
+// just below it (the successor check must fire there, and does in some).
+TEST(CoreVsReference, Nvfp4PerTokenThresholdsAreRoundedDown) {
+  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const float half_ulps[7] = {0x1p-26f, 0x1p-25f, 0x1p-24f, 0x1p-24f, 0x1p-23f, 0x1p-23f, 0x1p-22f};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> lg(-100.0, 100.0);
+  int64_t fired = 0, checked = 0;
+  for (int i = 0; i < 7; ++i) {
+    const double h = static_cast<double>(mids[i]) + static_cast<double>(half_ulps[i]);
+    int e = 0;
+    uint64_t n = static_cast<uint64_t>(std::ldexp(std::frexp(h, &e), 25));
+    while (n % 2 == 0) n /= 2;
+    std::vector<float> ms;
+    for (int r = 0; r < 2000; ++r) ms.push_back(static_cast<float>(std::exp2(lg(rng))));
+    for (uint64_t d = 1; d * d <= n; ++d) {  // each divisor pair (d, n / d) once
+      if (n % d != 0) continue;
+      for (uint64_t base : {d, n / d}) {
+        if (base >= (uint64_t{1} << 24)) continue;
+        for (int j = -60; j <= 60; ++j) ms.push_back(static_cast<float>(std::ldexp(static_cast<double>(base), j)));
+      }
+    }
+    for (const float m : ms) {
+      if (!(m >= core::kPairsMinDivisor && m <= core::kPairsMaxDivisor)) continue;
+      const double md = static_cast<double>(m), dinv = 1.0 / md;
+      const float t = core::e2m1_mul_threshold(h, md, dinv);
+      const float up = core::bits_float(core::float_bits(t) + 1u);
+      ++checked;
+      ASSERT_LE(static_cast<double>(t) * md, h) << std::hexfloat << "m=" << m << " i=" << i;
+      ASSERT_GT(static_cast<double>(up) * md, h) << std::hexfloat << "m=" << m << " i=" << i;
+      fired += t != core::f32_rd_of(h * dinv) ? 1 : 0;
+    }
+  }
+  EXPECT_GT(checked, 14000);
+  EXPECT_GT(fired, 0);
+}
+
+// NVFP4 per-token's f16 chunk codec (core::e2m1_f16_keys_mul, the host form) against the
+// reference's e2m1 of fl(x * m) and core::encode, every bf16 at a position that moves with
+// the multiplier, for multipliers at both ends of the range, near powers of two, 1 /
+// fl(sf * pts) as the kernels form them, log-uniform random ones, and ones for which a
+// bf16 x lands exactly on a threshold (x m = H_i exactly: m = (N_i / f) 2^j for N_i the odd
+// part of H_i = M_i + ulp(M_i) / 2 and f a bf16-sized divisor of it).
+TEST(CoreVsReference, Nvfp4PerTokenF16ChunksEveryBf16AndManyMultipliers) {
+  std::vector<float> ms = {core::kPairsMinDivisor, core::kPairsMaxDivisor, 1.0f, 0.5f, 3.0f, 1.0f / 448.0f, 512.0f};
+  for (float p2 : {0x1p-60f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p40f}) {
+    ms.push_back(std::nextafter(p2, 0.0f));
+    ms.push_back(std::nextafter(p2, 1e30f));
+  }
+  std::mt19937 rng(20261202u);
+  std::uniform_int_distribution<int> e4m3(1, 0x7E);
+  std::uniform_real_distribution<double> lg(-100.0, 100.0), pts(-20.0, 2.0);
+  for (int i = 0; i < 60; ++i) {  // 1 / fl(sf * pts) as core::group_params forms it
+    const float sf = static_cast<float>(megamoe_ref::detail::fp8_value(e4m3(rng)));
+    ms.push_back(core::div_rn(1.0f, core::mul_rn(sf, static_cast<float>(std::exp2(pts(rng))))));
+  }
+  for (int i = 0; i < 120; ++i) ms.push_back(static_cast<float>(std::exp2(lg(rng))));
+  for (uint64_t n : {uint64_t{0x1000001}, uint64_t{0x1800001}, uint64_t{0x1400001}, uint64_t{0x1C00001}}) {
+    for (uint64_t f = 3; f < 256; f += 2) {
+      if (n % f != 0) continue;
+      for (int j : {-40, -7, 0, 9, 33}) ms.push_back(static_cast<float>(std::ldexp(static_cast<double>(n / f), j)));
+    }
+  }
+  const std::vector<uint32_t> pats = bf16_patterns(true);
+  int64_t bad = 0, checked = 0, used = 0;
+  for (const float m : ms) {
+    if (!(m >= core::kPairsMinDivisor && m <= core::kPairsMaxDivisor)) continue;
+    const core::GroupParams gp{0u, m};
+    const auto want = [&](float x) {
+      return megamoe_ref::fp4_e2m1(megamoe_ref::detail::mul_f32(x, m), megamoe_ref::Fp4Ties::kTowardZero);
+    };
+    const auto have = [&](float x) { return core::encode<core::Format::kNvfp4PerToken>(x, gp); };
+    const core::E2m1F16Keys keys = core::e2m1_f16_keys_mul(m);
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_f16_chunk(w, keys, out); };
+    std::ostringstream what;
+    what << "m=" << std::hexfloat << m;
+    bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(used, 200);
+  EXPECT_EQ(checked, used * 65536);
+}
+
 /// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (core/e2m1_fp32.h, its host form)
 /// against the reference's e2m1 of x * 2^(127-e) and core::encode: for every exponent in
 /// range, chunks that hold every bf16 pattern once (at a position that moves with e); for a
