@@ -30,7 +30,6 @@
 
 #include "core/e2m1_pairs.h"
 #include "core/numerics.h"
-#include "core/router.h"
 
 namespace megamoe {
 namespace core {
@@ -117,56 +116,6 @@ MEGAMOE_HD E2m1F16Keys e2m1_f16_keys(float d) {
   for (int i = 0; i < 7; ++i) {
     const float t = -mul_add_rd_exact(mids[i], dp, mul_rn(half_ulps[i], dp));
     k.neg_c[i] = f16x2_rz(t, t);
-  }
-  return k;
-}
-
-/// rd(q) to fp32 for a positive normal double q (the conversion rounding down).
-MEGAMOE_HD float f32_rd_of(double q) {
-#if defined(__CUDA_ARCH__)
-  return __double2float_rd(q);
-#else
-  float f = static_cast<float>(q);
-  if (static_cast<double>(f) > q) f = bits_float(float_bits(f) - 1u);
-  return f;
-#endif
-}
-
-/// rd(h / m) for h = H_i (below) and m in [kPairsMinDivisor, kPairsMaxDivisor] as doubles,
-/// @p dinv = fl(1 / m): rd(fl(h * dinv)), raised by one ulp where that successor still
-/// has a product with m of at most h (exact in double), see e2m1_f16_keys_mul.
-MEGAMOE_HD float e2m1_mul_threshold(double h, double m, double dinv) {
-  const float t = f32_rd_of(dmul(h, dinv));
-  const float up = bits_float(float_bits(t) + 1u);
-  return dmul(static_cast<double>(up), m) <= h ? up : t;
-}
-
-/// The keys of a group whose values are v = fl(x * m) (NVFP4 per-token: m = 1 / fl(sf *
-/// pts)) for m in [kPairsMinDivisor, kPairsMaxDivisor]. fl(x m) > M <=> x m > H (H = M +
-/// ulp(M) / 2: a tie rounds to M, whose last bit is even) <=> x > H / m <=> x > rd(H / m)
-/// for an fp32 x: e2m1_f16_keys's thresholds for the divisor D = 1 / m, rounded down from
-/// the exact quotient. In double: q = fl(H * fl(1 / m)) is within 2^-52 of H / m, while a
-/// quotient of these operands that is not an fp32 lies at least 2^-48 from every fp32 (H
-/// has 25 significant bits, m and the fp32 24), so rd(q) is rd(H / m) except where H / m is
-/// an fp32 f and q falls just below it: one exact check of rd(q)'s successor (its product
-/// with m is exact in double) settles that (tests/cpp/test_reference.cpp finds it firing
-/// only where f has more bits than a bf16, so that no code changes; the threshold is kept
-/// exact all the same). Every operation is IEEE double or a
-/// conversion, so host and device give the same keys. P = 2^(12 - E), E the exponent of D
-/// (one below -E(m) unless m is a power of two), so that D P is in [2^12, 2^13).
-MEGAMOE_HD E2m1F16Keys e2m1_f16_keys_mul(float m) {
-  E2m1F16Keys k;
-  const uint32_t mb = float_bits(m);
-  k.p = bits_float(((mb >> 23) + ((mb & 0x7FFFFFu) != 0u ? 13u : 12u)) << 23);  // 2^(12 - E)
-  const double md = static_cast<double>(m);
-  const double dinv = ddiv(1.0, md);
-  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-  const float half_ulps[7] = {0x1p-26f, 0x1p-25f, 0x1p-24f, 0x1p-24f, 0x1p-23f, 0x1p-23f, 0x1p-22f};
-  MEGAMOE_UNROLL
-  for (int i = 0; i < 7; ++i) {
-    const double h = dadd(static_cast<double>(mids[i]), static_cast<double>(half_ulps[i]));  // exact
-    const float neg = -mul_rn(e2m1_mul_threshold(h, md, dinv), k.p);  // exact: a power of two
-    k.neg_c[i] = f16x2_rz(neg, neg);
   }
   return k;
 }

@@ -116,14 +116,6 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         return out;
       }
     }
-    if constexpr (In == kInBF16 && F == core::Format::kNvfp4PerToken) {
-      // NVFP4 per-token of bf16: the same adds, the thresholds from the group's multiplier
-      // (core::e2m1_f16_keys_mul) unless it is 0 (an all-zero group) or at an end of its range.
-      if (gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor) {
-        core::e2m1_f16_chunk(x.w, core::e2m1_f16_keys_mul(gp.m), out.w);
-        return out;
-      }
-    }
     if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
       // MXFP4 of bf16: on sm_89+ fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
       // before it two values per integer op (core/e2m1_pairs.h); per value where the

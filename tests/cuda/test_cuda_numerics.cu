@@ -338,13 +338,10 @@ TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
   check_pairs<Format::kMxfp4Rne>(exponents);
 }
 
-// core/e2m1_f16.h with the device's instructions (fma.rm, cvt.rz/rn f16x2, add.sat.f16x2,
-// and for kMul the double division, product and rounding-down conversion) against
-// core::encode: every bf16 pattern (NaN included) for divisors (NVFP4 static) or
-// multipliers (kMul: NVFP4 per-token) of every binade in range (a pseudo-random
-// significand each), at a position of the chunk that moves, the other 15 values
-// pseudo-random ones around the group's midpoints times d (1 / m).
-template <bool kMul>
+// core/e2m1_f16.h with the device's instructions (fma.rm, cvt.rz/rn f16x2, add.sat.f16x2)
+// against core::encode: every bf16 pattern (NaN included) for divisors of every binade in
+// range (a pseudo-random significand each), at a position of the chunk that moves, the
+// other 15 values pseudo-random ones around the group's midpoints times d.
 __global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
   namespace core = megamoe::core;
   const uint64_t n = uint64_t{200} << 16;  // binades 2^-100 .. 2^99
@@ -362,14 +359,12 @@ __global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* 
     }
     uint32_t w[8], out[2];
     for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
-    // kMul: m = 1 / d rounded, so the values sit around its thresholds as well
-    const float m = kMul ? __fdiv_rn(1.0f, d) : d;
-    core::e2m1_f16_chunk(w, kMul ? core::e2m1_f16_keys_mul(m) : core::e2m1_f16_keys(d), out);
-    const core::GroupParams gp{0u, m};
-    constexpr core::Format F = kMul ? core::Format::kNvfp4PerToken : core::Format::kNvfp4Static;
+    core::e2m1_f16_chunk(w, core::e2m1_f16_keys(d), out);
+    const core::GroupParams gp{0u, d};
     bool ok = true;
     for (int k = 0; k < 16; ++k) {
-      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) == core::encode<F>(__uint_as_float(uint32_t{v[k]} << 16), gp);
+      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) ==
+                     core::encode<core::Format::kNvfp4Static>(__uint_as_float(uint32_t{v[k]} << 16), gp);
     }
     if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
   }
@@ -378,15 +373,7 @@ __global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* 
 TEST(CudaNumerics, Nvfp4F16ChunksMatchTheCoreRules) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Mismatches m = count_mismatches(
-      [](unsigned long long* d, uint32_t* first) { f16_chunks_exhaustive<false><<<528, 256>>>(d, first); });
-  EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
-                           << ", binade " << std::dec << (m.first >> 16) << ")";
-}
-
-TEST(CudaNumerics, Nvfp4PerTokenF16ChunksMatchTheCoreRules) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Mismatches m = count_mismatches(
-      [](unsigned long long* d, uint32_t* first) { f16_chunks_exhaustive<true><<<528, 256>>>(d, first); });
+      [](unsigned long long* d, uint32_t* first) { f16_chunks_exhaustive<<<528, 256>>>(d, first); });
   EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
                            << ", binade " << std::dec << (m.first >> 16) << ")";
 }
