@@ -1,7 +1,7 @@
 // route_fused.cuh: the fused router + staging kernel (router.cu's file comment) and its
-// dispatch from a plan to one of its 420 variants. Included by the three launch units
-// that instantiate it, one per input dtype (route_fused_bf16.cu, route_fused_f16.cu,
-// route_fused_f32.cu), so that they compile in parallel.
+// dispatch from a plan to one of its 480 variants (60 of them decode variants). Included
+// by the three launch units that instantiate it, one per input dtype (route_fused_bf16.cu,
+// route_fused_f16.cu, route_fused_f32.cu), so that they compile in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
