@@ -24,7 +24,8 @@
 //     the selection order) and a round is branch-free (router_slice_topk_regs); wider
 //     slices rescan shared memory (router_slice_topk). With G > 1, after a barrier the
 //     token's first warp ranks the G * K candidates, one per lane, against each other by
-//     shuffles, which gives the same winners in the same order as one argmax over all E.
+//     broadcast shared-memory reads (router_rank), which gives the same winners in the
+//     same order as one argmax over all E.
 //     A block's only token with K at most its warps holding experts (decode) skips the
 //     rounds: router_select_single, two barriers and one ranking of the few experts at or
 //     above a threshold.
@@ -302,28 +303,33 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
   }
 }
 
-/// The merge of a token's G slices by one warp: @p c holds the G * K <= 32 candidates (each
-/// slice's top K in selection order); lane q ranks candidate q among them (how many are
-/// larger: the order is strict, so the ranks of the real candidates are distinct) and
-/// the winners k < K are written back to c[k]. The token's top K are among the candidates
-/// (an expert beaten by fewer than K of the token's experts is beaten by fewer than K of
-/// its slice) and every expert that beats one of them is a candidate too, so rank = the
-/// rank among all E experts: the same winners in the same order as one selection over E.
-__device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K) {
+/// The ranking of n <= 32 distinct candidates @p c (shared memory) by one warp: lane q
+/// ranks candidate q among them (how many are larger: the order is strict, so the ranks of
+/// the real candidates are distinct) and writes it to out[rank] when rank < K (@p out may
+/// be @p c). Every lane reads all n candidates (the same address across the warp:
+/// broadcasts, independent, issued back to back): 299 cycles for n = 24 on the H200 where
+/// 32 shuffles of the 64-bit candidates took 512 (bench/results/h200_3e84726_latency_probe.txt).
+__device__ __forceinline__ void router_rank(const uint64_t* c, uint32_t n, uint32_t K, uint64_t* out) {
   const uint32_t lane = threadIdx.x % 32u;
   const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
-  // Each lane's candidate reaches every lane by shuffles (independent, issued back to back)
-  // instead of n dependent shared-memory reads a lane.
   uint32_t rank = 0;
   MEGAMOE_UNROLL
-  for (int q = 0; q < 32; ++q) {
-    const uint64_t o = __shfl_sync(0xFFFFFFFFu, mine, q);
-    rank += static_cast<uint32_t>(q) < n && o > mine ? 1u : 0u;
+  for (uint32_t q = 0; q < 32u; ++q) {
+    if (q < n) rank += c[q] > mine ? 1u : 0u;
   }
   __syncwarp();
-  if (lane < n && rank < K) c[rank] = mine;  // never kNoCandidate: K real experts beat it
+  if (lane < n && rank < K) out[rank] = mine;
   __syncwarp();
 }
+
+/// The merge of a token's G slices by one warp: @p c holds the G * K <= 32 candidates (each
+/// slice's top K in selection order), ranked by router_rank with the winners k < K written
+/// back to c[k]. The token's top K are among the candidates (an expert beaten by fewer than
+/// K of the token's experts is beaten by fewer than K of its slice) and every expert that
+/// beats one of them is a candidate too, so rank = the rank among all E experts: the same
+/// winners in the same order as one selection over E (never kNoCandidate: K real experts
+/// beat it).
+__device__ __forceinline__ void router_merge(uint64_t* c, uint32_t n, uint32_t K) { router_rank(c, n, K, c); }
 
 /// Shared scratch of router_select_single.
 struct SingleScratch {
@@ -342,17 +348,17 @@ struct SingleScratch {
 /// in the same order as K rounds of argmax over E (candidates are distinct: the id is part
 /// of them). Returns false (block-uniform) when more than 32 experts reach tau (many equal
 /// keys: all-equal logits), and then nothing is written to @p out. @p key: the token's E
-/// keys in shared memory; @p out: K candidates, written by warp 0.
-__device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32_t E, uint32_t K, SingleScratch& s,
-                                                     uint64_t* out) {
-  const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, W = blockDim.x / 32u;
+/// keys in shared memory; @p Wh: the warps holding experts (>= K); @p out: K candidates,
+/// written by warp 0.
+__device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32_t E, uint32_t K, uint32_t Wh,
+                                                     SingleScratch& s, uint64_t* out) {
+  const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
   uint32_t m = 0;
   for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) m = max(m, key[e]);
   m = warp_extreme<true>(m);
   if (lane == 0u) s.wmax[warp] = m;
   if (threadIdx.x == 0u) s.n = 0u;
   __syncthreads();
-  const uint32_t Wh = W < (E + 31u) / 32u ? W : (E + 31u) / 32u;  // warps holding experts
   const uint32_t mj = lane < Wh ? s.wmax[lane] : 0u;
   uint32_t ge = 0;
   MEGAMOE_UNROLL
@@ -370,16 +376,7 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
   __syncthreads();
   const uint32_t n = s.n;
   if (n > 32u) return false;
-  if (warp == 0u) {
-    const uint64_t mine = lane < n ? s.sel[lane] : kNoCandidate;
-    uint32_t rank = 0;
-    MEGAMOE_UNROLL
-    for (uint32_t q = 0; q < 32u; ++q) {
-      if (q < n) rank += s.sel[q] > mine ? 1u : 0u;
-    }
-    if (lane < n && rank < K) out[rank] = mine;
-    __syncwarp();
-  }
+  if (warp == 0u) router_rank(s.sel, n, K, out);
   return true;
 }
 
@@ -501,8 +498,8 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   const bool selects = !hash && tok < ntok;
   // One token and K <= the warps holding experts (decode): router_select_single, padding
   // known to every warp. Block-uniform.
-  const uint32_t warps = blockDim.x / 32u, cols = (E + 31u) / 32u;
-  const bool single = !hash && ntok == 1u && K <= (warps < cols ? warps : cols);
+  const uint32_t cols = (E + 31u) / 32u, holding = blockDim.x / 32u < cols ? blockDim.x / 32u : cols;
+  const bool single = !hash && ntok == 1u && K <= holding;
   const bool padded = (selects || single) && router_padded(r, t0 + (single ? 0u : tok));  // loaded before the scores
   // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
   // that store.
@@ -531,7 +528,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     if (warp < ntok) router_hash(r, t0 + warp, rec);
   } else if (single && padded) {
     if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
-  } else if (single && router_select_single(sh_key, E, K, sh_single, sh_cand)) {
+  } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
     if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
   } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
