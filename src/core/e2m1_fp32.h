@@ -156,5 +156,25 @@ MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, u
   out[1] = prmt(p[2], p[3], 0x7531u);
 }
 
+/// The ties-toward-zero e2m1 nibbles of v = fl(x * m) for the 16 bf16 values x in w (layout
+/// as e2m1_fp32_chunk), for any fp32 multiplier m (NVFP4 per-token's 1 / (sf * pts), whose
+/// products have up to 32 significant bits, so the form above does not apply to them).
+/// Why it holds: ties toward zero counts the midpoints M strictly below |v|, and every M
+/// (at most three significant bits) is a bf16; so |v| rounded up to the bf16 grid, v', has
+/// the same count (|v| > M <=> v' > M for M on the grid), and v' is a bf16, which the form
+/// above encodes exactly with e = 127 (multiplier 1). Rounding the magnitude up is one add
+/// of 0xFFFF to v's bits, keeping the top half (the sign bit is not touched; a NaN that
+/// wraps becomes -0 or +0, code 0 like NaN itself).
+MEGAMOE_HD void e2m1_fp32_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&out)[2]) {
+  uint32_t r[8];
+  MEGAMOE_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t lo = float_bits(mul_rn(bits_float(w[i] << 16), m)) + 0xFFFFu;
+    const uint32_t hi = float_bits(mul_rn(bits_float(w[i] & 0xFFFF0000u), m)) + 0xFFFFu;
+    r[i] = prmt(lo, hi, 0x7632u);  // the top halves: lo's in bits 0..15, hi's in 16..31
+  }
+  e2m1_fp32_chunk<false>(r, e2m1_fp32_keys(127u), out);
+}
+
 }  // namespace core
 }  // namespace megamoe

@@ -70,10 +70,11 @@ int64_t capped_blocks(int64_t work_items, int threads, const DeviceInfo& dev, in
   return std::max<int64_t>(1, std::min({ceil_div(work_items, threads), max_blocks, kMaxGridThreads / threads}));
 }
 
-/// Threads of the row kernel: two groups per thread, whole warps, 32..256.
+/// Threads of the row kernel: two groups per thread (its register path), whole warps,
+/// 32..kRowwiseMaxThreads.
 int rowwise_threads(int64_t H) {
   const int64_t want = ceil_div(ceil_div(H / kChunkElems, 2), 32) * 32;
-  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, want)));
+  return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, want)));
 }
 
 [[noreturn]] void reject(const Plan& plan, const std::string& why) {
@@ -247,6 +248,7 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
       if (pl.vectorized && !layout_vectorizable(p, a)) {
         reject(pl, "vectorized rows need contiguous, aligned hidden_states and x_q rows");
       }
+      if (pl.threads > kRowwiseMaxThreads) reject(pl, "row kernel blocks have at most kRowwiseMaxThreads threads");
       break;
   }
   if (per_token && pl.role != Role::kRowwise) reject(pl, "per-token formats need the row kernel");

@@ -1,11 +1,16 @@
 // quantize_rowwise.cuh: the row kernel, for formats whose groups depend on the whole
 // token row (NVFP4 per-token: the per-token scale max(row_amax, floor) / 2688 comes
 // first). One block per token row (block-stride loop over rows), one thread per 16-element
-// group (loop over the row's groups), two passes over the row: (1) the row's amax, reduced
-// over the block, the per-token scale written to x_scales; (2) each group's amax again, its
-// e4m3 scale byte and its 16 nibbles. The second pass reads the row again; it comes from L1
-// or L2, so DRAM still sees each byte once. kVec: hidden rows contiguous and 16-byte
-// aligned, x_q rows 8-byte aligned (16-byte loads, 8-byte stores); else strided scalars.
+// group. When the row has at most two groups a thread (the planned shape up to H = 8192,
+// rowwise_threads) and is vectorizable, the thread loads its groups once, keeps them in
+// registers across the block's max and encodes them from there: one DRAM round trip a row,
+// the top-k entries' loads in flight with it (decode is that latency). Otherwise two passes
+// over the row: (1) the row's amax; (2) each group's amax again, its e4m3 scale byte and its
+// 16 nibbles; the second pass reads the row again from L1 or L2, so DRAM still sees each
+// byte once. kVec: hidden rows contiguous and 16-byte aligned, x_q rows 8-byte aligned
+// (16-byte loads, 8-byte stores); else strided scalars. The block's max goes through one of
+// two shared buffers by row parity: a warp can only reuse a buffer after the next row's
+// barrier, which every warp reaches after reading it, so rows need one barrier each.
 #pragma once
 
 #include "core/formats.h"
@@ -17,7 +22,12 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
-constexpr int kRowMaxWarps = 32;  // 1024-thread blocks at most
+constexpr int kRowMaxWarps = kRowwiseMaxThreads / 32;
+// Blocks of the row kernel resident per SM it is built for: 40 registers hold the two
+// chunks of the register path (16 words of 16-bit inputs) and their encode without spills;
+// fp32 inputs (32 words) get 64.
+template <int In>
+constexpr int kRowBlocksPerSm = In == kInF32 ? 4 : 6;
 
 /// Group g (16 elements) of row t, as fp32, from a strided row.
 template <int In>
@@ -39,17 +49,68 @@ __device__ __forceinline__ float group_amax_strided(const float (&x)[kChunk], ui
   return amax;
 }
 
+/// The block's max of v (every thread gets it; all threads call it: a barrier).
+__device__ __forceinline__ float block_max(float v, float* buf) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
+  __syncthreads();
+  float r = 0.0f;
+  for (uint32_t w = 0; w < blockDim.x / 32u; ++w) r = fmaxf(r, buf[w]);
+  return r;
+}
+
+/// Group g of row t from chunk x (amax: its NaN-ignoring max |x|, NaN for an all-NaN chunk):
+/// its scale byte and nibbles.
+template <int In>
+__device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64_t g, const RawChunk<In>& x, float amax,
+                                             float pts) {
+  constexpr core::Format F = core::Format::kNvfp4PerToken;
+  // From 0 like the CPU backend's fold: an all-NaN group has amax 0.
+  const core::GroupParams gp = core::group_params<F>(fmaxf(0.0f, amax), p.floor, pts);
+  const Encoded<F> q = encode_chunk<F, In>(x, gp);
+  store_words<false>(p.xq + t * p.xq_s0 + g * (kChunk / 2), q.w);
+  store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
+}
+
+/// Row t with groups threadIdx.x and threadIdx.x + blockDim.x held in registers.
+template <int In, bool kCount>
+__device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf) {
+  const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
+  const int64_t g0 = threadIdx.x, g1 = g0 + blockDim.x;
+  RawChunk<In> x0, x1;
+  if (g0 < groups) load_chunk<In>(hs + t * p.hs_s0 + g0 * kChunk, x0);
+  else zero_chunk<In>(x0);
+  if (g1 < groups) load_chunk<In>(hs + t * p.hs_s0 + g1 * kChunk, x1);
+  else zero_chunk<In>(x1);
+  // The row's top-k entries while the chunk loads are in flight.
+  repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
+  if constexpr (kCount) nf += chunk_nonfinite<In>(x0) + chunk_nonfinite<In>(x1);  // zero chunks count 0
+  const float a0 = chunk_amax<In>(x0), a1 = chunk_amax<In>(x1);
+  const float pts = core::per_token_scale(block_max(fmaxf(fmaxf(0.0f, a0), a1), buf), p.floor);
+  if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
+  if (g0 < groups) encode_group<In>(p, t, g0, x0, a0, pts);
+  if (g1 < groups) encode_group<In>(p, t, g1, x1, a1, pts);
+}
+
 template <int In, bool kVec, bool kCount>
-__global__ void __launch_bounds__(1024) stage_rowwise_kernel(const Params64 p) {
+__global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In>) stage_rowwise_kernel(const Params64 p) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
-  __shared__ float warp_max[kRowMaxWarps];
+  __shared__ float warp_max[2][kRowMaxWarps];
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
-  const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, warps = blockDim.x / 32u;
-  uint32_t nf = 0;
-  for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x) {
+  const bool in_registers = kVec && groups <= 2 * static_cast<int64_t>(blockDim.x);  // block-uniform
+  uint32_t nf = 0, parity = 0;
+  for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
+    if constexpr (kVec) {
+      if (in_registers) {
+        row_in_registers<In, kCount>(p, t, groups, warp_max[parity], nf);
+        continue;
+      }
+    }
+    repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
     // Pass 1: the row's amax (0 when every element is NaN, as the CPU backend's fold from 0).
     float amax = 0.0f;
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -64,13 +125,7 @@ __global__ void __launch_bounds__(1024) stage_rowwise_kernel(const Params64 p) {
         amax = fmaxf(amax, group_amax_strided<kCount>(x, nf));
       }
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    if (lane == 0) warp_max[warp] = amax;
-    __syncthreads();
-    float row_amax = 0.0f;
-    for (uint32_t w = 0; w < warps; ++w) row_amax = fmaxf(row_amax, warp_max[w]);
-    const float pts = core::per_token_scale(row_amax, p.floor);
+    const float pts = core::per_token_scale(block_max(amax, warp_max[parity]), p.floor);
     if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
     // Pass 2: groups.
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -78,11 +133,7 @@ __global__ void __launch_bounds__(1024) stage_rowwise_kernel(const Params64 p) {
       if constexpr (kVec) {
         RawChunk<In> x;
         load_chunk<In>(hs + t * p.hs_s0 + g * kChunk, x);
-        // From 0 like the CPU backend's fold: an all-NaN group has amax 0 (chunk_amax: NaN).
-        const core::GroupParams gp = core::group_params<F>(fmaxf(0.0f, chunk_amax<In>(x)), p.floor, pts);
-        const Encoded<F> q = encode_chunk<F, In>(x, gp);
-        store_words<false>(p.xq + t * p.xq_s0 + g * (kChunk / 2), q.w);
-        store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
+        encode_group<In>(p, t, g, x, chunk_amax<In>(x), pts);
       } else {
         float x[kChunk];
         load_group_strided<In>(p, t, g, x);
@@ -95,8 +146,6 @@ __global__ void __launch_bounds__(1024) stage_rowwise_kernel(const Params64 p) {
         store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
       }
     }
-    repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
-    __syncthreads();  // warp_max is free for the next row
   }
   if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
 }

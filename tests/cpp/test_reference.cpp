@@ -507,6 +507,52 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
   EXPECT_EQ(checked, used * 65536);
 }
 
+// NVFP4 per-token's chunk codec of fl(x * m) (core::e2m1_fp32_mul_chunk, its host form)
+// against the reference's e2m1 of fl(x * m) and core::encode, every bf16 (NaN included) at
+// a position that moves with the multiplier: 0, powers of two and their neighbours, the
+// fp32 ends, the multipliers the per-token path forms (1 / (sf * pts) for e4m3 scales and
+// typical row maxima), log-uniform random ones, and ones that put x * m within a few ulps
+// of a midpoint.
+TEST(CoreVsReference, Nvfp4PerTokenMulChunksEveryBf16AndManyMultipliers) {
+  using megamoe_ref::detail::div_f32;
+  using megamoe_ref::detail::mul_f32;
+  std::vector<float> ms = {0.0f, 1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 0x1p-149f, 0x1p-126f, 0x1.fffffep127f};
+  for (float p2 : {0x1p-100f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p60f}) {
+    ms.push_back(std::nextafter(p2, 0.0f));
+    ms.push_back(p2);
+    ms.push_back(std::nextafter(p2, 1e30f));
+  }
+  std::mt19937 rng(20261203u);
+  std::uniform_int_distribution<int> e4m3(1, 0x7E);
+  std::uniform_real_distribution<double> lg(-120.0, 120.0), row(-20.0, 20.0);
+  for (int i = 0; i < 60; ++i) {
+    const float pts = div_f32(static_cast<float>(std::exp2(row(rng))), 2688.0f);
+    const float sf = static_cast<float>(megamoe_ref::detail::fp8_value(e4m3(rng)));
+    ms.push_back(div_f32(1.0f, mul_f32(sf, pts)));
+  }
+  for (int i = 0; i < 100; ++i) ms.push_back(static_cast<float>(std::exp2(lg(rng))));
+  for (float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f}) {
+    for (float x : {1.0f, 1.5f, 3.0f, 0.8125f, 96.0f, 0.0078125f}) {
+      uint32_t b = core::float_bits(div_f32(mid, x)) - 4u;
+      for (int j = 0; j < 9; ++j) ms.push_back(core::bits_float(b++));
+    }
+  }
+  const std::vector<uint32_t> pats = bf16_patterns(true);
+  int64_t bad = 0, checked = 0, used = 0;
+  for (const float m : ms) {
+    const core::GroupParams gp{0u, m};
+    const auto want = [&](float x) { return megamoe_ref::fp4_e2m1(mul_f32(x, m), megamoe_ref::Fp4Ties::kTowardZero); };
+    const auto have = [&](float x) { return core::encode<core::Format::kNvfp4PerToken>(x, gp); };
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_fp32_mul_chunk(w, m, out); };
+    std::ostringstream what;
+    what << "m=" << std::hexfloat << m;
+    bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(used, 500);
+  EXPECT_EQ(checked, used * 65536);
+}
+
 /// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (core/e2m1_fp32.h, its host form)
 /// against the reference's e2m1 of x * 2^(127-e) and core::encode: for every exponent in
 /// range, chunks that hold every bf16 pattern once (at a position that moves with e); for a

@@ -114,12 +114,15 @@ struct Case {
   bool edge_values = true;        // NaN, Inf, subnormals, zeros, ties sprinkled in
   bool count = false;             // pass nonfinite_count
   float gs = 0.37f;               // NVFP4 static's global scale
+  int one_sm_waves = 0;           // > 0: a forced plan's grid as for one SM and that many
+                                  // waves (the looping shapes' blocks take many rows each)
   std::string name() const {
     std::ostringstream os;
     os << "T=" << T << " H=" << H << " K=" << K << " " << megamoe::scheme_name(q) << " in=" << megamoe::dtype_name(in)
        << " ids=" << megamoe::dtype_name(ids) << " w=" << megamoe::dtype_name(w) << " pad=" << pad << " bm=" << bm
        << " shT=" << shared_transposed << " hsNC=" << hs_noncontig << " mis=" << misaligned << " mn=" << sf_mn_major
-       << " stk=" << strided_topk << " rev=" << reversed_topk_in << " count=" << count;
+       << " stk=" << strided_topk << " rev=" << reversed_topk_in << " count=" << count
+       << " one_sm_waves=" << one_sm_waves;
     return os.str();
   }
 };
@@ -437,7 +440,13 @@ inline void stage_on_device(Staged& s, const Force& force, bool pdl, cudaStream_
   const mc::DeviceInfo dev = mc::device_info(0);
   mc::Plan plan = mc::plan(p, a, dev);
   force(plan);
-  mc::fill_grid(plan, p, dev);
+  if (s.c.one_sm_waves > 0) {
+    mc::DeviceInfo one = dev;
+    one.sm_count = 1;
+    mc::fill_grid(plan, p, one, s.c.one_sm_waves);
+  } else {
+    mc::fill_grid(plan, p, dev);
+  }
   mc::launch(plan, a, p, stream);
 }
 

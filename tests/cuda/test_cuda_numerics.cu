@@ -426,4 +426,44 @@ TEST(CudaNumerics, Mxfp4Fp32ChunksMatchTheCoreRules) {
   check_fp32_chunks<true>();
 }
 
+// core::e2m1_fp32_mul_chunk (NVFP4 per-token's codec) with the device's instructions
+// against core::encode: every bf16 pattern (NaN included) for multipliers of 254 binades
+// (a pseudo-random significand each; binade 0 is m = 0), at a position that moves, the
+// other 15 values pseudo-random ones whose products land near the e2m1 grid.
+__global__ void mul_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
+  namespace core = megamoe::core;
+  const uint64_t n = uint64_t{254} << 16;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
+    const float m = j == 0 ? 0.0f : __uint_as_float((j << 23) | (mix(j) & 0x7FFFFFu));
+    const uint32_t pos = (j + (bits >> 12)) % 16u;
+    uint16_t v[16];
+    for (uint32_t k = 0; k < 16; ++k) {
+      const uint32_t r = mix(i * 16 + k);
+      // |x| = 2^(-3 .. 3) / m times a random 8-bit significand, either sign
+      const uint32_t ex = (254u - j + 253u + r % 7u) & 0xFFu;
+      v[k] = static_cast<uint16_t>(k == pos ? bits : (r & 0x807Fu) | (ex << 7));
+    }
+    uint32_t w[8], out[2];
+    for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
+    core::e2m1_fp32_mul_chunk(w, m, out);
+    const core::GroupParams gp{0u, m};
+    bool ok = true;
+    for (int k = 0; k < 16; ++k) {
+      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) ==
+                     core::encode<core::Format::kNvfp4PerToken>(__uint_as_float(uint32_t{v[k]} << 16), gp);
+    }
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+TEST(CudaNumerics, Nvfp4PerTokenMulChunksMatchTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Mismatches m = count_mismatches(
+      [](unsigned long long* d, uint32_t* first) { mul_chunks_exhaustive<<<528, 256>>>(d, first); });
+  EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
+                           << ", binade " << std::dec << (m.first >> 16) << ")";
+}
+
 }  // namespace

@@ -103,6 +103,33 @@ TEST(CudaStage, EveryFormatEveryShape) {
   }
 }
 
+// The row kernel with a grid far smaller than T (one SM's wave): every block takes many
+// rows in turn, through both shared buffers of its block max, on the register path
+// (library threads, H <= 8192) and the two-pass path (32 threads, and H = 20480).
+TEST(CudaStage, RowKernelBlocksTakeManyRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Force same = [](mc::Plan&) {};
+  const Force t32 = [](mc::Plan& p) { p.threads = 32; };
+  for (int64_t H : {128, 7168, 20480}) {
+    for (DType in : {DType::kBFloat16, DType::kFloat32}) {
+      for (const Force* f : {&same, &t32}) {
+        Case c;
+        c.T = 135;
+        c.H = H;
+        c.K = 8;
+        c.q = QuantScheme::nvfp4_per_token();
+        c.in = in;
+        c.count = true;
+        c.one_sm_waves = 1;
+        SCOPED_TRACE(f == &same ? "library threads" : "32 threads");
+        run_case(c, false, false, *f);
+        if (!HasFailure()) run_case(c, true, true, *f);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(CudaStage, InputDtypesAndTopK) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const QuantScheme& q : {QuantScheme::mxfp8(), QuantScheme::mxfp4(), QuantScheme::nvfp4_static(),

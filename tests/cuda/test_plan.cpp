@@ -366,6 +366,12 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   g.role = mc::Role::kGeneric;
   g.shape = mc::Shape::kGeneric;
   EXPECT_NE(verdict(n, g), "ok");
+  // Row kernel blocks beyond its launch bounds.
+  mc::Plan r = np;
+  r.threads = mc::kRowwiseMaxThreads;
+  EXPECT_EQ(verdict(n, r), "ok");
+  r.threads = mc::kRowwiseMaxThreads + 32;
+  EXPECT_NE(verdict(n, r), "ok") << "row kernel blocks beyond kRowwiseMaxThreads";
 }
 
 TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
