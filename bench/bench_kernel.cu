@@ -2,7 +2,8 @@
 // device memcpy of the same byte count (the roofline) and an empty kernel, plus the PDL
 // producer->staging pair. Prints one JSON object per line.
 //   usage: bench_kernel [--quick | --probes (shared-copy and probe rows) | --shared (shared-copy rows)
-//                        | --formats (one row per activation format and size, with its plan)]
+//                        | --formats (one row per activation format and size, with its plan)
+//                        | --one-format SCHEME T H (three calls, for ncu)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -337,6 +338,33 @@ int main(int argc, char** argv) {
   }
   if (argc > 3 && std::strcmp(argv[1], "--one") == 0) {  // for ncu: a few calls of one size
     StageArgs a = mxfp8_args(std::atoll(argv[2]), std::atoll(argv[3]));
+    for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
+    CK(cudaStreamSynchronize(s));
+    return 0;
+  }
+  if (argc > 4 && std::strcmp(argv[1], "--one-format") == 0) {  // for ncu: SCHEME T H (bf16 input)
+    const int64_t T = std::atoll(argv[3]), H = std::atoll(argv[4]);
+    QuantScheme q;
+    bool found = false;
+    for (const QuantScheme& c : {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::mxfp4(),
+                                 QuantScheme::mxfp4(Rounding::kNearestEven), QuantScheme::nvfp4_static(),
+                                 QuantScheme::nvfp4_per_token()}) {
+      if (scheme_name(c) == argv[2]) q = c, found = true;
+    }
+    if (!found) return std::fprintf(stderr, "unknown scheme %s\n", argv[2]), 2;
+    const OutputShapes sh = output_shapes(T, H, K, q);
+    float* gs = nullptr;
+    float* xs = nullptr;
+    CK(cudaMalloc(&gs, 4));
+    CK(cudaMalloc(&xs, maxT * 4));
+    const float gs_value = 17.0f / 2688.0f;
+    CK(cudaMemcpy(gs, &gs_value, 4, cudaMemcpyHostToDevice));
+    StageArgs a = make_args(T, H, q);
+    a.x_q = TensorRef(xq, sh.x_q.dtype, {T, sh.x_q.shape[1]}, d);
+    a.x_sf = TensorRef(sf, sh.x_sf.dtype, {T, sh.x_sf.shape[1]}, d);
+    if (sh.global_scale) a.global_scale = TensorRef(gs, DType::kFloat32, {1}, d);
+    if (sh.x_scales) a.x_scales = TensorRef(xs, DType::kFloat32, {T}, d);
+    std::printf("%s\n", explain(a).c_str());
     for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
     CK(cudaStreamSynchronize(s));
     return 0;

@@ -1,25 +1,23 @@
-// e2m1_f16.h: NVFP4-static codes of a 16-element bf16 chunk by f16x2 compares, two values
-// an instruction, three compares a pair, for the CUDA kernels.
+// e2m1_f16.h: NVFP4-static codes of a 16-element bf16 chunk by saturating f16x2 adds, two
+// values and one threshold an instruction, for the CUDA kernels.
 //
 // Why: NVFP4 static's code of v = fl(x / d) counts the midpoints M that v exceeds, which
 // is x beyond the per-group threshold rd(H * d) (core/e2m1_pairs.h: H = M + ulp(M) / 2).
 // Seven thresholds that no affine map sends onto a conversion's rounding points, so the
 // code is a count; the integer form counts with ~12 integer instructions a value on the
-// SM's integer pipe, which bound the kernel at prefill sizes. Here the count is a binary
-// search over the sorted thresholds: three compares of two values each on the
-// half-precision pipe, the next threshold picked per half by a bitwise select (LOP3).
+// SM's integer pipe, which bound the kernel at prefill sizes. Here the count runs on the
+// half-precision pipe, two values an instruction.
 //
 // How: scale by P = 2^(12 - E), E the exponent of d, so that d P is in [2^12, 2^13) and the
 // thresholds T_i = rd(H_i d P) (= rd(H_i d) P, exact) are in [1024, 40961). The values
 // A = |x| P are exact in f16 (x is a bf16: 8 significant bits; above 65504 they become
 // 65504 or Inf, beyond every threshold; tiny ones round, far below 1024), and so are the
 // thresholds rounded down to f16, C_i = rd_f16(T_i): x > T_i <=> A > C_i, since A is on
-// the f16 grid. The C_i are sorted (rounding down keeps order), so with b2 = A > C_4,
-// b1 = A > (b2 ? C_6 : C_2), b0 = A > (the middle threshold of the quarter (b2, b1)
-// names), the count is 4 b2 + 2 b1 + b0. `set.gt.u32.f16x2` gives each half's flag as a
-// 0xFFFF mask, which is what the selects need. NaN compares false (code 0, NVFP4's rule),
-// Inf beyond everything. The sign follows the ties-toward-zero rule: kept only with a
-// nonzero code (code + 7 carries into bit 3).
+// the f16 grid. Both are multiples of f16's ulp at 1024, which is 1, so A > C_i means
+// A - C_i >= 1: sat(A - C_i) (f16 add with .sat; NaN -> 0) is the 0/1 flag, and the code
+// is 1024 + sum of the seven flags, exact in f16, read off the low bits. NaN counts
+// nothing (code 0, NVFP4's rule), Inf everything. The sign follows the ties-toward-zero
+// rule: kept only with a nonzero code (code + 7 carries into bit 3).
 //
 // Precondition (the caller checks it per chunk and otherwise takes core::encode): d in
 // [kPairsMinDivisor, kPairsMaxDivisor]. The host forms evaluate the same steps exactly:
@@ -36,11 +34,11 @@
 namespace megamoe {
 namespace core {
 
-/// Per-group constants: the scale P and the seven sorted thresholds C_i as f16 pairs (both
-/// halves the same).
+/// Per-group constants: the scale P and the seven thresholds -C_i as f16 pairs (both
+/// halves the same; negated, so that the flag is one add).
 struct E2m1F16Keys {
   float p;
-  uint32_t c[7];
+  uint32_t neg_c[7];
 };
 
 // Host form of the f16 conversions below, exact: the f16 bits of a double rounded to
@@ -83,26 +81,29 @@ MEGAMOE_HD uint32_t f16x2_scaled_abs(float hi, float lo, float p) {
 #endif
 }
 
-/// Per lane of f16 pairs: 0xFFFF where a > b, else 0 (PTX set.gt.u32.f16x2: NaN compares
-/// false).
-MEGAMOE_HD uint32_t f16x2_gt(uint32_t a, uint32_t b) {
+/// Per lane of f16 pairs: a + b rounded to nearest even, saturated to [0, 1] when kSat
+/// (PTX add{.sat}.f16x2; .sat maps NaN to +0).
+template <bool kSat>
+MEGAMOE_HD uint32_t f16x2_add(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
   uint32_t r;
-  asm("set.gt.u32.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if constexpr (kSat) asm("add.rn.sat.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 #else
   uint32_t r = 0;
   for (int h = 0; h < 2; ++h) {
-    const float x = half_to_float(static_cast<uint16_t>(a >> (16 * h)));
-    const float y = half_to_float(static_cast<uint16_t>(b >> (16 * h)));
-    if (x > y) r |= 0xFFFFu << (16 * h);
+    const auto value = [](uint32_t x, int half) {
+      return static_cast<double>(half_to_float(static_cast<uint16_t>(x >> (16 * half))));
+    };
+    const double s = value(a, h) + value(b, h);  // exact
+    uint32_t v = f16_bits_of(s, false);
+    if (kSat) v = s != s || value(v, 0) <= 0.0 ? 0u : (value(v, 0) >= 1.0 ? 0x3C00u : v);
+    r |= v << (16 * h);
   }
   return r;
 #endif
 }
-
-/// Per bit: m ? a : b.
-MEGAMOE_HD uint32_t bit_select(uint32_t m, uint32_t a, uint32_t b) { return (m & a) | (~m & b); }
 
 /// The keys of an NVFP4 static group with divisor d in [kPairsMinDivisor, kPairsMaxDivisor].
 MEGAMOE_HD E2m1F16Keys e2m1_f16_keys(float d) {
@@ -113,8 +114,8 @@ MEGAMOE_HD E2m1F16Keys e2m1_f16_keys(float d) {
   const float half_ulps[7] = {0x1p-26f, 0x1p-25f, 0x1p-24f, 0x1p-24f, 0x1p-23f, 0x1p-23f, 0x1p-22f};
   MEGAMOE_UNROLL
   for (int i = 0; i < 7; ++i) {
-    const float t = mul_add_rd_exact(mids[i], dp, mul_rn(half_ulps[i], dp));
-    k.c[i] = f16x2_rz(t, t);
+    const float t = -mul_add_rd_exact(mids[i], dp, mul_rn(half_ulps[i], dp));
+    k.neg_c[i] = f16x2_rz(t, t);
   }
   return k;
 }
@@ -126,13 +127,11 @@ MEGAMOE_HD void e2m1_f16_chunk(const uint32_t (&w)[8], const E2m1F16Keys& k, uin
   MEGAMOE_UNROLL
   for (int i = 0; i < 8; ++i) {
     const uint32_t a = f16x2_scaled_abs(bits_float(w[i] & 0xFFFF0000u), bits_float(w[i] << 16), k.p);
-    const uint32_t b2 = f16x2_gt(a, k.c[3]);                                  // beyond 1.75
-    const uint32_t b1 = f16x2_gt(a, bit_select(b2, k.c[5], k.c[1]));          // 3.5 or .75
-    const uint32_t lo = bit_select(b1, k.c[2], k.c[0]), hi = bit_select(b1, k.c[6], k.c[4]);
-    const uint32_t b0 = f16x2_gt(a, bit_select(b2, hi, lo));                  // the quarter's middle
-    const uint32_t code = (b2 & 0x00040004u) | (b1 & 0x00020002u) | (b0 & 0x00010001u);
-    // the sign (bit 15 of each bf16) to bit 3 when code != 0
-    p[i] = code | ((w[i] >> 12) & (code + 0x00070007u) & 0x00080008u);
+    uint32_t acc = 0x64006400u;  // 1024 in both halves
+    MEGAMOE_UNROLL
+    for (int j = 0; j < 7; ++j) acc = f16x2_add<false>(acc, f16x2_add<true>(a, k.neg_c[j]));
+    // code in bits 0..2 of each half; the sign (bit 15 of each bf16) to bit 3 when code != 0
+    p[i] = (acc & 0x00070007u) | ((w[i] >> 12) & (acc + 0x00070007u) & 0x00080008u);
   }
   e2m1_pack_eight_pairs(p, out);
 }

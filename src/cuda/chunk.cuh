@@ -113,8 +113,8 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
     core::e2m1_fp32_mul_chunk(x.w, gp.m, out.w);
   } else {
     if constexpr (In == kInBF16 && F == core::Format::kNvfp4Static) {
-      // NVFP4 static of bf16: three f16x2 compares a pair (core/e2m1_f16.h) unless the
-      // group's divisor is at an end of its range (then per value).
+      // NVFP4 static of bf16: seven saturating f16x2 adds a pair (core/e2m1_f16.h) unless
+      // the group's divisor is at an end of its range (then per value).
       if (gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor) {
         core::e2m1_f16_chunk(x.w, core::e2m1_f16_keys(gp.m), out.w);
         return out;
