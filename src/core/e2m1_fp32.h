@@ -131,23 +131,21 @@ MEGAMOE_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
-/// The MXFP4 nibbles of the 16 bf16 values in w (element 2i in the low half of w[i]) as
-/// the chunk's two words of x_q (element 2j in the low nibble of byte j), for a group with
-/// UE8M0 byte e (keys e2m1_fp32_keys(e)); see the preconditions above.
+/// The nibbles of the chunk whose element 2i + h has magnitude source v[2i + h] (a bf16
+/// value widened, any sign: z reads |v|) and sign bit 15 + 16h of w[i], as its two words of
+/// x_q (element 2j in the low nibble of byte j), for a group with keys k.
 template <bool kEven>
-MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, uint32_t (&out)[2]) {
+MEGAMOE_HD void e2m1_fp32_nibbles(const float (&v)[16], const uint32_t (&w)[8], const E2m1Fp32Keys& k,
+                                  uint32_t (&out)[2]) {
   uint32_t p[4];
   MEGAMOE_UNROLL
   for (int q = 0; q < 4; ++q) {
-    const uint32_t a = w[2 * q], b = w[2 * q + 1];  // elements 4q .. 4q+3
     // Bytes (low to high): elements 4q+1, 4q, 4q+3, 4q+2, each 0x40 | code (0 for NaN).
-    const uint32_t c01 = e5m2x2_of_z(e2m1_fp32_z<kEven>(bits_float(a << 16), k),
-                                     e2m1_fp32_z<kEven>(bits_float(a & 0xFFFF0000u), k));
-    const uint32_t c23 = e5m2x2_of_z(e2m1_fp32_z<kEven>(bits_float(b << 16), k),
-                                     e2m1_fp32_z<kEven>(bits_float(b & 0xFFFF0000u), k));
+    const uint32_t c01 = e5m2x2_of_z(e2m1_fp32_z<kEven>(v[4 * q], k), e2m1_fp32_z<kEven>(v[4 * q + 1], k));
+    const uint32_t c23 = e5m2x2_of_z(e2m1_fp32_z<kEven>(v[4 * q + 2], k), e2m1_fp32_z<kEven>(v[4 * q + 3], k));
     const uint32_t c = c01 | (c23 << 16);
-    // The same elements' signs: 0xFF or 0x00 bytes (bytes 3, 1 of a, 3, 1 of b).
-    const uint32_t s = prmt(a, b, 0xDF9Bu);
+    // The same elements' signs: 0xFF or 0x00 bytes (bytes 3, 1 of w[2q], 3, 1 of w[2q+1]).
+    const uint32_t s = prmt(w[2 * q], w[2 * q + 1], 0xDF9Bu);
     const uint32_t s8 = kEven ? s & 0x08080808u : s & (c + 0x07070707u) & 0x08080808u;
     const uint32_t n = (c & 0x07070707u) | s8;  // one nibble a byte
     p[q] = n * 4097u;                           // bytes 1, 3: elements (4q, 4q+1), (4q+2, 4q+3)
@@ -156,24 +154,41 @@ MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, u
   out[1] = prmt(p[2], p[3], 0x7531u);
 }
 
+/// The MXFP4 nibbles of the 16 bf16 values in w (element 2i in the low half of w[i]) as
+/// the chunk's two words of x_q (element 2j in the low nibble of byte j), for a group with
+/// UE8M0 byte e (keys e2m1_fp32_keys(e)); see the preconditions above.
+template <bool kEven>
+MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, uint32_t (&out)[2]) {
+  float v[16];
+  MEGAMOE_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    v[2 * i] = bits_float(w[i] << 16);
+    v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
+  }
+  e2m1_fp32_nibbles<kEven>(v, w, k, out);
+}
+
 /// The ties-toward-zero e2m1 nibbles of v = fl(x * m) for the 16 bf16 values x in w (layout
-/// as e2m1_fp32_chunk), for any fp32 multiplier m (NVFP4 per-token's 1 / (sf * pts), whose
+/// as e2m1_fp32_chunk), for any multiplier m >= +0 (NVFP4 per-token's 1 / (sf * pts), whose
 /// products have up to 32 significant bits, so the form above does not apply to them).
 /// Why it holds: ties toward zero counts the midpoints M strictly below |v|, and every M
 /// (at most three significant bits) is a bf16; so |v| rounded up to the bf16 grid, v', has
 /// the same count (|v| > M <=> v' > M for M on the grid), and v' is a bf16, which the form
 /// above encodes exactly with e = 127 (multiplier 1). Rounding the magnitude up is one add
-/// of 0xFFFF to v's bits, keeping the top half (the sign bit is not touched; a NaN that
-/// wraps becomes -0 or +0, code 0 like NaN itself).
+/// of 0xFFFF to v's bits and a mask of the low half (mul_up_to_bf16; the sign bit is not
+/// touched; a NaN that wraps becomes -0 or +0, code 0 like NaN itself). The sign of v is
+/// x's (m >= 0), and it only shows with a nonzero code.
+MEGAMOE_HD float mul_up_to_bf16(float x, float m) {
+  return bits_float((float_bits(mul_rn(x, m)) + 0xFFFFu) & 0xFFFF0000u);
+}
 MEGAMOE_HD void e2m1_fp32_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&out)[2]) {
-  uint32_t r[8];
+  float v[16];
   MEGAMOE_UNROLL
   for (int i = 0; i < 8; ++i) {
-    const uint32_t lo = float_bits(mul_rn(bits_float(w[i] << 16), m)) + 0xFFFFu;
-    const uint32_t hi = float_bits(mul_rn(bits_float(w[i] & 0xFFFF0000u), m)) + 0xFFFFu;
-    r[i] = prmt(lo, hi, 0x7632u);  // the top halves: lo's in bits 0..15, hi's in 16..31
+    v[2 * i] = mul_up_to_bf16(bits_float(w[i] << 16), m);
+    v[2 * i + 1] = mul_up_to_bf16(bits_float(w[i] & 0xFFFF0000u), m);
   }
-  e2m1_fp32_chunk<false>(r, e2m1_fp32_keys(127u), out);
+  e2m1_fp32_nibbles<false>(v, w, e2m1_fp32_keys(127u), out);
 }
 
 }  // namespace core

@@ -70,10 +70,13 @@ int64_t capped_blocks(int64_t work_items, int threads, const DeviceInfo& dev, in
   return std::max<int64_t>(1, std::min({ceil_div(work_items, threads), max_blocks, kMaxGridThreads / threads}));
 }
 
-/// Threads of the row kernel: two groups per thread (its register path), whole warps,
-/// 32..kRowwiseMaxThreads.
-int rowwise_threads(int64_t H) {
-  const int64_t want = ceil_div(ceil_div(H / kChunkElems, 2), 32) * 32;
+/// Threads of the row kernel, whole warps, 32..kRowwiseMaxThreads: one group a thread
+/// while every row has an SM of its own (T <= SMs: the call is one row's latency, which
+/// halves with the thread's work), two a thread beyond (the register path, fewer barriers
+/// and block maxima a group).
+int rowwise_threads(int64_t T, int64_t H, const DeviceInfo& dev) {
+  const int64_t groups = H / kChunkElems;
+  const int64_t want = ceil_div(T <= std::max(1, dev.sm_count) ? groups : ceil_div(groups, 2), 32) * 32;
   return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, want)));
 }
 
@@ -155,7 +158,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
   if (p.fmt == core::Format::kNvfp4PerToken) {
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
-    pl.threads = rowwise_threads(p.H);
+    pl.threads = rowwise_threads(p.T, p.H, dev);
   } else if (pl.vectorized && fast_variant(p.fmt, p.G)) {
     pl.role = Role::kFast;
     const int64_t chunks = p.T * (p.H / kChunkElems);

@@ -74,8 +74,9 @@ constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).
 constexpr int kTileThreads = 256;
 constexpr int kTileTokens = 8;
-/// Threads of the row kernel's blocks at most (its launch bounds: 40 registers a thread).
-constexpr int kRowwiseMaxThreads = 256;
+/// Threads of the row kernel's blocks at most (its launch bounds: 3 such blocks an SM, 42
+/// registers a thread; fp32 inputs 2, 64 registers).
+constexpr int kRowwiseMaxThreads = 512;
 /// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
 /// call is most of its top-k entries (M * K against T * K), and four per thread keep its
 /// blocks within one wave where one per thread took four.

@@ -1,8 +1,8 @@
 // quantize_rowwise.cuh: the row kernel, for formats whose groups depend on the whole
 // token row (NVFP4 per-token: the per-token scale max(row_amax, floor) / 2688 comes
 // first). One block per token row (block-stride loop over rows), one thread per 16-element
-// group. When the row has at most two groups a thread (the planned shape up to H = 8192,
-// rowwise_threads) and is vectorizable, the thread loads its groups once, keeps them in
+// group. When the row has at most two groups a thread (the planned shape up to H = 16384,
+// rowwise_threads: one group a thread at decode sizes, two beyond) and is vectorizable, the thread loads its groups once, keeps them in
 // registers across the block's max and encodes them from there: one DRAM round trip a row,
 // the top-k entries' loads in flight with it (decode is that latency). Otherwise two passes
 // over the row: (1) the row's amax; (2) each group's amax again, its e4m3 scale byte and its
@@ -23,11 +23,17 @@ namespace cuda {
 namespace {
 
 constexpr int kRowMaxWarps = kRowwiseMaxThreads / 32;
-// Blocks of the row kernel resident per SM it is built for: 40 registers hold the two
-// chunks of the register path (16 words of 16-bit inputs) and their encode without spills;
-// fp32 inputs (32 words) get 64.
-template <int In>
-constexpr int kRowBlocksPerSm = In == kInF32 ? 4 : 6;
+// Blocks of kRowwiseMaxThreads threads resident per SM the row kernel is built for: 42
+// registers hold the two chunks of the register path (16 words of 16-bit inputs) and their
+// encode without spills; fp32 inputs (32 words) get 64, as do the counting variants on
+// sm_100, where ptxas -v showed them spilling at 40.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool kRowCountNeedsRegisters = true;
+#else
+constexpr bool kRowCountNeedsRegisters = false;
+#endif
+template <int In, bool kCount>
+constexpr int kRowBlocksPerSm = In == kInF32 || (kCount && kRowCountNeedsRegisters) ? 2 : 3;
 
 /// Group g (16 elements) of row t, as fp32, from a strided row.
 template <int In>
@@ -94,7 +100,7 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
 }
 
 template <int In, bool kVec, bool kCount>
-__global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In>) stage_rowwise_kernel(const Params64 p) {
+__global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount>) stage_rowwise_kernel(const Params64 p) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
   __shared__ float warp_max[2][kRowMaxWarps];

@@ -211,6 +211,25 @@ TEST(CudaPlan, EveryFormat) {
   }
 }
 
+// The row kernel: one group a thread while T <= SMs, two beyond, whole warps, at most
+// kRowwiseMaxThreads (rows beyond 2 * kRowwiseMaxThreads groups take the two-pass loop).
+TEST(CudaPlan, RowKernelThreads) {
+  const QuantScheme q = QuantScheme::nvfp4_per_token();
+  EXPECT_EQ(FakeCall(1, 7168, q).plan().threads, 448);
+  EXPECT_EQ(FakeCall(132, 7168, q).plan().threads, 448);
+  EXPECT_EQ(FakeCall(133, 7168, q).plan().threads, 224);
+  EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 256);
+  EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 128);
+  EXPECT_EQ(FakeCall(64, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
+  EXPECT_EQ(FakeCall(4096, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
+  EXPECT_EQ(FakeCall(64, 240, q).plan().threads, 32);  // 15 groups
+  for (int64_t T : {1, 64, 4096}) {
+    const mc::Plan p = FakeCall(T, 7168, q).plan();
+    EXPECT_EQ(p.grid, T);  // one block per row
+    EXPECT_EQ(p.threads % 32, 0);
+  }
+}
+
 TEST(CudaPlan, Fp4XqNeedsOnly8ByteRows) {
   // x_q of fp4 is [T, H/2] bytes: an 8-byte aligned row start suffices for the 8-byte stores.
   FakeCall c(64, 7168, QuantScheme::mxfp4());
