@@ -222,7 +222,7 @@ TEST(CudaPlan, RowKernelThreads) {
   EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 128);
   EXPECT_EQ(FakeCall(64, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(4096, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
-  EXPECT_EQ(FakeCall(64, 240, q).plan().threads, 32);  // 15 groups
+  EXPECT_EQ(FakeCall(64, 256, q).plan().threads, 32);  // 16 groups
   for (int64_t T : {1, 64, 4096}) {
     const mc::Plan p = FakeCall(T, 7168, q).plan();
     EXPECT_EQ(p.grid, T);  // one block per row
