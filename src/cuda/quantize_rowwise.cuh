@@ -79,24 +79,32 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
   store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
 }
 
-/// Row t with groups threadIdx.x and threadIdx.x + blockDim.x held in registers.
-template <int In, bool kCount>
+/// Row t with group threadIdx.x (kTwo: and threadIdx.x + blockDim.x) held in registers.
+template <int In, bool kCount, bool kTwo>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf) {
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
   const int64_t g0 = threadIdx.x, g1 = g0 + blockDim.x;
   RawChunk<In> x0, x1;
   if (g0 < groups) load_chunk<In>(hs + t * p.hs_s0 + g0 * kChunk, x0);
   else zero_chunk<In>(x0);
-  if (g1 < groups) load_chunk<In>(hs + t * p.hs_s0 + g1 * kChunk, x1);
-  else zero_chunk<In>(x1);
+  if constexpr (kTwo) {
+    if (g1 < groups) load_chunk<In>(hs + t * p.hs_s0 + g1 * kChunk, x1);
+    else zero_chunk<In>(x1);
+  }
   // The row's top-k entries while the chunk loads are in flight.
   repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
-  if constexpr (kCount) nf += chunk_nonfinite<In>(x0) + chunk_nonfinite<In>(x1);  // zero chunks count 0
-  const float a0 = chunk_amax<In>(x0), a1 = chunk_amax<In>(x1);
+  float a0 = chunk_amax<In>(x0), a1 = 0.0f;
+  if constexpr (kCount) nf += chunk_nonfinite<In>(x0);  // zero chunks count 0
+  if constexpr (kTwo) {
+    a1 = chunk_amax<In>(x1);
+    if constexpr (kCount) nf += chunk_nonfinite<In>(x1);
+  }
   const float pts = core::per_token_scale(block_max(fmaxf(fmaxf(0.0f, a0), a1), buf), p.floor);
   if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
   if (g0 < groups) encode_group<In>(p, t, g0, x0, a0, pts);
-  if (g1 < groups) encode_group<In>(p, t, g1, x1, a1, pts);
+  if constexpr (kTwo) {
+    if (g1 < groups) encode_group<In>(p, t, g1, x1, a1, pts);
+  }
 }
 
 template <int In, bool kVec, bool kCount>
@@ -107,12 +115,15 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
-  const bool in_registers = kVec && groups <= 2 * static_cast<int64_t>(blockDim.x);  // block-uniform
+  // Block-uniform: the row in registers, one or two groups a thread.
+  const bool in_registers = kVec && groups <= 2 * static_cast<int64_t>(blockDim.x);
+  const bool one_group = groups <= static_cast<int64_t>(blockDim.x);
   uint32_t nf = 0, parity = 0;
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
     if constexpr (kVec) {
       if (in_registers) {
-        row_in_registers<In, kCount>(p, t, groups, warp_max[parity], nf);
+        if (one_group) row_in_registers<In, kCount, false>(p, t, groups, warp_max[parity], nf);
+        else row_in_registers<In, kCount, true>(p, t, groups, warp_max[parity], nf);
         continue;
       }
     }
