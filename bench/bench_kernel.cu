@@ -342,28 +342,33 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(s));
     return 0;
   }
-  if (argc > 4 && std::strcmp(argv[1], "--one-format") == 0) {  // for ncu: SCHEME T H (bf16 input)
-    const int64_t T = std::atoll(argv[3]), H = std::atoll(argv[4]);
-    QuantScheme q;
-    bool found = false;
-    for (const QuantScheme& c : {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::mxfp4(),
+  // Every activation format's arguments (library plans): outputs shaped by output_shapes,
+  // NVFP4 static's device global scale, NVFP4 per-token's x_scales.
+  float* gs = nullptr;
+  float* xs = nullptr;
+  CK(cudaMalloc(&gs, 4));
+  CK(cudaMalloc(&xs, maxT * 4));
+  const float gs_value = 17.0f / 2688.0f;
+  CK(cudaMemcpy(gs, &gs_value, 4, cudaMemcpyHostToDevice));
+  const QuantScheme formats[] = {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::mxfp4(),
                                  QuantScheme::mxfp4(Rounding::kNearestEven), QuantScheme::nvfp4_static(),
-                                 QuantScheme::nvfp4_per_token()}) {
-      if (scheme_name(c) == argv[2]) q = c, found = true;
-    }
-    if (!found) return std::fprintf(stderr, "unknown scheme %s\n", argv[2]), 2;
+                                 QuantScheme::nvfp4_per_token()};
+  auto format_args = [&](int64_t T, int64_t H, const QuantScheme& q) {
     const OutputShapes sh = output_shapes(T, H, K, q);
-    float* gs = nullptr;
-    float* xs = nullptr;
-    CK(cudaMalloc(&gs, 4));
-    CK(cudaMalloc(&xs, maxT * 4));
-    const float gs_value = 17.0f / 2688.0f;
-    CK(cudaMemcpy(gs, &gs_value, 4, cudaMemcpyHostToDevice));
     StageArgs a = make_args(T, H, q);
     a.x_q = TensorRef(xq, sh.x_q.dtype, {T, sh.x_q.shape[1]}, d);
     a.x_sf = TensorRef(sf, sh.x_sf.dtype, {T, sh.x_sf.shape[1]}, d);
     if (sh.global_scale) a.global_scale = TensorRef(gs, DType::kFloat32, {1}, d);
     if (sh.x_scales) a.x_scales = TensorRef(xs, DType::kFloat32, {T}, d);
+    return a;
+  };
+  if (argc > 4 && std::strcmp(argv[1], "--one-format") == 0) {  // for ncu: SCHEME T H (bf16 input)
+    const QuantScheme* q = nullptr;
+    for (const QuantScheme& c : formats) {
+      if (scheme_name(c) == argv[2]) q = &c;
+    }
+    if (q == nullptr) return std::fprintf(stderr, "unknown scheme %s\n", argv[2]), 2;
+    const StageArgs a = format_args(std::atoll(argv[3]), std::atoll(argv[4]), *q);
     std::printf("%s\n", explain(a).c_str());
     for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
     CK(cudaStreamSynchronize(s));
@@ -373,24 +378,11 @@ int main(int argc, char** argv) {
   // Every activation format (library plans), H = 7168, next to MXFP8: time and plan text.
   const bool shared_only = argc > 1 && std::strcmp(argv[1], "--shared") == 0;
   if (!probes_only && !shared_only) {
-    float* gs = nullptr;
-    float* xs = nullptr;
-    CK(cudaMalloc(&gs, 4));
-    CK(cudaMalloc(&xs, maxT * 4));
-    const float gs_value = 17.0f / 2688.0f;
-    CK(cudaMemcpy(gs, &gs_value, 4, cudaMemcpyHostToDevice));
-    const QuantScheme formats[] = {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::mxfp4(),
-                                   QuantScheme::mxfp4(Rounding::kNearestEven), QuantScheme::nvfp4_static(),
-                                   QuantScheme::nvfp4_per_token()};
     for (const QuantScheme& q : formats) {
       for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{1024}, int64_t{16384}}) {
         const int64_t H = 7168;
         const OutputShapes sh = output_shapes(T, H, K, q);
-        StageArgs a = make_args(T, H, q);
-        a.x_q = TensorRef(xq, sh.x_q.dtype, {T, sh.x_q.shape[1]}, d);
-        a.x_sf = TensorRef(sf, sh.x_sf.dtype, {T, sh.x_sf.shape[1]}, d);
-        if (sh.global_scale) a.global_scale = TensorRef(gs, DType::kFloat32, {1}, d);
-        if (sh.x_scales) a.x_scales = TensorRef(xs, DType::kFloat32, {T}, d);
+        const StageArgs a = format_args(T, H, q);
         const double us = time_graph(s, [&] { prepare_inputs(a, s); }, T >= 16384 ? 5 : 20, T >= 16384 ? 10 : 30);
         const double bytes = T * H * 2.0 + sh.x_q.numel() + sh.x_sf.numel() * 4.0 + T * K * 20.0 + T;
         std::printf("{\"kind\":\"formats\",\"scheme\":\"%s\",\"T\":%lld,\"H\":%lld,\"us\":%.3f,\"TBps\":%.3f,"
@@ -399,8 +391,6 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    CK(cudaFree(gs));
-    CK(cudaFree(xs));
   }
   if (argc > 1 && std::strcmp(argv[1], "--formats") == 0) return 0;
   // Scale layouts, each with the heuristic's shape ("..._d") and token tiles forced ("..._tile"):

@@ -168,6 +168,11 @@ MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, u
   e2m1_fp32_nibbles<kEven>(v, w, k, out);
 }
 
+/// fl(x * m) with its magnitude rounded up to the bf16 grid (see e2m1_fp32_mul_chunk).
+MEGAMOE_HD float mul_up_to_bf16(float x, float m) {
+  return bits_float((float_bits(mul_rn(x, m)) + 0xFFFFu) & 0xFFFF0000u);
+}
+
 /// The ties-toward-zero e2m1 nibbles of v = fl(x * m) for the 16 bf16 values x in w (layout
 /// as e2m1_fp32_chunk), for any multiplier m >= +0 (NVFP4 per-token's 1 / (sf * pts), whose
 /// products have up to 32 significant bits, so the form above does not apply to them).
@@ -178,9 +183,6 @@ MEGAMOE_HD void e2m1_fp32_chunk(const uint32_t (&w)[8], const E2m1Fp32Keys& k, u
 /// of 0xFFFF to v's bits and a mask of the low half (mul_up_to_bf16; the sign bit is not
 /// touched; a NaN that wraps becomes -0 or +0, code 0 like NaN itself). The sign of v is
 /// x's (m >= 0), and it only shows with a nonzero code.
-MEGAMOE_HD float mul_up_to_bf16(float x, float m) {
-  return bits_float((float_bits(mul_rn(x, m)) + 0xFFFFu) & 0xFFFF0000u);
-}
 MEGAMOE_HD void e2m1_fp32_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&out)[2]) {
   float v[16];
   MEGAMOE_UNROLL

@@ -2,15 +2,16 @@
 // token row (NVFP4 per-token: the per-token scale max(row_amax, floor) / 2688 comes
 // first). One block per token row (block-stride loop over rows), one thread per 16-element
 // group. When the row has at most two groups a thread (the planned shape up to H = 16384,
-// rowwise_threads: one group a thread at decode sizes, two beyond) and is vectorizable, the thread loads its groups once, keeps them in
-// registers across the block's max and encodes them from there: one DRAM round trip a row,
-// the top-k entries' loads in flight with it (decode is that latency). Otherwise two passes
-// over the row: (1) the row's amax; (2) each group's amax again, its e4m3 scale byte and its
-// 16 nibbles; the second pass reads the row again from L1 or L2, so DRAM still sees each
-// byte once. kVec: hidden rows contiguous and 16-byte aligned, x_q rows 8-byte aligned
-// (16-byte loads, 8-byte stores); else strided scalars. The block's max goes through one of
-// two shared buffers by row parity: a warp can only reuse a buffer after the next row's
-// barrier, which every warp reaches after reading it, so rows need one barrier each.
+// rowwise_threads: one group a thread at decode sizes, two beyond) and is vectorizable,
+// the thread loads its groups once, keeps them in registers across the block's max and
+// encodes them from there: one DRAM round trip a row, the top-k entries' loads in flight
+// with it (decode is that latency). Otherwise two passes over the row: (1) the row's
+// amax; (2) each group's amax again, its e4m3 scale byte and its 16 nibbles; the second
+// pass reads the row again from L1 or L2, so DRAM still sees each byte once. kVec: hidden
+// rows contiguous and 16-byte aligned, x_q rows 8-byte aligned (16-byte loads, 8-byte
+// stores); else strided scalars. The block's max goes through one of two shared buffers by
+// row parity: a warp can only reuse a buffer after the next row's barrier, which every
+// warp reaches after reading it, so rows need one barrier each.
 #pragma once
 
 #include "core/formats.h"
@@ -79,31 +80,32 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
   store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
 }
 
-/// Row t with group threadIdx.x (kTwo: and threadIdx.x + blockDim.x) held in registers.
-template <int In, bool kCount, bool kTwo>
+/// Row t with groups threadIdx.x + n * blockDim.x, n < N, held in registers.
+template <int In, bool kCount, int N>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf) {
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
-  const int64_t g0 = threadIdx.x, g1 = g0 + blockDim.x;
-  RawChunk<In> x0, x1;
-  if (g0 < groups) load_chunk<In>(hs + t * p.hs_s0 + g0 * kChunk, x0);
-  else zero_chunk<In>(x0);
-  if constexpr (kTwo) {
-    if (g1 < groups) load_chunk<In>(hs + t * p.hs_s0 + g1 * kChunk, x1);
-    else zero_chunk<In>(x1);
+  RawChunk<In> x[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
+    if (g < groups) load_chunk<In>(hs + t * p.hs_s0 + g * kChunk, x[n]);
+    else zero_chunk<In>(x[n]);  // amax 0, no non-finite elements
   }
   // The row's top-k entries while the chunk loads are in flight.
   repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
-  float a0 = chunk_amax<In>(x0), a1 = 0.0f;
-  if constexpr (kCount) nf += chunk_nonfinite<In>(x0);  // zero chunks count 0
-  if constexpr (kTwo) {
-    a1 = chunk_amax<In>(x1);
-    if constexpr (kCount) nf += chunk_nonfinite<In>(x1);
+  float amax[N], row = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    amax[n] = chunk_amax<In>(x[n]);
+    row = fmaxf(row, amax[n]);
+    if constexpr (kCount) nf += chunk_nonfinite<In>(x[n]);
   }
-  const float pts = core::per_token_scale(block_max(fmaxf(fmaxf(0.0f, a0), a1), buf), p.floor);
+  const float pts = core::per_token_scale(block_max(row, buf), p.floor);
   if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
-  if (g0 < groups) encode_group<In>(p, t, g0, x0, a0, pts);
-  if constexpr (kTwo) {
-    if (g1 < groups) encode_group<In>(p, t, g1, x1, a1, pts);
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
+    if (g < groups) encode_group<In>(p, t, g, x[n], amax[n], pts);
   }
 }
 
@@ -122,8 +124,8 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
     if constexpr (kVec) {
       if (in_registers) {
-        if (one_group) row_in_registers<In, kCount, false>(p, t, groups, warp_max[parity], nf);
-        else row_in_registers<In, kCount, true>(p, t, groups, warp_max[parity], nf);
+        if (one_group) row_in_registers<In, kCount, 1>(p, t, groups, warp_max[parity], nf);
+        else row_in_registers<In, kCount, 2>(p, t, groups, warp_max[parity], nf);
         continue;
       }
     }
