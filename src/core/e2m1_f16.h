@@ -110,11 +110,9 @@ MEGAMOE_HD E2m1F16Keys e2m1_f16_keys(float d) {
   E2m1F16Keys k;
   k.p = bits_float((266u - (float_bits(d) >> 23)) << 23);  // 2^(12 - E)
   const float dp = mul_rn(d, k.p);
-  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-  const float half_ulps[7] = {0x1p-26f, 0x1p-25f, 0x1p-24f, 0x1p-24f, 0x1p-23f, 0x1p-23f, 0x1p-22f};
   MEGAMOE_UNROLL
   for (int i = 0; i < 7; ++i) {
-    const float t = -mul_add_rd_exact(mids[i], dp, mul_rn(half_ulps[i], dp));
+    const float t = -mul_add_rd_exact(e2m1_mid(i), dp, mul_rn(e2m1_mid_half_ulp(i), dp));
     k.neg_c[i] = f16x2_rz(t, t);
   }
   return k;

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 
+#include "core/e2m1_pairs.h"
 #include "core/numerics.h"
 
 namespace megamoe {
@@ -191,6 +192,46 @@ MEGAMOE_HD void e2m1_fp32_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&
     v[2 * i + 1] = mul_up_to_bf16(bits_float(w[i] & 0xFFFF0000u), m);
   }
   e2m1_fp32_nibbles<false>(v, w, e2m1_fp32_keys(127u), out);
+}
+
+/// 1 / d rounded toward zero, for d a positive normal fp32 whose reciprocal is normal.
+MEGAMOE_HD float recip_rz(float d) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rz(d);
+#else
+  // The double quotient cannot round onto a float f unless 1 / d = f: d f != 1 puts 1 / d at
+  // least 2^-48 (relative) away from f, beyond the double's rounding error.
+  const double q = 1.0 / static_cast<double>(d);
+  float f = static_cast<float>(q);
+  if (static_cast<double>(f) > q) f = bits_float(float_bits(f) - 1u);
+  return f;
+#endif
+}
+
+/// NVFP4 static through the multiply form: a multiplier r with which e2m1_fp32_mul_chunk(w, r)
+/// gives every bf16 x the code of fl(x / d) (the divisor d = fl(sf * gs) of the group's scale
+/// byte), or 0 when this d has none (then the caller takes another form). The kernels
+/// compute it once per scale byte (a table of 126 entries a block) instead of a group's
+/// seven thresholds (core/e2m1_f16.h) for every group.
+/// Why it holds: the form's code is #{M : fl(|x| r) > M} (see e2m1_fp32_mul_chunk), the
+/// code of fl(x / d) is #{M : |x| > T_M} with T_M = rd(H d) (core/e2m1_pairs.h); both are
+/// counts of steps monotone in |x|. Let b_lo <= T_M < b_hi be the two bf16 next to T_M; if
+/// fl(b_lo r) <= M < fl(b_hi r), then for every bf16 x the two steps at M agree (|x| <=
+/// b_lo on both sides of the inequality, or |x| >= b_hi), so the codes agree for every x,
+/// NaN (code 0) and Inf (7) included. r = rd(1 / d) makes fl(x r) <= fl(x / d), so only
+/// values whose quotient lies within about 2^-23 (relative) above an H can disagree; the
+/// check finds those (an 8-bit x rarely lands there: the tests count how often it does).
+MEGAMOE_HD float nvfp4_static_multiplier(float d) {
+  if (!(d >= kPairsMinDivisor && d <= kPairsMaxDivisor)) return 0.0f;
+  const float r = recip_rz(d);
+  bool ok = true;
+  MEGAMOE_UNROLL
+  for (int i = 0; i < 7; ++i) {
+    const float m = e2m1_mid(i);
+    const uint32_t lo = float_bits(mul_add_rd_exact(m, d, mul_rn(e2m1_mid_half_ulp(i), d))) & 0xFFFF0000u;
+    ok = ok && !(mul_rn(bits_float(lo), r) > m) && mul_rn(bits_float(lo + 0x10000u), r) > m;
+  }
+  return ok ? r : 0.0f;
 }
 
 }  // namespace core

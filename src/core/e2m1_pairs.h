@@ -65,6 +65,17 @@ MEGAMOE_HD E2m1PairKeys e2m1_pair_keys(uint32_t e) {
 constexpr float kPairsMinDivisor = 0x1p-100f;  ///< (ulp(M) / 2) * d stays a normal fp32
 constexpr float kPairsMaxDivisor = 0x1p100f;   ///< 5 d stays finite
 
+/// The e2m1 midpoint M_i (i in 0..6) and half its fp32 ulp: H_i = M_i + ulp(M_i) / 2.
+/// (Functions, not constexpr arrays: device code may not index a namespace-scope array.)
+MEGAMOE_HD float e2m1_mid(int i) {
+  const float m[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  return m[i];
+}
+MEGAMOE_HD float e2m1_mid_half_ulp(int i) {
+  const float h[7] = {0x1p-26f, 0x1p-25f, 0x1p-24f, 0x1p-24f, 0x1p-23f, 0x1p-23f, 0x1p-22f};
+  return h[i];
+}
+
 /// rd(a * b + c) for a product a * b exact in 53 bits and a sum exact in 53 bits (the
 /// thresholds above: 3 + 24 and 25 + 24 significant bits), all positive.
 MEGAMOE_HD float mul_add_rd_exact(float a, float b, float c) {

@@ -99,11 +99,22 @@ constexpr uint32_t kInv6Bits = 0x3E2AAAABu;
 
 /// e4m3fn byte -> fp32 (exact; 0x7F / 0xFF -> NaN).
 MEGAMOE_HD float e4m3_to_float(uint32_t c) {
-  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
+  const uint32_t sign = (c & 0x80u) << 24;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Branch-free on the device (it sits between a group's amax and its codes): e4m3 to f16
+  // and f16 to fp32 are exact; the NaN's bits are chosen as on the host.
+  uint32_t h2;
+  float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c & 0xFFu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h2 & 0xFFFFu)));
+  return (c & 0x7Fu) == 0x7Fu ? bits_float(0x7FC00000u | sign) : f;
+#else
+  const uint32_t e = (c >> 3) & 0xFu, m = c & 7u;
   if ((c & 0x7Fu) == 0x7Fu) return bits_float(0x7FC00000u | sign);
   // normal: (1 + m/8) 2^(e-7) -> fp32 exponent e + 120; subnormal: m 2^-9, exact by mul
   if (e != 0) return bits_float(sign | ((e + 120u) << 23) | (m << 20));
   return bits_float(float_bits(mul_rn(static_cast<float>(m), kE4M3MinSubnormal)) | sign);
+#endif
 }
 
 /// The e2m1 magnitude code of |v| >= 1 (bits @p u, NaN excluded by the caller) from its
@@ -151,6 +162,14 @@ struct GroupParams {
   float m;      ///< multiplier, or divisor for kNvfp4Static
 };
 
+/// NVFP4 static's scale byte of a group with NaN-ignoring max |x| = amax, global scale gs:
+/// e4m3(clamp(fl(amax / fl(6 gs)), 2^-9, 448)), a NaN quotient (0 / 0 when gs = 0) to the
+/// lower end. Always in [1, 0x7E].
+MEGAMOE_HD uint32_t nvfp4_static_sf(float amax, float gs) {
+  const float q = div_rn(amax, mul_rn(6.0f, gs));
+  return fp8_e4m3_from_float(fminf_nan_ignoring(fmax_nan_ignoring(q, kE4M3MinSubnormal), 448.0f));
+}
+
 /// Parameters of a group with NaN-ignoring max |x| = amax. s2: the static global scale
 /// (kNvfp4Static) or the token's per-token scale (kNvfp4PerToken); ignored otherwise.
 template <Format F>
@@ -170,10 +189,7 @@ MEGAMOE_HD GroupParams group_params(float amax, float floor, float s2) {
     g.m = ue8m0_inv_scale(g.sf);
   } else if constexpr (F == Format::kNvfp4Static) {
     (void)floor;
-    const float q = div_rn(amax, mul_rn(6.0f, s2));
-    // clamp, NaN (0 / 0 when gs = 0) to the lower end
-    const float c = fminf_nan_ignoring(fmax_nan_ignoring(q, kE4M3MinSubnormal), 448.0f);
-    g.sf = fp8_e4m3_from_float(c);
+    g.sf = nvfp4_static_sf(amax, s2);
     g.m = mul_rn(e4m3_to_float(g.sf), s2);
   } else {
     (void)floor;

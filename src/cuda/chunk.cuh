@@ -95,6 +95,19 @@ struct Encoded {
   uint32_t w[kWords];
 };
 
+/// The chunk's e2m1 nibbles by core::encode, one value at a time.
+template <core::Format F, int In>
+__device__ __forceinline__ void encode_fp4_per_value(const RawChunk<In>& x, const core::GroupParams& gp,
+                                                     uint32_t (&out)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) word |= core::encode<F>(element<In>(x, 8 * i + k), gp) << (4 * k);
+    out[i] = word;
+  }
+}
+
 template <core::Format F, int In>
 __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const core::GroupParams& gp) {
   Encoded<F> out;
@@ -145,13 +158,7 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         return out;
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) word |= core::encode<F>(element<In>(x, 8 * i + k), gp) << (4 * k);
-      out.w[i] = word;
-    }
+    encode_fp4_per_value<F, In>(x, gp, out.w);
   }
   return out;
 }

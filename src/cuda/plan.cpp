@@ -188,7 +188,9 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
     pl.threads = 256;
     pl.vectorized = false;
   }
-  fill_grid(pl, p, dev);
+  const bool recip_loop = pl.role == Role::kFast && pl.shape == Shape::kLoop && p.fmt == core::Format::kNvfp4Static &&
+                          pl.in == DType::kBFloat16 && dev.arch >= 89;
+  fill_grid(pl, p, dev, recip_loop ? kRecipLoopWaves : kDefaultMaxWaves);
   return pl;
 }
 

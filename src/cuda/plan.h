@@ -69,6 +69,10 @@ struct Plan {
 
 /// Grid caps of the looping shapes, in waves of (8 blocks of 256 threads) per SM.
 constexpr int kDefaultMaxWaves = 16;
+/// The loop shape of NVFP4 static of bf16 on sm_89+: one wave, so that each block's table of
+/// multipliers (quantize_fast.cuh kRecipTable) serves many chunks (16 or more a thread: the
+/// loop shape starts where 16 waves would not cover the chunks).
+constexpr int kRecipLoopWaves = 1;
 /// No loop grid has more threads (the 32-bit modes rely on it: chunk + grid < 2^32).
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).

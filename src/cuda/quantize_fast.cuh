@@ -72,6 +72,16 @@ constexpr bool kUsesFloor = F != core::Format::kNvfp4Static && F != core::Format
 template <core::Format F>
 constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
 
+/// The loop shape of NVFP4 static of bf16 on sm_89+ builds, once a block, the multiply
+/// form's multiplier of each scale byte (core::nvfp4_static_multiplier: 0 where the byte's
+/// divisor has none) in shared memory; a group then costs one table read instead of its
+/// divisor and seven thresholds, and its codes the multiply form (core/e2m1_fp32.h) instead
+/// of the threshold count (core/e2m1_f16.h). The other shapes run a chunk or a few a thread,
+/// too few to pay for the table.
+template <int In, core::Format F, Shape kShape>
+constexpr bool kRecipTable = kShape == Shape::kLoop && F == core::Format::kNvfp4Static && In == kInBF16 && kHasE5m2;
+constexpr uint32_t kRecipEntries = 128;  // every e4m3 byte of a positive scale (0x7F: NaN, never stored)
+
 /// Index c's row t and position in the row j (fastdiv by cpr_div in the 32-bit modes,
 /// where cpr_div.divisor == cpr).
 template <typename Idx>
@@ -90,10 +100,11 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 /// threads also repack its top-k entries. kTile: the group's scale goes to this warp's row
 /// of the block's shared-memory tile (a scale byte or an fp32's bits, at the group's index
 /// within the warp's 32 chunks) instead of global memory. X: the floor's source, and
-/// whether the chunk's non-finite elements are added to nf.
-template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, Extras X, typename Idx>
+/// whether the chunk's non-finite elements are added to nf. kRecip: @p recip is the block's
+/// table of kRecipTable.
+template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, Extras X, bool kRecip, typename Idx>
 __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
-                                         uint32_t& nf) {
+                                         uint32_t& nf, const float* recip) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;                                 // threads per group
   constexpr int kOutBytes = kChunk / core::values_per_byte(F);    // x_q bytes per chunk
@@ -114,8 +125,21 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
-  const core::GroupParams gp = core::group_params<F>(amax, floor, s2);
-  const Encoded<F> q = encode_chunk<F, In>(x, gp);
+  core::GroupParams gp;
+  Encoded<F> q;
+  if constexpr (kRecip) {
+    gp.sf = core::nvfp4_static_sf(amax, s2);
+    const float r = recip[gp.sf];
+    if (r != 0.0f) {
+      core::e2m1_fp32_mul_chunk(x.w, r, q.w);
+    } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
+      gp.m = core::mul_rn(core::e4m3_to_float(gp.sf), s2);
+      encode_fp4_per_value<F, In>(x, gp, q.w);
+    }
+  } else {
+    gp = core::group_params<F>(amax, floor, s2);
+    q = encode_chunk<F, In>(x, gp);
+  }
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * kOutBytes, Idx{1}), q.w);
   // The group's first thread stores its scale: an fp32, or its byte into the packed word
   // and the shared-expert copy.
@@ -135,11 +159,12 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
 }
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
-template <int In, core::Format F, int G, bool kStream, bool kTopk, Extras X, typename Idx>
-__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf) {
+template <int In, core::Format F, int G, bool kStream, bool kTopk, Extras X, bool kRecip, typename Idx>
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf,
+                                            const float* recip) {
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  stage_at<In, F, G, kStream, kTopk, false, X>(p, t, j, c < p.n_chunks, s2, nullptr, nf);
+  stage_at<In, F, G, kStream, kTopk, false, X, kRecip>(p, t, j, c < p.n_chunks, s2, nullptr, nf, recip);
 }
 
 /// Tile i of the tile shape: warp w quantizes token kTileTokens * (i / segments) + w,
@@ -153,7 +178,7 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
   __shared__ uint32_t tile[kTileTokens][kItems];
   const uint32_t tg = core::fastdiv(i, p.seg_div), seg = i - tg * p.seg_div.divisor;
   const uint32_t warp = threadIdx.x / 32u, t = tg * kTileTokens + warp, j = seg * 32u + threadIdx.x % 32u;
-  stage_at<In, F, G, kStream, false, true, X>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf);
+  stage_at<In, F, G, kStream, false, true, X, false>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf, nullptr);
   __syncthreads();
   if (threadIdx.x < kTileTokens * kItems) {
     const uint32_t k = threadIdx.x % kTileTokens, item = threadIdx.x / kTileTokens;
@@ -179,10 +204,18 @@ __global__ void __launch_bounds__(256, kFastBlocksPerSm<In, F, X == Extras::kCou
   uint32_t nf = 0;
   if constexpr (kShape == Shape::kLoop) {
     const float s2 = static_scale2<F>(p);
+    constexpr bool kRecip = kRecipTable<In, F, kShape>;
+    __shared__ float recip[kRecip ? kRecipEntries : 1u];
+    if constexpr (kRecip) {
+      for (uint32_t i = threadIdx.x; i < kRecipEntries; i += blockDim.x) {
+        recip[i] = core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(i), s2));
+      }
+      __syncthreads();
+    }
     // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
     for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
          base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-      stage_chunk<In, F, G, kStream, true, X>(p, base + threadIdx.x, s2, nf);
+      stage_chunk<In, F, G, kStream, true, X, kRecip>(p, base + threadIdx.x, s2, nf, recip);
     }
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
@@ -193,7 +226,7 @@ __global__ void __launch_bounds__(256, kFastBlocksPerSm<In, F, X == Extras::kCou
     if constexpr (kShape == Shape::kTile) {
       for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
     } else {
-      stage_chunk<In, F, G, kStream, false, X>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
+      stage_chunk<In, F, G, kStream, false, X, false>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf, nullptr);
     }
   }
   if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -459,12 +460,10 @@ int64_t sweep_bf16_chunks(const std::vector<uint32_t>& pats, uint32_t rotate, En
   return bad;
 }
 
-// NVFP4 static's f16 chunk codec (core/e2m1_f16.h, its host form) against the reference's
-// e2m1 of fl(x / d) and core::encode, every bf16 (NaN included) at a position that moves
-// with the divisor, for divisors at both ends of the range, near powers of two, e4m3
-// scale values times typical global scales, log-uniform random ones, and ones that put
-// x / d within a few ulps of a midpoint.
-TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
+/// NVFP4 static divisors for the chunk-codec tests: both ends of the range, near powers of
+/// two, e4m3 scale values times typical global scales (powers of two among them), log-
+/// uniform random ones, and ones that put x / d within a few ulps of a midpoint.
+std::vector<float> static_divisors() {
   std::vector<float> ds = {core::kPairsMinDivisor, core::kPairsMaxDivisor, 1.0f, 0.5f, 3.0f, 448.0f, 0x1p-9f};
   for (float p2 : {0x1p-60f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p40f}) {
     ds.push_back(std::nextafter(p2, 0.0f));
@@ -477,6 +476,11 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
     const float sf = static_cast<float>(megamoe_ref::detail::fp8_value(e4m3(rng)));
     ds.push_back(core::mul_rn(sf, static_cast<float>(std::exp2(gs(rng)))));
   }
+  for (int code = 1; code <= 0x7E; code += 5) {  // global scales 1 and 2^-7
+    const float sf = static_cast<float>(megamoe_ref::detail::fp8_value(code));
+    ds.push_back(sf);
+    ds.push_back(core::mul_rn(sf, 0x1p-7f));
+  }
   for (int i = 0; i < 120; ++i) ds.push_back(static_cast<float>(std::exp2(lg(rng))));
   // Divisors that put x / d within a few ulps of a midpoint (ties and near-ties): d next to
   // fl(x / M) for a few bf16 x.
@@ -487,6 +491,14 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
       for (int j = 0; j < 9; ++j) ds.push_back(core::bits_float(b++));
     }
   }
+  return ds;
+}
+
+// NVFP4 static's f16 chunk codec (core/e2m1_f16.h, its host form) against the reference's
+// e2m1 of fl(x / d) and core::encode, every bf16 (NaN included) at a position that moves
+// with the divisor, for the divisors of static_divisors().
+TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
+  const std::vector<float> ds = static_divisors();
   const std::vector<uint32_t> pats = bf16_patterns(true);
   int64_t bad = 0, checked = 0, used = 0;
   for (const float d : ds) {
@@ -505,6 +517,94 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
   EXPECT_EQ(bad, 0);
   EXPECT_GT(used, 400);
   EXPECT_EQ(checked, used * 65536);
+}
+
+// NVFP4 static through the multiply form (core::nvfp4_static_multiplier, then
+// core::e2m1_fp32_mul_chunk; the loop shape's table): for every divisor of
+// static_divisors() that has a multiplier, every bf16 (NaN included) against the reference's
+// e2m1 of fl(x / d) and core::encode. For those without one (the check fired), the form
+// with r = rd(1 / d) forced is wrong on some bf16: the check refuses exactly the divisors
+// it must.
+TEST(CoreVsReference, Nvfp4StaticMulChunksEveryBf16AndManyDivisors) {
+  const std::vector<float> ds = static_divisors();
+  const std::vector<uint32_t> pats = bf16_patterns(true);
+  int64_t bad = 0, checked = 0, used = 0, refused = 0, forced_wrong = 0, forced = 0;
+  for (const float d : ds) {
+    if (!(d >= core::kPairsMinDivisor && d <= core::kPairsMaxDivisor)) {
+      EXPECT_EQ(core::float_bits(core::nvfp4_static_multiplier(d)), 0u);
+      continue;
+    }
+    const auto want = [&](float x) {
+      return megamoe_ref::fp4_e2m1(megamoe_ref::detail::div_f32(x, d), megamoe_ref::Fp4Ties::kTowardZero);
+    };
+    const float r = core::nvfp4_static_multiplier(d);
+    if (r == 0.0f) {
+      ++refused;
+
+      if (forced < 40) {  // the form with rd(1 / d) would be wrong somewhere
+        ++forced;
+        const float rz = core::recip_rz(d);
+        bool wrong = false;
+        for (uint32_t b = 0; b < 0x10000u && !wrong; ++b) {
+          uint32_t w[8], out[2];
+          for (uint32_t& v : w) v = b | (b << 16);
+          core::e2m1_fp32_mul_chunk(w, rz, out);
+          wrong = (out[0] & 0xFu) != want(megamoe_ref::bf16_to_float(static_cast<uint16_t>(b)));
+        }
+        forced_wrong += wrong ? 1 : 0;
+      }
+      continue;
+    }
+    EXPECT_EQ(core::float_bits(r), core::float_bits(core::recip_rz(d)));
+    const core::GroupParams gp{0u, d};
+    const auto have = [&](float x) { return core::encode<core::Format::kNvfp4Static>(x, gp); };
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_fp32_mul_chunk(w, r, out); };
+    std::ostringstream what;
+    what << "d=" << std::hexfloat << d << " r=" << r;
+    bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(used, 300);
+  EXPECT_EQ(checked, used * 65536);
+  EXPECT_GT(forced, 0);  // the planted near-ties reach the check
+  EXPECT_EQ(forced_wrong, forced);
+  std::printf("nvfp4_static_multiplier: %lld of %zu divisors refused\n", static_cast<long long>(refused), ds.size());
+}
+
+// A scale byte's multiplier as the kernels form it (core::mul_rn(core::e4m3_to_float(sf), gs)):
+// e4m3_to_float is exact for every byte (the host form; the device's cvt form is checked
+// against it in tests/cuda), and bytes 0 and 0x7F have none.
+TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
+  for (uint32_t sf = 0; sf < 256; ++sf) {
+    const float f = core::e4m3_to_float(sf);
+    if ((sf & 0x7Fu) == 0x7Fu) {
+      EXPECT_NE(f, f) << sf;
+      continue;
+    }
+    const double v = megamoe_ref::detail::fp8_value(static_cast<int>(sf & 0x7Fu));
+    EXPECT_EQ(static_cast<double>(f), (sf & 0x80u) ? -v : v) << sf;
+    EXPECT_EQ(std::signbit(f), (sf & 0x80u) != 0u) << sf;
+  }
+  for (float gs : {1.0f, 0.37f, 0x1p-7f, 0.0f}) {
+    EXPECT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0u), gs)), 0.0f);
+    EXPECT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x7Fu), gs)), 0.0f);
+  }
+  // How often a byte has no multiplier (its groups then take the per-value division): never
+  // for power-of-two global scales, rarely for others.
+  std::mt19937 rng(20261203u);
+  std::uniform_real_distribution<double> lg(-20.0, 10.0);
+  int64_t refused = 0, n = 0;
+  for (int i = 0; i < 400; ++i) {
+    const float gs = i < 31 ? static_cast<float>(std::exp2(i - 20)) : static_cast<float>(std::exp2(lg(rng)));
+    for (uint32_t sf = 1; sf <= 0x7Eu; ++sf, ++n) {
+      const bool none = core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(sf), gs)) == 0.0f;
+      refused += none ? 1 : 0;
+      if (i < 31) EXPECT_FALSE(none) << "gs 2^" << i - 20 << " sf " << sf;
+    }
+  }
+  EXPECT_LE(refused * 200, n) << refused << " of " << n;
+  std::printf("scale bytes without a multiplier: %lld of %lld\n", static_cast<long long>(refused),
+              static_cast<long long>(n));
 }
 
 // NVFP4 per-token's chunk codec of fl(x * m) (core::e2m1_fp32_mul_chunk, its host form)

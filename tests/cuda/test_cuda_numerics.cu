@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "core/e2m1_f16.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
@@ -342,6 +344,31 @@ TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
 // against core::encode: every bf16 pattern (NaN included) for divisors of every binade in
 // range (a pseudo-random significand each), at a position of the chunk that moves, the
 // other 15 values pseudo-random ones around the group's midpoints times d.
+/// Chunk i of an exhaustive NVFP4 static sweep at divisor d (index j): bf16 pattern @p bits
+/// at a position that moves with j, the other 15 values |x| = d * 2^(-3 .. 3) times a random
+/// 8-bit significand, either sign; as the chunk's 8 words (w) and its 16 values (v).
+__device__ void static_sweep_chunk(uint64_t i, uint32_t j, uint32_t bits, float d, uint16_t (&v)[16],
+                                   uint32_t (&w)[8]) {
+  const uint32_t pos = (j + (bits >> 12)) % 16u;
+  for (uint32_t k = 0; k < 16; ++k) {
+    const uint32_t r = mix(i * 16 + k);
+    const uint32_t ex = ((__float_as_uint(d) >> 23) + 253u + r % 7u) & 0xFFu;
+    v[k] = static_cast<uint16_t>(k == pos ? bits : (r & 0x807Fu) | (ex << 7));
+  }
+  for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
+}
+
+/// The 16 nibbles of @p out equal core::encode of NVFP4 static with divisor d.
+__device__ bool static_codes_match(const uint16_t (&v)[16], const uint32_t (&out)[2], float d) {
+  const megamoe::core::GroupParams gp{0u, d};
+  bool ok = true;
+  for (int k = 0; k < 16; ++k) {
+    ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) ==
+                   megamoe::core::encode<megamoe::core::Format::kNvfp4Static>(__uint_as_float(uint32_t{v[k]} << 16), gp);
+  }
+  return ok;
+}
+
 __global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
   namespace core = megamoe::core;
   const uint64_t n = uint64_t{200} << 16;  // binades 2^-100 .. 2^99
@@ -349,24 +376,11 @@ __global__ void f16_chunks_exhaustive(unsigned long long* mismatches, uint32_t* 
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
     const float d = __uint_as_float(((27u + j) << 23) | (mix(j) & 0x7FFFFFu));
-    const uint32_t pos = (j + (bits >> 12)) % 16u;
     uint16_t v[16];
-    for (uint32_t k = 0; k < 16; ++k) {
-      const uint32_t r = mix(i * 16 + k);
-      // |x| = d * 2^(-3 .. 3) times a random 8-bit significand, either sign
-      const uint32_t ex = ((__float_as_uint(d) >> 23) + 253u + r % 7u) & 0xFFu;
-      v[k] = static_cast<uint16_t>(k == pos ? bits : (r & 0x807Fu) | (ex << 7));
-    }
     uint32_t w[8], out[2];
-    for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
+    static_sweep_chunk(i, j, bits, d, v, w);
     core::e2m1_f16_chunk(w, core::e2m1_f16_keys(d), out);
-    const core::GroupParams gp{0u, d};
-    bool ok = true;
-    for (int k = 0; k < 16; ++k) {
-      ok = ok && ((out[k / 8] >> (4 * (k % 8))) & 0xFu) ==
-                     core::encode<core::Format::kNvfp4Static>(__uint_as_float(uint32_t{v[k]} << 16), gp);
-    }
-    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+    if (!static_codes_match(v, out, d) && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
   }
 }
 
@@ -464,6 +478,91 @@ TEST(CudaNumerics, Nvfp4PerTokenMulChunksMatchTheCoreRules) {
       [](unsigned long long* d, uint32_t* first) { mul_chunks_exhaustive<<<528, 256>>>(d, first); });
   EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
                            << ", binade " << std::dec << (m.first >> 16) << ")";
+}
+
+// core::nvfp4_static_multiplier (the loop shape's per-block table) with the device's
+// instructions (rcp.rz, fma.rm, cvt of e4m3) against its host form, and the multiply form it
+// feeds against core::encode: for divisors of every binade in range (a pseudo-random
+// significand each) and every e4m3 scale byte times a few global scales, formed on the device
+// as the kernel forms them, the device's multiplier bitwise equal to the host's, and where
+// there is one, every bf16 pattern (NaN included) at a moving position coded as fl(x / d).
+__global__ void static_mul_chunks_exhaustive(const float* ds, const uint32_t* host_r, uint32_t nd,
+                                             unsigned long long* mismatches, uint32_t* first) {
+  namespace core = megamoe::core;
+  const uint64_t n = uint64_t{nd} << 16;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i & 0xFFFFu), j = static_cast<uint32_t>(i >> 16);
+    const float d = ds[j];
+    const float r = core::nvfp4_static_multiplier(d);
+    bool ok = __float_as_uint(r) == host_r[j];
+    if (ok && r != 0.0f) {
+      uint16_t v[16];
+      uint32_t w[8], out[2];
+      static_sweep_chunk(i, j, bits, d, v, w);
+      core::e2m1_fp32_mul_chunk(w, r, out);
+      ok = static_codes_match(v, out, d);
+    }
+    if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
+  }
+}
+
+/// The divisors of the scale bytes as the loop kernel forms them, and the e4m3 decode itself.
+__global__ void scale_byte_divisors(const float* gs, uint32_t ngs, float* ds, uint32_t* e4m3_bits) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < 256u) e4m3_bits[i] = __float_as_uint(megamoe::core::e4m3_to_float(i));
+  if (i < ngs * 128u) ds[i] = megamoe::core::mul_rn(megamoe::core::e4m3_to_float(i % 128u), gs[i / 128u]);
+}
+
+TEST(CudaNumerics, Nvfp4StaticMultipliersMatchTheHostAndTheCoreRules) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  namespace core = megamoe::core;
+  const std::vector<float> gs = {1.0f, 0.37f, 0x1p-7f, 3.0e-3f, 1.7e4f};
+  std::vector<float> ds(gs.size() * 128);
+  std::vector<uint32_t> e4m3(256);
+  float *d_gs = nullptr, *d_ds = nullptr;
+  uint32_t *d_bits = nullptr, *d_r = nullptr;
+  const size_t nd = ds.size() + 200;
+  ASSERT_EQ(cudaMalloc(&d_gs, gs.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_ds, nd * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_bits, 256 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_r, nd * 4), cudaSuccess);
+  cudaMemcpy(d_gs, gs.data(), gs.size() * 4, cudaMemcpyHostToDevice);
+  scale_byte_divisors<<<(static_cast<uint32_t>(ds.size()) + 255) / 256, 256>>>(d_gs, static_cast<uint32_t>(gs.size()),
+                                                                              d_ds, d_bits);
+  ASSERT_EQ(cudaMemcpy(ds.data(), d_ds, ds.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(e4m3.data(), d_bits, 256 * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (uint32_t b = 0; b < 256; ++b) {
+    const float host = core::e4m3_to_float(b);
+    if (host != host) EXPECT_EQ(e4m3[b] & 0x7FFFFFFFu, 0x7FC00000u) << b;
+    else EXPECT_EQ(e4m3[b], core::float_bits(host)) << b;
+  }
+  for (size_t k = 0; k < ds.size(); ++k) {
+    EXPECT_EQ(core::float_bits(ds[k]), core::float_bits(core::mul_rn(core::e4m3_to_float(k % 128), gs[k / 128])));
+  }
+  uint32_t seed = 20261203u;
+  for (uint32_t j = 0; j < 200; ++j) {  // binades 2^-100 .. 2^99
+    seed = seed * 1664525u + 1013904223u;
+    ds.push_back(core::bits_float(((27u + j) << 23) | (seed >> 9)));
+  }
+  std::vector<uint32_t> r(nd);
+  int64_t none = 0;
+  for (size_t k = 0; k < nd; ++k) {
+    r[k] = core::float_bits(core::nvfp4_static_multiplier(ds[k]));
+    none += r[k] == 0u ? 1 : 0;
+  }
+  EXPECT_LT(none * 20, static_cast<int64_t>(nd));  // bytes 0 and 0x7F of each global scale, and the rare others
+  cudaMemcpy(d_ds, ds.data(), nd * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_r, r.data(), nd * 4, cudaMemcpyHostToDevice);
+  const Mismatches m = count_mismatches([&](unsigned long long* c, uint32_t* first) {
+    static_mul_chunks_exhaustive<<<528, 256>>>(d_ds, d_r, static_cast<uint32_t>(nd), c, first);
+  });
+  EXPECT_EQ(m.count, 0ull) << "first mismatch: index " << m.first << " (bf16 0x" << std::hex << (m.first & 0xFFFFu)
+                           << ", divisor " << std::hexfloat << ds[m.first >> 16] << ")";
+  cudaFree(d_gs);
+  cudaFree(d_ds);
+  cudaFree(d_bits);
+  cudaFree(d_r);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/e2m1_fp32.h"
+#include "core/formats.h"
 #include "megamoe/plan.h"
 #include "stage_harness.h"
 
@@ -128,6 +130,41 @@ TEST(CudaStage, RowKernelBlocksTakeManyRows) {
       }
     }
   }
+}
+
+// NVFP4 static's loop shape of bf16 (its per-block table of multipliers by scale byte,
+// quantize_fast.cuh kRecipTable): blocks that take many chunks each, global scales for which
+// every byte has a multiplier (1.0, 3e-3), one for which byte 0x38 has none (1 - 2^-24: its
+// groups take the per-value division) and 0 (no byte has one), every loop variant.
+TEST(CudaStage, Nvfp4StaticLoopTable) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  namespace core = megamoe::core;
+  const float below_one = std::nextafter(1.0f, 0.0f);
+  ASSERT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x38u), below_one)), 0.0f);
+  ASSERT_NE(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x38u), 1.0f)), 0.0f);
+  for (float gs : {1.0f, below_one, 0.0f, 3e-3f}) {
+    for (const Forced& f : shapes_for(QuantScheme::nvfp4_static())) {
+      if (std::string(f.name).rfind("loop", 0) != 0 && std::string(f.name) != "library") continue;
+      Case c;
+      c.T = 135;
+      c.H = 7168;
+      c.K = 8;
+      c.q = QuantScheme::nvfp4_static();
+      c.gs = gs;
+      c.count = gs == 0.0f;
+      c.one_sm_waves = 1;
+      SCOPED_TRACE(std::string("shape ") + f.name + " gs " + std::to_string(gs));
+      run_case(c, false, false, f.f);
+      if (HasFailure()) return;
+    }
+  }
+  Case big;  // the library's own plan takes the loop shape here
+  big.T = 4096;
+  big.H = 7168;
+  big.q = QuantScheme::nvfp4_static();
+  big.gs = below_one;
+  run_case(big, false, false, {});
+  if (!HasFailure()) run_case(big, true, true, {});
 }
 
 TEST(CudaStage, InputDtypesAndTopK) {

@@ -130,6 +130,24 @@ TEST(CudaPlan, Prefill) {
   EXPECT_EQ(s.store, mc::StorePolicy::kDefault);
 }
 
+// NVFP4 static of bf16 on sm_89+: its loop shape (the per-block multiplier table) runs one
+// wave; other inputs, other formats, sm_80 and the one-pass sizes keep the default caps.
+TEST(CudaPlan, Nvfp4StaticLoopRunsOneWave) {
+  const QuantScheme q = QuantScheme::nvfp4_static();
+  const mc::Plan p = FakeCall(16384, 7168, q).plan();
+  SCOPED_TRACE(mc::to_string(p));
+  EXPECT_EQ(p.shape, mc::Shape::kLoop);
+  EXPECT_EQ(p.threads, 256);
+  EXPECT_EQ(p.grid, 132 * mc::kRecipLoopWaves * 8);
+  EXPECT_EQ(FakeCall(16384, 7168, q).plan(mc::DeviceInfo{128, 89}).grid, 128 * mc::kRecipLoopWaves * 8);
+  EXPECT_EQ(FakeCall(16384, 7168, q).plan(mc::DeviceInfo{108, 80}).grid, 108 * 16 * 8);
+  Opts f16;
+  f16.in = DType::kFloat16;
+  EXPECT_EQ(FakeCall(16384, 7168, q, f16).plan().grid, 132 * 16 * 8);
+  EXPECT_EQ(FakeCall(16384, 7168, QuantScheme::mxfp4()).plan().grid, 132 * 16 * 8);
+  EXPECT_EQ(FakeCall(2048, 7168, q).plan().shape, mc::Shape::kSplitTopk);
+}
+
 TEST(CudaPlan, MnMajorScalesTakeTilesFromMidSizes) {
   Opts o;
   o.sf_mn_major = true;
