@@ -66,7 +66,9 @@ bool fast_variant(core::Format f, int64_t G) {
 /// times (the kernel loops beyond), never more than kMaxGridThreads threads.
 int64_t capped_blocks(int64_t work_items, int threads, const DeviceInfo& dev, int max_waves) {
   const int64_t waves = max_waves > 0 ? max_waves : kDefaultMaxWaves;
-  const int64_t max_blocks = static_cast<int64_t>(std::max(1, dev.sm_count)) * waves * 2048 / threads;
+  // A wave: the SM's resident threads (1536 on sm_86/87/89, 2048 on sm_80/90/100).
+  const int64_t sm_threads = dev.arch == 86 || dev.arch == 87 || dev.arch == 89 ? 1536 : 2048;
+  const int64_t max_blocks = static_cast<int64_t>(std::max(1, dev.sm_count)) * waves * sm_threads / threads;
   return std::max<int64_t>(1, std::min({ceil_div(work_items, threads), max_blocks, kMaxGridThreads / threads}));
 }
 

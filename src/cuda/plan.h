@@ -67,7 +67,8 @@ struct Plan {
   bool fused_tail = false;
 };
 
-/// Grid caps of the looping shapes, in waves of (8 blocks of 256 threads) per SM.
+/// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
+/// sm_86/87/89) in blocks of the plan's threads.
 constexpr int kDefaultMaxWaves = 16;
 /// The loop shape of NVFP4 static of bf16 on sm_89+: one wave, so that each block's table of
 /// multipliers (quantize_fast.cuh kRecipTable) serves many chunks (16 or more a thread: the

@@ -81,6 +81,10 @@ constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
 template <int In, core::Format F, Shape kShape>
 constexpr bool kRecipTable = kShape == Shape::kLoop && F == core::Format::kNvfp4Static && In == kInBF16 && kHasE5m2;
 constexpr uint32_t kRecipEntries = 128;  // every e4m3 byte of a positive scale (0x7F: NaN, never stored)
+/// Resident blocks of the table's loop, the SM's thread limit (its grid is one wave of them,
+/// plan.h kRecipLoopWaves): the multiply form fits 32 registers, counting included (ptxas
+/// -v, sm_90 and sm_100; sm_86/89 hold 6 such blocks).
+constexpr int kRecipBlocksPerSm = 8;
 
 /// Index c's row t and position in the row j (fastdiv by cpr_div in the 32-bit modes,
 /// where cpr_div.divisor == cpr).
@@ -194,7 +198,8 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
 /// The fast kernel. X == Extras::kCount: the variant that counts non-finite hidden
 /// elements into p.nonfinite; the others neither compute nor touch the counter.
 template <int In, core::Format F, int G, Mode kMode, Shape kShape, Extras X>
-__global__ void __launch_bounds__(256, kFastBlocksPerSm<In, F, X == Extras::kCount>)
+__global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocksPerSm
+                                                                   : kFastBlocksPerSm<In, F, X == Extras::kCount>)
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");

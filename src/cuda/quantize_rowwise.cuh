@@ -56,14 +56,26 @@ __device__ __forceinline__ float group_amax_strided(const float (&x)[kChunk], ui
   return amax;
 }
 
-/// The block's max of v (every thread gets it; all threads call it: a barrier).
+/// The block's max of v >= 0 (every thread gets it; all threads call it: a barrier). The
+/// warps' maxima are read as four 16-byte loads issued together (a loop over the warps
+/// would be a shared-memory round trip each: this read is on the decode path).
 __device__ __forceinline__ float block_max(float v, float* buf) {
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
   __syncthreads();
-  float r = 0.0f;
-  for (uint32_t w = 0; w < blockDim.x / 32u; ++w) r = fmaxf(r, buf[w]);
+  const uint32_t warps = blockDim.x / 32u;
+  float4 q[kRowMaxWarps / 4];
+#pragma unroll
+  for (int i = 0; i < kRowMaxWarps / 4; ++i) q[i] = reinterpret_cast<const float4*>(buf)[i];
+  float r = 0.0f;  // entries of absent warps (never written) are not read into it
+#pragma unroll
+  for (uint32_t i = 0; i < static_cast<uint32_t>(kRowMaxWarps / 4); ++i) {
+    r = fmaxf(r, 4 * i + 0 < warps ? q[i].x : 0.0f);
+    r = fmaxf(r, 4 * i + 1 < warps ? q[i].y : 0.0f);
+    r = fmaxf(r, 4 * i + 2 < warps ? q[i].z : 0.0f);
+    r = fmaxf(r, 4 * i + 3 < warps ? q[i].w : 0.0f);
+  }
   return r;
 }
 
@@ -113,7 +125,7 @@ template <int In, bool kVec, bool kCount>
 __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount>) stage_rowwise_kernel(const Params64 p) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
-  __shared__ float warp_max[2][kRowMaxWarps];
+  __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
