@@ -86,6 +86,11 @@ int rowwise_threads(int64_t T, int64_t H, const DeviceInfo& dev) {
   throw Error(ErrorCode::kInvalidArgument, "megamoe: plan: " + why + " (" + to_string(plan) + ")");
 }
 
+/// The calls whose loop shape builds the multiplier table (quantize_fast.cuh kRecipTable).
+bool recip_format(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
+  return p.fmt == core::Format::kNvfp4Static && a.hidden_states.dtype == DType::kBFloat16 && dev.arch >= 89;
+}
+
 }  // namespace
 
 const char* role_name(Role r) {
@@ -173,7 +178,14 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
       pl.store = chunks >= kStreamStoresFrom ? StorePolicy::kEvictFirst : StorePolicy::kDefault;
       // Token tiles for MN-major scales from kTileFrom chunks; otherwise one pass whenever
       // the capped grid would not loop anyway.
-      const bool one_pass = ceil_div(chunks, pl.threads) <= capped_blocks(chunks, pl.threads, dev, kDefaultMaxWaves);
+      bool one_pass = ceil_div(chunks, pl.threads) <= capped_blocks(chunks, pl.threads, dev, kDefaultMaxWaves);
+      // NVFP4 static of bf16 on sm_89+: the loop shape with its multiplier table from
+      // kRecipLoopChunks chunks a thread of one wave (the table then costs a small part of a
+      // thread's work; the one-pass shape has no table).
+      if (recip_format(p, a, dev) && chunks >= kRecipLoopChunks * capped_blocks(chunks, 256, dev, kRecipLoopWaves) * 256) {
+        one_pass = false;
+        pl.threads = 256;
+      }
       if (chunks >= kTileFrom && mn_major_scales(a)) {
         pl.shape = Shape::kTile;
         pl.threads = kTileThreads;
@@ -190,8 +202,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
     pl.threads = 256;
     pl.vectorized = false;
   }
-  const bool recip_loop = pl.role == Role::kFast && pl.shape == Shape::kLoop && p.fmt == core::Format::kNvfp4Static &&
-                          pl.in == DType::kBFloat16 && dev.arch >= 89;
+  const bool recip_loop = pl.role == Role::kFast && pl.shape == Shape::kLoop && recip_format(p, a, dev);
   fill_grid(pl, p, dev, recip_loop ? kRecipLoopWaves : kDefaultMaxWaves);
   return pl;
 }

@@ -71,9 +71,10 @@ struct Plan {
 /// sm_86/87/89) in blocks of the plan's threads.
 constexpr int kDefaultMaxWaves = 16;
 /// The loop shape of NVFP4 static of bf16 on sm_89+: one wave, so that each block's table of
-/// multipliers (quantize_fast.cuh kRecipTable) serves many chunks (16 or more a thread: the
-/// loop shape starts where 16 waves would not cover the chunks).
+/// multipliers (quantize_fast.cuh kRecipTable) serves many chunks...
 constexpr int kRecipLoopWaves = 1;
+/// ... and it takes the loop shape from this many chunks a thread of that wave.
+constexpr int64_t kRecipLoopChunks = 8;
 /// No loop grid has more threads (the 32-bit modes rely on it: chunk + grid < 2^32).
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).

@@ -146,6 +146,13 @@ TEST(CudaPlan, Nvfp4StaticLoopRunsOneWave) {
   EXPECT_EQ(FakeCall(16384, 7168, q, f16).plan().grid, 132 * 16 * 8);
   EXPECT_EQ(FakeCall(16384, 7168, QuantScheme::mxfp4()).plan().grid, 132 * 16 * 8);
   EXPECT_EQ(FakeCall(2048, 7168, q).plan().shape, mc::Shape::kSplitTopk);
+  // From kRecipLoopChunks chunks a thread of the wave, below where 16 waves stop covering
+  // the chunks: H = 4096, T = 16384 (4.2M chunks) loops.
+  const int64_t from = mc::kRecipLoopChunks * 132 * 2048;
+  EXPECT_EQ(FakeCall(from / 256, 4096, q).plan().shape, mc::Shape::kLoop);
+  EXPECT_EQ(FakeCall(from / 256 - 1, 4096, q).plan().shape, mc::Shape::kSplitTopk);
+  EXPECT_EQ(FakeCall(16384, 4096, q).plan().grid, 132 * 8);
+  EXPECT_EQ(FakeCall(16384, 4096, q, f16).plan().shape, mc::Shape::kSplitTopk);
 }
 
 TEST(CudaPlan, MnMajorScalesTakeTilesFromMidSizes) {
