@@ -27,9 +27,19 @@ void generic_by_format(const Plan& plan, const StageArgs& a, const detail::Probl
   }
 }
 
+template <int In, bool kCount>
+void rowwise_split_go(const Plan& plan, const Params64& prm, cudaStream_t stream) {
+  if (plan.row_split == 4) return launch_kernel(stage_rowwise_split_kernel<In, kCount, 4>, prm, plan, stream);
+  launch_kernel(stage_rowwise_split_kernel<In, kCount, 2>, prm, plan, stream);
+}
+
 template <int In, bool kVec>
 void rowwise_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
   const Params64 prm = make_params<int64_t>(a, p, plan);
+  if (kVec && plan.row_split > 1) {
+    if (plan.count_nonfinite) return rowwise_split_go<In, true>(plan, prm, stream);
+    return rowwise_split_go<In, false>(plan, prm, stream);
+  }
   if (plan.count_nonfinite) return launch_kernel(stage_rowwise_kernel<In, kVec, true>, prm, plan, stream);
   launch_kernel(stage_rowwise_kernel<In, kVec, false>, prm, plan, stream);
 }

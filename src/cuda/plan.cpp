@@ -82,6 +82,18 @@ int rowwise_threads(int64_t T, int64_t H, const DeviceInfo& dev) {
   return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, want)));
 }
 
+/// Blocks a row of the row kernel (Plan::row_split): 4, else 2, while every block still has
+/// an SM of its own (T * split <= SMs) and a part is at most kRowSplitMaxThreads groups and at
+/// least a warp's; vectorized rows only.
+int rowwise_split(int64_t T, int64_t H, bool vectorized, const DeviceInfo& dev) {
+  const int64_t groups = H / kChunkElems;
+  if (!vectorized) return 1;
+  for (int s : {4, 2}) {
+    if (T * s <= std::max(1, dev.sm_count) && ceil_div(groups, s) <= kRowSplitMaxThreads && groups >= 32 * s) return s;
+  }
+  return 1;
+}
+
 [[noreturn]] void reject(const Plan& plan, const std::string& why) {
   throw Error(ErrorCode::kInvalidArgument, "megamoe: plan: " + why + " (" + to_string(plan) + ")");
 }
@@ -147,7 +159,9 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
       plan.quant_blocks = capped_blocks(p.T * (p.H / span), plan.threads, dev, max_waves);
       break;
     }
-    case Shape::kRowwise: plan.quant_blocks = capped_blocks(p.T * th, plan.threads, dev, max_waves); break;
+    case Shape::kRowwise:
+      plan.quant_blocks = capped_blocks(p.T * std::max(1, plan.row_split) * th, plan.threads, dev, max_waves);
+      break;
   }
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
 }
@@ -166,6 +180,8 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
     pl.threads = rowwise_threads(p.T, p.H, dev);
+    pl.row_split = rowwise_split(p.T, p.H, pl.vectorized, dev);
+    if (pl.row_split > 1) pl.threads = static_cast<int>(ceil_div(ceil_div(p.H / kChunkElems, pl.row_split), 32) * 32);
   } else if (pl.vectorized && fast_variant(p.fmt, p.G)) {
     pl.role = Role::kFast;
     const int64_t chunks = p.T * (p.H / kChunkElems);
@@ -267,9 +283,18 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
         reject(pl, "vectorized rows need contiguous, aligned hidden_states and x_q rows");
       }
       if (pl.threads > kRowwiseMaxThreads) reject(pl, "row kernel blocks have at most kRowwiseMaxThreads threads");
+      if (pl.row_split != 1) {
+        if (pl.row_split != 2 && pl.row_split != 4) reject(pl, "row_split is 1, 2 or 4");
+        if (!pl.vectorized) reject(pl, "a split row kernel needs vectorized rows");
+        if (pl.threads > kRowSplitMaxThreads) reject(pl, "split row kernel blocks have at most kRowSplitMaxThreads threads");
+        if (int64_t{pl.threads} * pl.row_split < p.H / kChunkElems) {
+          reject(pl, "a split row kernel's blocks hold one group a thread of their part");
+        }
+      }
       break;
   }
   if (per_token && pl.role != Role::kRowwise) reject(pl, "per-token formats need the row kernel");
+  if (pl.role != Role::kRowwise && pl.row_split != 1) reject(pl, "only the row kernel splits rows");
 }
 
 std::string to_string(const Plan& pl) {
@@ -291,6 +316,7 @@ std::string to_string(const Plan& pl) {
   s += pl.count_nonfinite ? " nonfinite=on" : " nonfinite=off";
   s += pl.vectorized ? " vectorized=on" : " vectorized=off";
   s += pl.fused_tail ? " fused_tail=on" : " fused_tail=off";
+  s += " row_split=" + std::to_string(pl.row_split);
   return s;
 }
 

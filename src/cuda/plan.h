@@ -65,6 +65,10 @@ struct Plan {
   /// Full-buffer mode: the kernel's top-k blocks also fill the tail rows T..M-1 (split-topk
   /// and tile shapes); otherwise prepare_inputs fills them with a second, routing-only launch.
   bool fused_tail = false;
+  /// Row kernel: blocks that share each row (1, 2 or 4). At decode a row's groups are more
+  /// work than one SM issues quickly; split, each block loads the whole row for its max and
+  /// encodes a part of it (threads * row_split >= the row's groups).
+  int row_split = 1;
 };
 
 /// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
@@ -83,6 +87,8 @@ constexpr int kTileTokens = 8;
 /// Threads of the row kernel's blocks at most (its launch bounds: 3 such blocks an SM, 42
 /// registers a thread; fp32 inputs 2, 64 registers).
 constexpr int kRowwiseMaxThreads = 512;
+/// Threads of a split row kernel's blocks at most (Plan::row_split > 1).
+constexpr int kRowSplitMaxThreads = 256;
 /// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
 /// call is most of its top-k entries (M * K against T * K), and four per thread keep its
 /// blocks within one wave where one per thread took four.

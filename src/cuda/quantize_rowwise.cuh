@@ -92,9 +92,13 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
   store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
 }
 
-/// Row t with groups threadIdx.x + n * blockDim.x, n < N, held in registers.
-template <int In, bool kCount, int N>
-__device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf) {
+/// Row t with groups threadIdx.x + n * blockDim.x, n < N, held in registers. kSplit: the
+/// block is part @p part of kSplit == N blocks that share the row (decode: the row's work
+/// over several SMs): it loads every group for the row's max but encodes, counts and
+/// stores only its own, n == part (part 0 also the top-k entries and the per-token scale).
+template <int In, bool kCount, int N, bool kSplit>
+__device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf,
+                                                 int part) {
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
   RawChunk<In> x[N];
 #pragma unroll
@@ -104,21 +108,58 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     else zero_chunk<In>(x[n]);  // amax 0, no non-finite elements
   }
   // The row's top-k entries while the chunk loads are in flight.
-  repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
+  if (!kSplit || part == 0) repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
   float amax[N], row = 0.0f;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     amax[n] = chunk_amax<In>(x[n]);
     row = fmaxf(row, amax[n]);
-    if constexpr (kCount) nf += chunk_nonfinite<In>(x[n]);
+    if constexpr (kCount) nf += !kSplit || n == part ? chunk_nonfinite<In>(x[n]) : 0u;
   }
   const float pts = core::per_token_scale(block_max(row, buf), p.floor);
-  if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
+  if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = pts;
+  if constexpr (kSplit) {
+    // The own chunk by selects (block-uniform part): one encode, the others' registers free.
+    RawChunk<In> own = x[0];
+    float own_amax = amax[0];
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
-    if (g < groups) encode_group<In>(p, t, g, x[n], amax[n], pts);
+    for (int n = 1; n < N; ++n) {
+      if (n == part) {
+        own = x[n];
+        own_amax = amax[n];
+      }
+    }
+    const int64_t g = threadIdx.x + part * static_cast<int64_t>(blockDim.x);
+    if (g < groups) encode_group<In>(p, t, g, own, own_amax, pts);
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
+      if (g < groups) encode_group<In>(p, t, g, x[n], amax[n], pts);
+    }
   }
+}
+
+/// Resident blocks per SM of the split variants (at most kRowSplitMaxThreads threads, up to
+/// four chunks of the row in flight a thread).
+template <int In>
+constexpr int kRowSplitBlocksPerSm = In == kInF32 ? 2 : 4;
+
+/// The row kernel with each row shared by kSplit blocks (plan.h row_split; vectorized rows,
+/// every part's groups one a thread): block b takes part b % kSplit of row b / kSplit.
+template <int In, bool kCount, int kSplit>
+__global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
+    stage_rowwise_split_kernel(const Params64 p) {
+  static_assert(kSplit == 2 || kSplit == 4, "two or four blocks a row");
+  __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  const int64_t groups = p.H / kChunk;
+  uint32_t nf = 0, parity = 0;
+  for (int64_t b = blockIdx.x; b < p.T * kSplit; b += gridDim.x, parity ^= 1u) {
+    row_in_registers<In, kCount, kSplit, true>(p, b / kSplit, groups, warp_max[parity], nf,
+                                               static_cast<int>(b % kSplit));
+  }
+  if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
 }
 
 template <int In, bool kVec, bool kCount>
@@ -136,8 +177,8 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
     if constexpr (kVec) {
       if (in_registers) {
-        if (one_group) row_in_registers<In, kCount, 1>(p, t, groups, warp_max[parity], nf);
-        else row_in_registers<In, kCount, 2>(p, t, groups, warp_max[parity], nf);
+        if (one_group) row_in_registers<In, kCount, 1, false>(p, t, groups, warp_max[parity], nf, 0);
+        else row_in_registers<In, kCount, 2, false>(p, t, groups, warp_max[parity], nf, 0);
         continue;
       }
     }

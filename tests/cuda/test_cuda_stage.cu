@@ -48,6 +48,7 @@ std::vector<Forced> shapes_for(const QuantScheme& q) {
       return [=](mc::Plan& p) {
         p.threads = threads;
         p.vectorized = vectorized;
+        p.row_split = 1;
       };
     };
     return {{"library", {}}, {"rowwise_t32", row(32, true)}, {"rowwise_t256", row(256, true)},
@@ -171,6 +172,37 @@ TEST(CudaStage, Nvfp4StaticLoopTableLibraryPlan) {
   big.gs = std::nextafter(1.0f, 0.0f);
   run_case(big, false, false, {});
   if (!HasFailure()) run_case(big, true, true, {});
+}
+
+// The row kernel with each row shared by 2 or 4 blocks (Plan::row_split, the decode plan):
+// the library's choice and forced splits, every input dtype, the counter on and off, rows of
+// 1024 to 8192 elements (parts with idle threads: H / 16 not a multiple of the split's
+// warps), and grids of one SM's wave where blocks take many row parts in turn.
+TEST(CudaStage, RowKernelSplitRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t H : {1024, 4096, 7168, 8192}) {
+    for (int split : {0, 2, 4}) {
+      const Force f = split == 0 ? Force{} : Force([=](mc::Plan& p) {
+        p.row_split = split;
+        p.vectorized = true;
+        p.threads = static_cast<int>((H / 16 / split + 31) / 32 * 32);
+      });
+      for (int64_t T : {1, 5, 33, 66}) {
+        Case c;
+        c.T = T;
+        c.H = H;
+        c.K = T == 5 ? 16 : 8;
+        c.q = QuantScheme::nvfp4_per_token();
+        c.in = T == 33 ? DType::kFloat32 : (T == 5 ? DType::kFloat16 : DType::kBFloat16);
+        c.count = T != 66;
+        c.one_sm_waves = T == 66 && split != 0 ? 1 : 0;
+        SCOPED_TRACE("split " + std::to_string(split));
+        run_case(c, false, false, f);
+        if (!HasFailure() && T == 1) run_case(c, true, true, f);
+        if (HasFailure()) return;
+      }
+    }
+  }
 }
 
 TEST(CudaStage, InputDtypesAndTopK) {

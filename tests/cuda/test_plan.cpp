@@ -240,19 +240,66 @@ TEST(CudaPlan, EveryFormat) {
 // kRowwiseMaxThreads (rows beyond 2 * kRowwiseMaxThreads groups take the two-pass loop).
 TEST(CudaPlan, RowKernelThreads) {
   const QuantScheme q = QuantScheme::nvfp4_per_token();
-  EXPECT_EQ(FakeCall(1, 7168, q).plan().threads, 448);
+  EXPECT_EQ(FakeCall(1, 7168, q).plan().threads, 128);  // split in 4 (RowKernelSplitsRowsAtDecode)
   EXPECT_EQ(FakeCall(132, 7168, q).plan().threads, 448);
   EXPECT_EQ(FakeCall(133, 7168, q).plan().threads, 224);
-  EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 256);
+  EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 128);  // split in 2
   EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 128);
   EXPECT_EQ(FakeCall(64, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(4096, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(64, 256, q).plan().threads, 32);  // 16 groups
   for (int64_t T : {1, 64, 4096}) {
     const mc::Plan p = FakeCall(T, 7168, q).plan();
-    EXPECT_EQ(p.grid, T);  // one block per row
+    EXPECT_EQ(p.grid, T * p.row_split);  // one block per row (part)
     EXPECT_EQ(p.threads % 32, 0);
   }
+}
+
+// At decode a row is split over 4 or 2 blocks while each has an SM of its own, its part at
+// most kRowSplitMaxThreads groups and at least a warp's; vectorized rows only; check_plan
+// refuses splits the kernel cannot run.
+TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
+  const QuantScheme q = QuantScheme::nvfp4_per_token();
+  struct Want {
+    int64_t T, H;
+    int split, threads;
+  };
+  for (const Want& w : {Want{1, 7168, 4, 128}, Want{33, 7168, 4, 128}, Want{34, 7168, 2, 224}, Want{66, 4096, 2, 128},
+                        Want{67, 7168, 1, 448}, Want{1, 16384, 4, 256}, Want{1, 256, 1, 32}, Want{1, 4096, 4, 64}}) {
+    const mc::Plan p = FakeCall(w.T, w.H, q).plan();
+    SCOPED_TRACE(mc::to_string(p));
+    EXPECT_EQ(p.row_split, w.split);
+    EXPECT_EQ(p.threads, w.threads);
+    EXPECT_EQ(p.grid, w.T * w.split);
+  }
+  Opts strided;
+  strided.hidden_col_stride = true;
+  EXPECT_EQ(FakeCall(1, 7168, q, strided).plan().row_split, 1);
+  EXPECT_EQ(FakeCall(1, 7168, QuantScheme::mxfp4()).plan().row_split, 1);
+  FakeCall c(1, 7168, q);
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  auto rejected = [&](void (*change)(mc::Plan&)) {
+    mc::Plan p = c.plan();
+    change(p);
+    mc::fill_grid(p, pr, kH200);
+    try {
+      mc::check_plan(p, pr, c.a);
+    } catch (const megamoe::Error&) {
+      return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(rejected([](mc::Plan&) {}));
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.row_split = 3; }));
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 64; }));  // 4 x 64 < 448 groups
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 512; }));
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.vectorized = false; }));
+  EXPECT_FALSE(rejected([](mc::Plan& p) { p.row_split = 2, p.threads = 224; }));
+  FakeCall m(1, 7168, QuantScheme::mxfp4());
+  const megamoe::detail::Problem pm = megamoe::detail::validate_args(m.a);
+  mc::Plan f = m.plan();
+  f.row_split = 2;
+  EXPECT_THROW(mc::check_plan(f, pm, m.a), megamoe::Error);
 }
 
 TEST(CudaPlan, Fp4XqNeedsOnly8ByteRows) {
@@ -300,7 +347,7 @@ TEST(CudaPlan, ToStringNamesEveryField) {
   const std::string s = mc::to_string(p);
   for (const char* want : {"kernel=fast", "format=nvfp4_static", "in=bfloat16", "G=16", "index=32",
                            "shape=split_topk", "threads=128", "grid=", "quant_blocks=", "stores=default",
-                           "pdl=on", "nonfinite=on", "vectorized=on"}) {
+                           "pdl=on", "nonfinite=on", "vectorized=on", "row_split=1"}) {
     EXPECT_NE(s.find(want), std::string::npos) << want << " not in: " << s;
   }
   for (mc::Shape sh : {mc::Shape::kLoop, mc::Shape::kSplitTopk, mc::Shape::kTile, mc::Shape::kRowwise, mc::Shape::kGeneric}) {
@@ -413,6 +460,7 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   // Row kernel blocks beyond its launch bounds.
   mc::Plan r = np;
   r.threads = mc::kRowwiseMaxThreads;
+  r.row_split = 1;
   EXPECT_EQ(verdict(n, r), "ok");
   r.threads = mc::kRowwiseMaxThreads + 32;
   EXPECT_NE(verdict(n, r), "ok") << "row kernel blocks beyond kRowwiseMaxThreads";
