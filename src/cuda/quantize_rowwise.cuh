@@ -56,25 +56,31 @@ __device__ __forceinline__ float group_amax_strided(const float (&x)[kChunk], ui
   return amax;
 }
 
+/// The entries of the block-max buffers (both parities) that no warp of this block writes,
+/// zeroed once before the first row's barrier: block_max then reads whole vectors with no
+/// per-entry test.
+__device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps]) {
+  const uint32_t warps = blockDim.x / 32u;
+  if (threadIdx.x < 2u * kRowMaxWarps && threadIdx.x % kRowMaxWarps >= warps) {
+    buf[threadIdx.x / kRowMaxWarps][threadIdx.x % kRowMaxWarps] = 0.0f;
+  }
+}
+
 /// The block's max of v >= 0 (every thread gets it; all threads call it: a barrier). The
-/// warps' maxima are read as four 16-byte loads issued together (a loop over the warps
-/// would be a shared-memory round trip each: this read is on the decode path).
+/// warps' maxima are read as two or four 16-byte loads issued together (a loop over the
+/// warps would be a shared-memory round trip each: this read is on the decode path); absent
+/// warps' entries are 0 (zero_absent_warps).
 __device__ __forceinline__ float block_max(float v, float* buf) {
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
   __syncthreads();
-  const uint32_t warps = blockDim.x / 32u;
-  float4 q[kRowMaxWarps / 4];
-#pragma unroll
-  for (int i = 0; i < kRowMaxWarps / 4; ++i) q[i] = reinterpret_cast<const float4*>(buf)[i];
-  float r = 0.0f;  // entries of absent warps (never written) are not read into it
-#pragma unroll
-  for (uint32_t i = 0; i < static_cast<uint32_t>(kRowMaxWarps / 4); ++i) {
-    r = fmaxf(r, 4 * i + 0 < warps ? q[i].x : 0.0f);
-    r = fmaxf(r, 4 * i + 1 < warps ? q[i].y : 0.0f);
-    r = fmaxf(r, 4 * i + 2 < warps ? q[i].z : 0.0f);
-    r = fmaxf(r, 4 * i + 3 < warps ? q[i].w : 0.0f);
+  const float4* q = reinterpret_cast<const float4*>(buf);
+  const float4 a = q[0], b = q[1];
+  float r = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
+  if (blockDim.x > 256u) {  // block-uniform
+    const float4 c = q[2], d = q[3];
+    r = fmaxf(r, fmaxf(fmaxf(fmaxf(c.x, c.y), fmaxf(c.z, c.w)), fmaxf(fmaxf(d.x, d.y), fmaxf(d.z, d.w))));
   }
   return r;
 }
@@ -152,6 +158,7 @@ __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
     stage_rowwise_split_kernel(const Params64 p) {
   static_assert(kSplit == 2 || kSplit == 4, "two or four blocks a row");
   __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
+  zero_absent_warps(warp_max);
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   uint32_t nf = 0, parity = 0;
@@ -167,6 +174,7 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
   __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
+  zero_absent_warps(warp_max);
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
