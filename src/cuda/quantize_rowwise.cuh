@@ -66,21 +66,29 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
   }
 }
 
-/// The block's max of v >= 0 (every thread gets it; all threads call it: a barrier). The
-/// warps' maxima are read as two or four 16-byte loads issued together (a loop over the
-/// warps would be a shared-memory round trip each: this read is on the decode path); absent
-/// warps' entries are 0 (zero_absent_warps).
+/// The block's max of v >= 0 (every thread gets it; all threads call it: a barrier).
+/// kVector (the split kernel; absent warps' entries zeroed by zero_absent_warps): the
+/// warps' maxima read as two (up to 8 warps) or four 16-byte loads issued together instead
+/// of a shared-memory round trip a warp. The full kernel keeps the loop: a 16-entry vector
+/// form there took 0.04-0.06 us off its decode calls at H = 7168 but cost 5% at T = 16384
+/// (33e4847 against 3c5bfa2, docs/PERFORMANCE.md).
+template <bool kVector>
 __device__ __forceinline__ float block_max(float v, float* buf) {
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
   __syncthreads();
-  const float4* q = reinterpret_cast<const float4*>(buf);
-  const float4 a = q[0], b = q[1];
-  float r = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
-  if (blockDim.x > 256u) {  // block-uniform
-    const float4 c = q[2], d = q[3];
-    r = fmaxf(r, fmaxf(fmaxf(fmaxf(c.x, c.y), fmaxf(c.z, c.w)), fmaxf(fmaxf(d.x, d.y), fmaxf(d.z, d.w))));
+  float r = 0.0f;
+  if constexpr (kVector) {
+    const float4* q = reinterpret_cast<const float4*>(buf);
+    const float4 a = q[0], b = q[1];
+    r = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
+    if (blockDim.x > 256u) {  // block-uniform; not taken by the split kernel's blocks
+      const float4 c = q[2], d = q[3];
+      r = fmaxf(r, fmaxf(fmaxf(fmaxf(c.x, c.y), fmaxf(c.z, c.w)), fmaxf(fmaxf(d.x, d.y), fmaxf(d.z, d.w))));
+    }
+  } else {
+    for (uint32_t w = 0; w < blockDim.x / 32u; ++w) r = fmaxf(r, buf[w]);
   }
   return r;
 }
@@ -122,7 +130,7 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     row = fmaxf(row, amax[n]);
     if constexpr (kCount) nf += !kSplit || n == part ? chunk_nonfinite<In>(x[n]) : 0u;
   }
-  const float pts = core::per_token_scale(block_max(row, buf), p.floor);
+  const float pts = core::per_token_scale(block_max<kSplit>(row, buf), p.floor);
   if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = pts;
   if constexpr (kSplit) {
     // The own chunk by selects (block-uniform part): one encode, the others' registers free.
@@ -173,8 +181,7 @@ template <int In, bool kVec, bool kCount>
 __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount>) stage_rowwise_kernel(const Params64 p) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
-  __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
-  zero_absent_warps(warp_max);
+  __shared__ float warp_max[2][kRowMaxWarps];
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
@@ -205,7 +212,7 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
         amax = fmaxf(amax, group_amax_strided<kCount>(x, nf));
       }
     }
-    const float pts = core::per_token_scale(block_max(amax, warp_max[parity]), p.floor);
+    const float pts = core::per_token_scale(block_max<false>(amax, warp_max[parity]), p.floor);
     if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
     // Pass 2: groups.
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
