@@ -166,7 +166,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
 }
 
-Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table) {
   Plan pl;
   pl.fmt = p.fmt;
   pl.in = a.hidden_states.dtype;
@@ -198,7 +198,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
       // NVFP4 static of bf16 on sm_89+: the loop shape with its multiplier table from
       // kRecipLoopChunks chunks a thread of one wave (the table then costs a small part of a
       // thread's work; the one-pass shape has no table).
-      if (recip_format(p, a, dev) && chunks >= kRecipLoopChunks * capped_blocks(chunks, 256, dev, kRecipLoopWaves) * 256) {
+      if (recip_table && recip_format(p, a, dev) && chunks >= kRecipLoopChunks * capped_blocks(chunks, 256, dev, kRecipLoopWaves) * 256) {
         one_pass = false;
         pl.threads = 256;
       }
@@ -218,7 +218,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
     pl.threads = 256;
     pl.vectorized = false;
   }
-  const bool recip_loop = pl.role == Role::kFast && pl.shape == Shape::kLoop && recip_format(p, a, dev);
+  const bool recip_loop = recip_table && pl.role == Role::kFast && pl.shape == Shape::kLoop && recip_format(p, a, dev);
   fill_grid(pl, p, dev, recip_loop ? kRecipLoopWaves : kDefaultMaxWaves);
   return pl;
 }

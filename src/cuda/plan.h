@@ -101,8 +101,10 @@ inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads
   return real + (fused_tail ? ((M - T) * K + per_block - 1) / per_block : 0);
 }
 
-/// The library's choice for a validated call with T > 0.
-Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev);
+/// The library's choice for a validated call with T > 0. recip_table: the kernel that will
+/// run builds NVFP4 static's multiplier table in its loop shape (the staging kernel does;
+/// the fused router kernel does not, and gets the plan it would have without the table).
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table = true);
 
 /// Recompute grid and quant_blocks from the plan's role, shape and threads (after a caller
 /// changed them); max_waves caps the looping shapes' grids.

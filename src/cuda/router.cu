@@ -149,7 +149,7 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
     return;
   }
   const StageArgs a = detail::staged_args(r, *s);
-  Plan pl = plan(p.stage, a, dev);
+  Plan pl = plan(p.stage, a, dev, /*recip_table=*/false);  // the fused kernel's loop has no table
   // The router blocks have the plan's block size; at decode (split-topk plans) the router
   // block is the launch's critical path and its latency falls with more threads (scores
   // and selection spread wider), while the quantizing blocks, one chunk a thread, do not

@@ -153,6 +153,12 @@ TEST(CudaPlan, Nvfp4StaticLoopRunsOneWave) {
   EXPECT_EQ(FakeCall(from / 256 - 1, 4096, q).plan().shape, mc::Shape::kSplitTopk);
   EXPECT_EQ(FakeCall(16384, 4096, q).plan().grid, 132 * 8);
   EXPECT_EQ(FakeCall(16384, 4096, q, f16).plan().shape, mc::Shape::kSplitTopk);
+  // The fused router kernel (no table) gets the plan it had before the table.
+  const FakeCall c4(16384, 4096, q), c7(16384, 7168, q);
+  EXPECT_EQ(mc::plan(megamoe::detail::validate_args(c4.a), c4.a, kH200, false).shape, mc::Shape::kSplitTopk);
+  const mc::Plan f7 = mc::plan(megamoe::detail::validate_args(c7.a), c7.a, kH200, false);
+  EXPECT_EQ(f7.shape, mc::Shape::kLoop);
+  EXPECT_EQ(f7.grid, 132 * 16 * 8);
 }
 
 TEST(CudaPlan, MnMajorScalesTakeTilesFromMidSizes) {
