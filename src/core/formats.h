@@ -170,6 +170,9 @@ MEGAMOE_HD uint32_t nvfp4_static_sf(float amax, float gs) {
   return fp8_e4m3_from_float(fminf_nan_ignoring(fmax_nan_ignoring(q, kE4M3MinSubnormal), 448.0f));
 }
 
+/// NVFP4 static's divisor of scale byte sf under global scale gs: fl(sf * gs).
+MEGAMOE_HD float nvfp4_static_divisor(uint32_t sf, float gs) { return mul_rn(e4m3_to_float(sf), gs); }
+
 /// Parameters of a group with NaN-ignoring max |x| = amax. s2: the static global scale
 /// (kNvfp4Static) or the token's per-token scale (kNvfp4PerToken); ignored otherwise.
 template <Format F>
@@ -190,7 +193,7 @@ MEGAMOE_HD GroupParams group_params(float amax, float floor, float s2) {
   } else if constexpr (F == Format::kNvfp4Static) {
     (void)floor;
     g.sf = nvfp4_static_sf(amax, s2);
-    g.m = mul_rn(e4m3_to_float(g.sf), s2);
+    g.m = nvfp4_static_divisor(g.sf, s2);
   } else {
     (void)floor;
     g.sf = fp8_e4m3_from_float(div_rn(amax, mul_rn(6.0f, s2)));

@@ -72,16 +72,6 @@ int64_t capped_blocks(int64_t work_items, int threads, const DeviceInfo& dev, in
   return std::max<int64_t>(1, std::min({ceil_div(work_items, threads), max_blocks, kMaxGridThreads / threads}));
 }
 
-/// Threads of the row kernel, whole warps, 32..kRowwiseMaxThreads: one group a thread
-/// while every row has an SM of its own (T <= SMs: the call is one row's latency, which
-/// halves with the thread's work), two a thread beyond (the register path, fewer barriers
-/// and block maxima a group).
-int rowwise_threads(int64_t T, int64_t H, const DeviceInfo& dev) {
-  const int64_t groups = H / kChunkElems;
-  const int64_t want = ceil_div(T <= std::max(1, dev.sm_count) ? groups : ceil_div(groups, 2), 32) * 32;
-  return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, want)));
-}
-
 /// Blocks a row of the row kernel (Plan::row_split): 4, else 2, while every block still has
 /// an SM of its own (T * split <= SMs) and a part is at most kRowSplitMaxThreads groups and at
 /// least a warp's; vectorized rows only.
@@ -92,6 +82,16 @@ int rowwise_split(int64_t T, int64_t H, bool vectorized, const DeviceInfo& dev) 
     if (T * s <= std::max(1, dev.sm_count) && ceil_div(groups, s) <= kRowSplitMaxThreads && groups >= 32 * s) return s;
   }
   return 1;
+}
+
+/// Threads of the row kernel, whole warps, 32..kRowwiseMaxThreads: split rows, one group a
+/// thread of the block's part; otherwise one group a thread while every row has an SM of its
+/// own (T <= SMs: the call is one row's latency, which halves with the thread's work), two a
+/// thread beyond (the register path, fewer barriers and block maxima a group).
+int rowwise_threads(int64_t T, int64_t H, int split, const DeviceInfo& dev) {
+  const int64_t groups = H / kChunkElems;
+  const int64_t per = split > 1 ? ceil_div(groups, split) : T <= std::max(1, dev.sm_count) ? groups : ceil_div(groups, 2);
+  return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, ceil_div(per, 32) * 32)));
 }
 
 [[noreturn]] void reject(const Plan& plan, const std::string& why) {
@@ -167,6 +167,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
 }
 
 Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table) {
+  const bool recip = recip_table && recip_format(p, a, dev);  // the loop shape builds the table
   Plan pl;
   pl.fmt = p.fmt;
   pl.in = a.hidden_states.dtype;
@@ -179,9 +180,8 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
   if (p.fmt == core::Format::kNvfp4PerToken) {
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
-    pl.threads = rowwise_threads(p.T, p.H, dev);
     pl.row_split = rowwise_split(p.T, p.H, pl.vectorized, dev);
-    if (pl.row_split > 1) pl.threads = static_cast<int>(ceil_div(ceil_div(p.H / kChunkElems, pl.row_split), 32) * 32);
+    pl.threads = rowwise_threads(p.T, p.H, pl.row_split, dev);
   } else if (pl.vectorized && fast_variant(p.fmt, p.G)) {
     pl.role = Role::kFast;
     const int64_t chunks = p.T * (p.H / kChunkElems);
@@ -198,7 +198,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
       // NVFP4 static of bf16 on sm_89+: the loop shape with its multiplier table from
       // kRecipLoopChunks chunks a thread of one wave (the table then costs a small part of a
       // thread's work; the one-pass shape has no table).
-      if (recip_table && recip_format(p, a, dev) && chunks >= kRecipLoopChunks * capped_blocks(chunks, 256, dev, kRecipLoopWaves) * 256) {
+      if (recip && chunks >= kRecipLoopChunks * capped_blocks(chunks, 256, dev, kRecipLoopWaves) * 256) {
         one_pass = false;
         pl.threads = 256;
       }
@@ -218,7 +218,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
     pl.threads = 256;
     pl.vectorized = false;
   }
-  const bool recip_loop = recip_table && pl.role == Role::kFast && pl.shape == Shape::kLoop && recip_format(p, a, dev);
+  const bool recip_loop = recip && pl.role == Role::kFast && pl.shape == Shape::kLoop;
   fill_grid(pl, p, dev, recip_loop ? kRecipLoopWaves : kDefaultMaxWaves);
   return pl;
 }

@@ -137,7 +137,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     if (r != 0.0f) {
       core::e2m1_fp32_mul_chunk(x.w, r, q.w);
     } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
-      gp.m = core::mul_rn(core::e4m3_to_float(gp.sf), s2);
+      gp.m = core::nvfp4_static_divisor(gp.sf, s2);
       encode_fp4_per_value<F, In>(x, gp, q.w);
     }
   } else {
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     __shared__ float recip[kRecip ? kRecipEntries : 1u];
     if constexpr (kRecip) {
       for (uint32_t i = threadIdx.x; i < kRecipEntries; i += blockDim.x) {
-        recip[i] = core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(i), s2));
+        recip[i] = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(i, s2));
       }
       __syncthreads();
     }

@@ -571,7 +571,7 @@ TEST(CoreVsReference, Nvfp4StaticMulChunksEveryBf16AndManyDivisors) {
   std::printf("nvfp4_static_multiplier: %lld of %zu divisors refused\n", static_cast<long long>(refused), ds.size());
 }
 
-// A scale byte's multiplier as the kernels form it (core::mul_rn(core::e4m3_to_float(sf), gs)):
+// A scale byte's multiplier as the kernels form it (of core::nvfp4_static_divisor(sf, gs)):
 // e4m3_to_float is exact for every byte (the host form; the device's cvt form is checked
 // against it in tests/cuda), and bytes 0 and 0x7F have none.
 TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
@@ -586,8 +586,8 @@ TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
     EXPECT_EQ(std::signbit(f), (sf & 0x80u) != 0u) << sf;
   }
   for (float gs : {1.0f, 0.37f, 0x1p-7f, 0.0f}) {
-    EXPECT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0u), gs)), 0.0f);
-    EXPECT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x7Fu), gs)), 0.0f);
+    EXPECT_EQ(core::nvfp4_static_multiplier(core::nvfp4_static_divisor(0u, gs)), 0.0f);
+    EXPECT_EQ(core::nvfp4_static_multiplier(core::nvfp4_static_divisor(0x7Fu, gs)), 0.0f);
   }
   // How often a byte has no multiplier (its groups then take the per-value division): never
   // for power-of-two global scales, rarely for others.
@@ -597,7 +597,7 @@ TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
   for (int i = 0; i < 400; ++i) {
     const float gs = i < 31 ? static_cast<float>(std::exp2(i - 20)) : static_cast<float>(std::exp2(lg(rng)));
     for (uint32_t sf = 1; sf <= 0x7Eu; ++sf, ++n) {
-      const bool none = core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(sf), gs)) == 0.0f;
+      const bool none = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(sf, gs)) == 0.0f;
       refused += none ? 1 : 0;
       if (i < 31) EXPECT_FALSE(none) << "gs 2^" << i - 20 << " sf " << sf;
     }

@@ -511,7 +511,7 @@ __global__ void static_mul_chunks_exhaustive(const float* ds, const uint32_t* ho
 __global__ void scale_byte_divisors(const float* gs, uint32_t ngs, float* ds, uint32_t* e4m3_bits) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < 256u) e4m3_bits[i] = __float_as_uint(megamoe::core::e4m3_to_float(i));
-  if (i < ngs * 128u) ds[i] = megamoe::core::mul_rn(megamoe::core::e4m3_to_float(i % 128u), gs[i / 128u]);
+  if (i < ngs * 128u) ds[i] = megamoe::core::nvfp4_static_divisor(i % 128u, gs[i / 128u]);
 }
 
 TEST(CudaNumerics, Nvfp4StaticMultipliersMatchTheHostAndTheCoreRules) {
@@ -538,7 +538,7 @@ TEST(CudaNumerics, Nvfp4StaticMultipliersMatchTheHostAndTheCoreRules) {
     else EXPECT_EQ(e4m3[b], core::float_bits(host)) << b;
   }
   for (size_t k = 0; k < ds.size(); ++k) {  // (byte 0x7F: a NaN, whose bits the device chooses)
-    const float host = core::mul_rn(core::e4m3_to_float(k % 128), gs[k / 128]);
+    const float host = core::nvfp4_static_divisor(static_cast<uint32_t>(k % 128), gs[k / 128]);
     if (host != host) EXPECT_NE(ds[k], ds[k]) << k;
     else EXPECT_EQ(core::float_bits(ds[k]), core::float_bits(host)) << k;
   }

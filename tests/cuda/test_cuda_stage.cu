@@ -141,8 +141,8 @@ TEST(CudaStage, Nvfp4StaticLoopTable) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   namespace core = megamoe::core;
   const float below_one = std::nextafter(1.0f, 0.0f);
-  ASSERT_EQ(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x38u), below_one)), 0.0f);
-  ASSERT_NE(core::nvfp4_static_multiplier(core::mul_rn(core::e4m3_to_float(0x38u), 1.0f)), 0.0f);
+  ASSERT_EQ(core::nvfp4_static_multiplier(core::nvfp4_static_divisor(0x38u, below_one)), 0.0f);
+  ASSERT_NE(core::nvfp4_static_multiplier(core::nvfp4_static_divisor(0x38u, 1.0f)), 0.0f);
   for (float gs : {1.0f, below_one, 0.0f, 3e-3f}) {
     for (const Forced& f : shapes_for(QuantScheme::nvfp4_static())) {
       if (std::string(f.name).rfind("loop", 0) != 0 && std::string(f.name) != "library") continue;
