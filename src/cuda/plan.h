@@ -135,5 +135,50 @@ void launch(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stre
 /// The plan text for validated CUDA arguments (explain()).
 std::string explain_plan(const StageArgs& a, const detail::Problem& p);
 
+// ---------------------------------------------------------------------------------------
+// The router's launch choices (router.cu; docs/ROUTER.md "Tokens per block"), host
+// functions of the problem and the device, tested without a GPU.
+
+/// Shared-memory score entries of one router block (tokens per block x E at most; key and
+/// score, 8 bytes: 12 KiB, 13 KiB with the selection candidates), small enough not to cut
+/// the quantizing blocks' occupancy in the fused kernel (static, so every block of that
+/// kernel has it) on any architecture built (100 KiB per SM on sm_86/89).
+constexpr int kRouterSmemEntries = 1536;
+/// Columns of 32 experts a lane keeps in registers in the router's register selection.
+constexpr uint32_t kRouterRegColumns = 4;
+/// Resident blocks per SM of the fused kernel's decode variant (its launch bounds).
+constexpr int kFusedDecodeBlocksPerSm = 4;
+/// One token a router block up to this many tokens per SM: the router kernel (one block a
+/// token is the shortest chain, and up to here the most blocks are the better trade) and
+/// the fused kernel's router blocks (which share the SMs with the quantizing blocks).
+/// Measured on the H200 against 2, 3, 4 and 6 tokens a block, T = 256..4096.
+constexpr int64_t kRouteOneTokenPerSm = 8;
+constexpr int64_t kFusedOneTokenPerSm = 16;
+
+/// Warps that select one token together in a router block of @p warps warps holding
+/// @p ntok tokens: as many as the block has per token, at most one per 32-expert column and
+/// at most 32 / K (the merge ranks G * K <= 32 candidates, one per lane); the fewest that
+/// give the same columns per warp. Block-uniform.
+MEGAMOE_HD uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
+  const uint32_t cols = (E + 31u) / 32u;
+  uint32_t g = warps / ntok;
+  g = g < cols ? g : cols;
+  g = g < 32u / K ? g : 32u / K;
+  const uint32_t per = (cols + g - 1u) / g;  // columns of the busiest warp
+  return (cols + per - 1u) / per;
+}
+
+/// Tokens per router block of @p threads threads for T tokens of E experts, top K: one up
+/// to kRouteOneTokenPerSm (@p fused: kFusedOneTokenPerSm) tokens per SM; beyond, 4 or else
+/// 2 when the block holds them and each selecting warp's slice then fits the register
+/// selection (E = 256: 4, E = 384 / 512: 2), else 1.
+uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, bool fused, const DeviceInfo& dev);
+
+/// The fused kernel's decode variant (inlined router, kFusedDecodeBlocksPerSm blocks per
+/// SM) where the plan has one: while the router blocks, which come first in the grid, fit
+/// one wave of it (their chain is then the launch's critical path; beyond, the quantizing
+/// blocks' occupancy matters more).
+bool fused_decode_variant(int64_t router_blocks, const DeviceInfo& dev);
+
 }  // namespace cuda
 }  // namespace megamoe

@@ -53,7 +53,6 @@ constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
 /// every parameter a constant-bank operand as in route_kernel (no copy into shared memory,
 /// no spills), with kDecodeChains scores side by side. Only split-topk plans with 32-bit
 /// indices get it (the decode plans), which keeps the extra instantiations few.
-constexpr int kFusedDecodeBlocksPerSm = 4;
 constexpr int kDecodeChains = 3;
 template <Mode M, Shape S>
 constexpr bool kHasDecodeVariant = M == Mode::kIdx32 && S == Shape::kSplitTopk;
@@ -138,7 +137,7 @@ void visit_format(const Plan& pl, const V& v) {
 }
 
 /// Launches the fused kernel of one variant; @p decode: the decode variant where it exists
-/// (route(): the grid fits the GPU at kFusedDecodeBlocksPerSm blocks per SM).
+/// (route(): fused_decode_variant, plan.h).
 struct FusedLaunch {
   const Plan& pl;
   const StageArgs& a;

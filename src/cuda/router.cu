@@ -52,12 +52,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /// Tail entries a router block fills per thread before more blocks are added.
 constexpr int64_t kTailPerThread = 8;
 
-/// The router blocks' parameters for blocks of @p threads threads. Tokens per block: as
-/// few as keep the router blocks within about two per SM (decode: one token per block,
-/// its E scores over all the block's threads), at most one per warp and what the shared
-/// scores hold.
+/// The router blocks' parameters for blocks of @p threads threads (@p fused: the fused
+/// kernel's router blocks); tokens per block from router_tokens_per_block (plan.h).
 RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, int threads,
-                           const DeviceInfo& dev, bool pdl) {
+                           bool fused, const DeviceInfo& dev, bool pdl) {
   RouterParams rp = {};
   rp.logits = r.router_logits.data;
   rp.lg_s0 = r.router_logits.strides[0];
@@ -118,8 +116,7 @@ RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail
   rp.R = p.R;
   rp.P = p.P;
   rp.alpha = p.alpha;
-  const int64_t spread = ceil_div(p.T, 2 * static_cast<int64_t>(std::max(1, dev.sm_count)));
-  rp.tpb = static_cast<uint32_t>(std::max<int64_t>(1, std::min({int64_t{threads / 32}, kRouterSmemEntries / p.E, spread})));
+  rp.tpb = router_tokens_per_block(p.T, p.E, p.K, threads, fused, dev);
   rp.group = router_group(static_cast<uint32_t>(threads / 32), rp.tpb, static_cast<uint32_t>(p.E),
                           static_cast<uint32_t>(p.K));
   const int64_t token_blocks = ceil_div(p.T, rp.tpb);
@@ -145,7 +142,7 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const bool pdl = (s != nullptr ? s->enable_pdl : r.enable_pdl) && dev.arch >= 90;
   if (s == nullptr || p.stage.T == 0) {  // the router alone (T == 0: only the staged tail)
-    launch_router(router_params(r, s, p, 256, dev, pdl), pdl, stream);
+    launch_router(router_params(r, s, p, 256, false, dev, pdl), pdl, stream);
     return;
   }
   const StageArgs a = detail::staged_args(r, *s);
@@ -160,15 +157,13 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   }
   check_plan(pl, p.stage, a);
   if (pl.role != Role::kFast) {  // two launches (see the file comment)
-    launch_router(router_params(r, s, p, 256, dev, pdl), pdl, stream);
+    launch_router(router_params(r, s, p, 256, false, dev, pdl), pdl, stream);
     launch(pl, a, p.stage, stream_handle);
     return;
   }
-  RouterParams rp = router_params(r, s, p, pl.threads, dev, pdl);
+  RouterParams rp = router_params(r, s, p, pl.threads, true, dev, pdl);
   pl.grid = pl.quant_blocks + rp.blocks;
-  // One wave at the decode variant's occupancy: every block starts at once, so the router
-  // block's latency is the launch's and the quantizing blocks lose nothing to its registers.
-  const bool decode = pl.grid <= static_cast<int64_t>(kFusedDecodeBlocksPerSm) * std::max(1, dev.sm_count);
+  const bool decode = fused_decode_variant(rp.blocks, dev);
   switch (in_kind(pl.in)) {
     case kInBF16: return route_fused_bf16(pl, a, p.stage, rp, decode, stream);
     case kInF16: return route_fused_f16(pl, a, p.stage, rp, decode, stream);

@@ -45,6 +45,7 @@
 #include "core/numerics.h"
 #include "core/router.h"
 #include "cuda/common.cuh"
+#include "cuda/plan.h"
 
 namespace megamoe {
 namespace cuda {
@@ -82,11 +83,6 @@ namespace {
 /// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
 constexpr int kRouterMaxWarps = 8;
 
-/// Shared-memory entries (key + score, 8 bytes) of one router block: 12 KiB (13 KiB with
-/// the selection candidates), small enough not to cut the quantizing blocks' occupancy in
-/// the fused kernel (it is static, so every block of that kernel has it) on any
-/// architecture built (100 KiB per SM on sm_86/89).
-constexpr int kRouterSmemEntries = 1536;
 
 enum : uint32_t {
   kRouteLogitsBF16 = 1u,
@@ -183,19 +179,6 @@ __device__ __forceinline__ uint64_t router_candidate(uint32_t key, uint32_t id) 
 }
 __device__ __forceinline__ uint32_t candidate_id(uint64_t c) { return ~static_cast<uint32_t>(c); }
 
-/// Warps that select one token together (each over a slice of its experts, then merged):
-/// as many as the block has per token, at most one per 32-expert column and at most 32 / K
-/// (the merge ranks G * K <= 32 candidates, one per lane); the fewest that give the same
-/// columns per warp. Block-uniform.
-__host__ __device__ __forceinline__ uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
-  const uint32_t cols = (E + 31u) / 32u;
-  uint32_t g = warps / ntok;
-  g = g < cols ? g : cols;
-  g = g < 32u / K ? g : 32u / K;
-  const uint32_t per = (cols + g - 1u) / g;  // columns of the busiest warp
-  return (cols + per - 1u) / per;
-}
-
 /// The top K of one warp's slice of a token (keys @p key of its E experts): the columns
 /// g, g + G, ... of 32 experts, lane l holding expert 32 c + l of column c. Writes the K
 /// candidates in selection order to @p out (kNoCandidate once the slice is exhausted).
@@ -242,10 +225,8 @@ __device__ __forceinline__ void router_slice_topk(const uint32_t* key, uint32_t 
   }
 }
 
-/// Columns a lane holds in registers in router_slice_topk_regs.
-constexpr uint32_t kRegColumns = 4;
 
-/// router_slice_topk for slices of at most kRegColumns columns a warp (the decode shapes:
+/// router_slice_topk for slices of at most kRouterRegColumns columns a warp (the decode shapes:
 /// E = 256 / 384 / 512 with K = 6 split over 4 warps give 2 / 3 / 4): the lane's experts
 /// stay in registers as packed candidates (0 once taken or absent), and a round has no
 /// branch: the warp-wide maximum of the 64-bit candidates by two redux.sync (the upper
@@ -256,22 +237,22 @@ constexpr uint32_t kRegColumns = 4;
 __device__ __forceinline__ void router_slice_topk_regs(const uint32_t* key, uint32_t E, uint32_t K, uint32_t g,
                                                        uint32_t G, uint32_t J, uint64_t* out) {
   const uint32_t lane = threadIdx.x % 32u;
-  uint64_t c[kRegColumns];
+  uint64_t c[kRouterRegColumns];
   MEGAMOE_UNROLL
-  for (uint32_t j = 0; j < kRegColumns; ++j) {
+  for (uint32_t j = 0; j < kRouterRegColumns; ++j) {
     const uint32_t e = (g + j * G) * 32u + lane;
     c[j] = j < J && e < E ? router_candidate(key[e], e) : kNoCandidate;
   }
   for (uint32_t k = 0; k < K; ++k) {
     uint64_t best = c[0];
     MEGAMOE_UNROLL
-    for (uint32_t j = 1; j < kRegColumns; ++j) best = c[j] > best ? c[j] : best;
+    for (uint32_t j = 1; j < kRouterRegColumns; ++j) best = c[j] > best ? c[j] : best;
     const uint32_t hi = static_cast<uint32_t>(best >> 32), lo = static_cast<uint32_t>(best);
     const uint32_t mh = warp_extreme<true>(hi);
     const uint32_t ml = warp_extreme<true>(hi == mh ? lo : 0u);
     const uint64_t win = (static_cast<uint64_t>(mh) << 32) | ml;
     MEGAMOE_UNROLL
-    for (uint32_t j = 0; j < kRegColumns; ++j) c[j] = c[j] == win ? kNoCandidate : c[j];
+    for (uint32_t j = 0; j < kRouterRegColumns; ++j) c[j] = c[j] == win ? kNoCandidate : c[j];
     if (lane == 0u) out[k] = win;
   }
 }
@@ -534,7 +515,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
     if (selects && !padded) {
       const uint32_t J = cols > slice ? (cols - slice + G - 1u) / G : 0u;  // warp-uniform
-      if (J <= kRegColumns) router_slice_topk_regs(sh_key + tok * E, E, K, slice, G, J, cand);
+      if (J <= kRouterRegColumns) router_slice_topk_regs(sh_key + tok * E, E, K, slice, G, J, cand);
       else router_slice_topk(sh_key + tok * E, E, K, slice, G, cand);
     }
     if (G > 1u) __syncthreads();  // block-uniform

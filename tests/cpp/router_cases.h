@@ -403,7 +403,9 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
   std::vector<std::pair<std::string, Spec>> c;
   uint32_t seed = 100;
   for (auto [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {256, 8}, {384, 6}, {384, 8}}) {
-    for (int64_t T : {1, 7, 64, 300, 1500}) {
+    // Up to T = 1500 the fused kernel's router blocks take one token each, from 1057 the
+    // router kernel's several (router_tokens_per_block on a 132-SM GPU); 2500 both.
+    for (int64_t T : {1, 7, 64, 300, 1500, 2500}) {
       Spec s = random_spec(T, E, K, seed++);
       s.logits_dt = seed % 2 ? DType::kBFloat16 : DType::kFloat32;
       s.bias_dt = seed % 3 ? DType::kFloat32 : DType::kBFloat16;

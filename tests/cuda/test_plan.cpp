@@ -556,6 +556,59 @@ TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {
   }
 }
 
+// The router's tokens per block: one up to 8 (router kernel) / 16 (fused) tokens per SM;
+// beyond, 4 or 2 where every selecting warp's slice fits the register selection, which
+// follows from router_group; a block never holds more than kRouterSmemEntries scores.
+TEST(CudaPlan, RouterTokensPerBlock) {
+  struct Want {
+    int64_t T, E, K;
+    int threads;
+    bool fused;
+    uint32_t tpb;
+  };
+  for (const Want& w : {Want{1, 256, 6, 256, false, 1}, Want{1056, 256, 6, 256, false, 1},
+                        Want{1057, 256, 6, 256, false, 4}, Want{1057, 384, 6, 256, false, 2},
+                        Want{1057, 512, 8, 256, false, 2}, Want{2112, 256, 6, 256, true, 1},
+                        Want{2113, 256, 6, 256, true, 4}, Want{4096, 384, 6, 256, true, 2},
+                        Want{65536, 256, 8, 256, false, 4}, Want{65536, 512, 16, 256, false, 1},
+                        Want{65536, 256, 6, 128, true, 2}, Want{65536, 64, 6, 256, false, 4},
+                        Want{65536, 32, 1, 32, false, 1}, Want{0, 256, 6, 256, true, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << w.T << " E=" << w.E << " K=" << w.K << " threads=" << w.threads
+                                      << " fused=" << w.fused);
+    EXPECT_EQ(mc::router_tokens_per_block(w.T, w.E, w.K, w.threads, w.fused, kH200), w.tpb);
+  }
+  for (int64_t E : {8, 64, 100, 256, 384, 512}) {
+    for (int64_t K : {1, 6, 8, 16}) {
+      if (K > E) continue;
+      for (int threads : {32, 128, 256}) {
+        const uint32_t t = mc::router_tokens_per_block(int64_t{1} << 20, E, K, threads, false, kH200);
+        const uint32_t warps = static_cast<uint32_t>(threads / 32);
+        EXPECT_GE(t, 1u);
+        EXPECT_LE(t, warps);
+        EXPECT_LE(t * E, mc::kRouterSmemEntries);
+        if (t > 1) {
+          const uint32_t cols = static_cast<uint32_t>((E + 31) / 32);
+          const uint32_t g = mc::router_group(warps, t, static_cast<uint32_t>(E), static_cast<uint32_t>(K));
+          EXPECT_LE((cols + g - 1) / g, mc::kRouterRegColumns) << "E=" << E << " K=" << K << " threads=" << threads;
+          EXPECT_LE(g * K, 32u);
+        }
+      }
+    }
+  }
+  // Other SM counts scale the one-token range.
+  EXPECT_EQ(mc::router_tokens_per_block(8 * 78, 256, 6, 256, false, mc::DeviceInfo{78, 90}), 1u);
+  EXPECT_EQ(mc::router_tokens_per_block(8 * 78 + 1, 256, 6, 256, false, mc::DeviceInfo{78, 90}), 4u);
+}
+
+// The fused kernel's decode variant while its router blocks fit one wave of 4 blocks an SM.
+TEST(CudaPlan, FusedDecodeVariantWhileTheRouterBlocksFitAWave) {
+  EXPECT_TRUE(mc::fused_decode_variant(1, kH200));
+  EXPECT_TRUE(mc::fused_decode_variant(4 * 132, kH200));
+  EXPECT_FALSE(mc::fused_decode_variant(4 * 132 + 1, kH200));
+  EXPECT_TRUE(mc::fused_decode_variant(4 * 20, mc::DeviceInfo{20, 90}));
+  EXPECT_FALSE(mc::fused_decode_variant(4 * 20 + 1, mc::DeviceInfo{20, 90}));
+}
+
 // The GPU tests' expected images come from the reference; here they are built for every
 // format and several layouts from host mirrors alone (no device needed) and compared with
 // what the CPU backend writes into the same poisoned buffers: equal images mean the

@@ -286,6 +286,9 @@ TEST(RouterCuda, KernelShapesAndLayouts) {
   StageCase split;  // a split-topk grid larger than the decode variant's one wave
   split.H = 4096;
   check_fused(random_spec(700, 256, 6, 49), split);
+  // The decode variant over two waves: its 500 router blocks fit one (fused_decode_variant),
+  // the 500 quantizing blocks after them do not.
+  check_fused(random_spec(500, 256, 6, 50), split);
   StageCase loop;  // beyond one pass of the capped grid: the loop shape
   loop.H = 7168;
   check_fused(random_spec(12000, 256, 8, 44), loop);
