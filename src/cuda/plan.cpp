@@ -325,6 +325,9 @@ uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, b
   const int64_t most = std::min<int64_t>(warps, kRouterSmemEntries / std::max<int64_t>(1, E));
   const int64_t one_token = (fused ? kFusedOneTokenPerSm : kRouteOneTokenPerSm) * std::max(1, dev.sm_count);
   if (T <= one_token || E < 1 || K < 1) return 1;
+  // The fused kernel: 4 (or what the block holds), whatever the slices; fewer, larger
+  // router blocks leave the quantizing blocks more of the first waves.
+  if (fused) return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(4, most)));
   const uint32_t cols = static_cast<uint32_t>((E + 31) / 32);
   for (int64_t t : {4, 2}) {
     if (t > most) continue;

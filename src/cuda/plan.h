@@ -169,9 +169,10 @@ MEGAMOE_HD uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint
 }
 
 /// Tokens per router block of @p threads threads for T tokens of E experts, top K: one up
-/// to kRouteOneTokenPerSm (@p fused: kFusedOneTokenPerSm) tokens per SM; beyond, 4 or else
-/// 2 when the block holds them and each selecting warp's slice then fits the register
-/// selection (E = 256: 4, E = 384 / 512: 2), else 1.
+/// to kRouteOneTokenPerSm (@p fused: kFusedOneTokenPerSm) tokens per SM; beyond, for the
+/// router kernel 4 or else 2 when the block holds them and each selecting warp's slice then
+/// fits the register selection (E = 256: 4, E = 384 / 512: 2), else 1; for the fused kernel
+/// 4, or as many as the block holds (E = 512: 3).
 uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, bool fused, const DeviceInfo& dev);
 
 /// The fused kernel's decode variant (inlined router, kFusedDecodeBlocksPerSm blocks per

@@ -5,6 +5,7 @@
 // tests' harness lays the reference out as the CPU backend does (host mirrors only).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -557,8 +558,9 @@ TEST(CudaPlan, FillGridAfterChangingShapeAndThreads) {
 }
 
 // The router's tokens per block: one up to 8 (router kernel) / 16 (fused) tokens per SM;
-// beyond, 4 or 2 where every selecting warp's slice fits the register selection, which
-// follows from router_group; a block never holds more than kRouterSmemEntries scores.
+// beyond, the router kernel's 4 or 2 where every selecting warp's slice fits the register
+// selection, which follows from router_group, the fused kernel's 4 or what the block holds;
+// a block never holds more than kRouterSmemEntries scores.
 TEST(CudaPlan, RouterTokensPerBlock) {
   struct Want {
     int64_t T, E, K;
@@ -569,9 +571,10 @@ TEST(CudaPlan, RouterTokensPerBlock) {
   for (const Want& w : {Want{1, 256, 6, 256, false, 1}, Want{1056, 256, 6, 256, false, 1},
                         Want{1057, 256, 6, 256, false, 4}, Want{1057, 384, 6, 256, false, 2},
                         Want{1057, 512, 8, 256, false, 2}, Want{2112, 256, 6, 256, true, 1},
-                        Want{2113, 256, 6, 256, true, 4}, Want{4096, 384, 6, 256, true, 2},
+                        Want{2113, 256, 6, 256, true, 4}, Want{4096, 384, 6, 256, true, 4},
+                        Want{4096, 512, 16, 256, true, 3}, Want{4096, 384, 6, 64, true, 2},
                         Want{65536, 256, 8, 256, false, 4}, Want{65536, 512, 16, 256, false, 1},
-                        Want{65536, 256, 6, 128, true, 2}, Want{65536, 64, 6, 256, false, 4},
+                        Want{65536, 256, 6, 128, true, 4}, Want{65536, 64, 6, 256, false, 4},
                         Want{65536, 32, 1, 32, false, 1}, Want{0, 256, 6, 256, true, 1}}) {
     SCOPED_TRACE(::testing::Message() << "T=" << w.T << " E=" << w.E << " K=" << w.K << " threads=" << w.threads
                                       << " fused=" << w.fused);
@@ -581,6 +584,8 @@ TEST(CudaPlan, RouterTokensPerBlock) {
     for (int64_t K : {1, 6, 8, 16}) {
       if (K > E) continue;
       for (int threads : {32, 128, 256}) {
+        EXPECT_EQ(mc::router_tokens_per_block(int64_t{1} << 20, E, K, threads, true, kH200),
+                  std::min<int64_t>({4, threads / 32, mc::kRouterSmemEntries / E}));
         const uint32_t t = mc::router_tokens_per_block(int64_t{1} << 20, E, K, threads, false, kH200);
         const uint32_t warps = static_cast<uint32_t>(threads / 32);
         EXPECT_GE(t, 1u);
