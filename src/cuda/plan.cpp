@@ -321,19 +321,18 @@ std::string to_string(const Plan& pl) {
 }
 
 uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, bool fused, const DeviceInfo& dev) {
-  const int64_t warps = std::max(1, threads / 32);
-  const int64_t most = std::min<int64_t>(warps, kRouterSmemEntries / std::max<int64_t>(1, E));
   const int64_t one_token = (fused ? kFusedOneTokenPerSm : kRouteOneTokenPerSm) * std::max(1, dev.sm_count);
-  if (T <= one_token || E < 1 || K < 1) return 1;
+  if (T <= one_token || E < 1 || E > kRouterSmemEntries || K < 1 || K > 32) return 1;
+  const int64_t warps = std::max(1, threads / 32);
+  const int64_t most = std::min<int64_t>(warps, kRouterSmemEntries / E);
   // The fused kernel: 4 (or what the block holds), whatever the slices; fewer, larger
   // router blocks leave the quantizing blocks more of the first waves.
-  if (fused) return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(4, most)));
-  const uint32_t cols = static_cast<uint32_t>((E + 31) / 32);
+  if (fused) return static_cast<uint32_t>(std::min<int64_t>(4, most));
   for (int64_t t : {4, 2}) {
-    if (t > most) continue;
-    const uint32_t g = router_group(static_cast<uint32_t>(warps), static_cast<uint32_t>(t), static_cast<uint32_t>(E),
-                                    static_cast<uint32_t>(K));
-    if ((cols + g - 1u) / g <= kRouterRegColumns) return static_cast<uint32_t>(t);
+    if (t <= most && router_columns_per_warp(static_cast<uint32_t>(warps), static_cast<uint32_t>(t),
+                                             static_cast<uint32_t>(E), static_cast<uint32_t>(K)) <= kRouterRegColumns) {
+      return static_cast<uint32_t>(t);
+    }
   }
   return 1;
 }

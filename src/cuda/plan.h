@@ -168,6 +168,12 @@ MEGAMOE_HD uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint
   return (cols + per - 1u) / per;
 }
 
+/// Columns of 32 experts the busiest of a token's router_group warps selects over.
+MEGAMOE_HD uint32_t router_columns_per_warp(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
+  const uint32_t cols = (E + 31u) / 32u, g = router_group(warps, ntok, E, K);
+  return (cols + g - 1u) / g;
+}
+
 /// Tokens per router block of @p threads threads for T tokens of E experts, top K: one up
 /// to kRouteOneTokenPerSm (@p fused: kFusedOneTokenPerSm) tokens per SM; beyond, for the
 /// router kernel 4 or else 2 when the block holds them and each selecting warp's slice then

@@ -83,7 +83,6 @@ namespace {
 /// Most warps of a router block (blockDim.x <= 256: both kernels' launch bounds).
 constexpr int kRouterMaxWarps = 8;
 
-
 enum : uint32_t {
   kRouteLogitsBF16 = 1u,
   kRouteBiasBF16 = 2u,
@@ -224,7 +223,6 @@ __device__ __forceinline__ void router_slice_topk(const uint32_t* key, uint32_t 
     }
   }
 }
-
 
 /// router_slice_topk for slices of at most kRouterRegColumns columns a warp (the decode shapes:
 /// E = 256 / 384 / 512 with K = 6 split over 4 warps give 2 / 3 / 4): the lane's experts

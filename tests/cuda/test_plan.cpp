@@ -595,6 +595,8 @@ TEST(CudaPlan, RouterTokensPerBlock) {
           const uint32_t cols = static_cast<uint32_t>((E + 31) / 32);
           const uint32_t g = mc::router_group(warps, t, static_cast<uint32_t>(E), static_cast<uint32_t>(K));
           EXPECT_LE((cols + g - 1) / g, mc::kRouterRegColumns) << "E=" << E << " K=" << K << " threads=" << threads;
+          EXPECT_EQ(mc::router_columns_per_warp(warps, t, static_cast<uint32_t>(E), static_cast<uint32_t>(K)),
+                    (cols + g - 1) / g);
           EXPECT_LE(g * K, 32u);
         }
       }
