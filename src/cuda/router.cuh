@@ -127,45 +127,28 @@ __device__ __forceinline__ uint32_t warp_extreme(uint32_t v) {
 #endif
 }
 
-/// A decode block's copy of the EPLB state in shared memory (router_block_body): each
-/// expert's replica count and map row (R <= kEplbPrefetchSlots slots, row-major), loaded by
-/// the thread that scores the expert beside its logit, so that the store after the
-/// selection reads them from shared memory: the two global loads after the selection were
-/// the EPLB's whole cost at decode (about 0.65 us of a 3.3-4.1 us launch at T = 1 on the
-/// H200). Null pointers: read the global tensors.
-struct EplbPrefetch {
-  const int32_t* count = nullptr;  // [E]
-  const int32_t* map = nullptr;    // [E, R]
-};
-constexpr uint32_t kEplbPrefetchSlots = 4;
-
 /// Lane k's entry of token t: logical id @p id (-1: none) with weight @p w, mapped and
 /// recorded (EPLB; @p rec: the record flag, read at the block's start), written to the
 /// public and the staged outputs. @p keep: the token is routed (not padded, a valid hash
-/// row). From @p pre where the block holds the EPLB state; else, with R <= 4 replica slots,
-/// the replica count and the whole map row are loaded side by side (one memory round trip
-/// instead of two dependent ones).
+/// row). With R <= 4 replica slots the replica count and the whole map row are loaded side
+/// by side (one memory round trip instead of two dependent ones).
 __device__ __forceinline__ void router_store(const RouterParams& r, int64_t t, int64_t k, bool keep, int64_t id,
-                                             float w, bool rec, const EplbPrefetch& pre = {}) {
+                                             float w, bool rec) {
   if (!keep || id < 0) {
     id = -1;
     w = 0.0f;
   } else if (r.flags & kRouteEplb) {
     const int64_t R = r.R;
-    if (pre.count != nullptr) {  // the block's copy (R <= kEplbPrefetchSlots): no global round trip here
-      id = pre.map[id * R + core::replica_slot(t * r.K + k, pre.count[id], R)];
+    const int32_t* row = r.l2p + id * r.l2p_s0;
+    const int32_t count = r.replicas[id * r.rc_s0];
+    if (R <= 4) {
+      int32_t m[4];
+      MEGAMOE_UNROLL
+      for (int j = 0; j < 4; ++j) m[j] = j < R ? row[j * r.l2p_s1] : -1;
+      const int64_t slot = core::replica_slot(t * r.K + k, count, R);
+      id = slot == 0 ? m[0] : slot == 1 ? m[1] : slot == 2 ? m[2] : m[3];
     } else {
-      const int32_t* row = r.l2p + id * r.l2p_s0;
-      const int32_t count = r.replicas[id * r.rc_s0];
-      if (R <= 4) {
-        int32_t m[4];
-        MEGAMOE_UNROLL
-        for (int j = 0; j < 4; ++j) m[j] = j < R ? row[j * r.l2p_s1] : -1;
-        const int64_t slot = core::replica_slot(t * r.K + k, count, R);
-        id = slot == 0 ? m[0] : slot == 1 ? m[1] : slot == 2 ? m[2] : m[3];
-      } else {
-        id = row[core::replica_slot(t * r.K + k, count, R) * r.l2p_s1];
-      }
+      id = row[core::replica_slot(t * r.K + k, count, R) * r.l2p_s1];
     }
     if (rec && id >= 0 && id < r.P) {
       if (r.flags & kRouteLoadI64) {
@@ -276,7 +259,7 @@ __device__ __forceinline__ void router_slice_topk_regs(const uint32_t* key, uint
 /// and its scores @p s: lane k < K takes winner k; every lane sums the K scores in k order
 /// (the CPU loop's order), then lane k writes its entry.
 __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, const uint64_t* win, const float* s,
-                                              bool rec, const EplbPrefetch& pre) {
+                                              bool rec) {
   const uint32_t lane = threadIdx.x % 32u;
   const uint32_t K = static_cast<uint32_t>(r.K);
   uint32_t id = kNoExpert;
@@ -295,7 +278,7 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
     if (k < K) sum = core::add_rn(sum, v[k]);
   }
   if (lane < K) {
-    router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha), rec, pre);
+    router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha), rec);
   }
 }
 
@@ -413,29 +396,9 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bo
 /// padded; hash layers only count.
 template <int N>
 __device__ __forceinline__ void router_score_entries(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
-                                                     uint32_t& nf, uint32_t* key, float* score, int32_t* pre_count,
-                                                     int32_t* pre_map) {
+                                                     uint32_t& nf, uint32_t* key, float* score) {
   const uint32_t E = static_cast<uint32_t>(r.E);
   const bool biased = (r.flags & kRouteBias) != 0;
-  // EPLB at decode (pre_count: one token, entry = expert; block-uniform): the expert's
-  // replica count and map row, loaded first and written to the block's copy once the
-  // logits are in flight too.
-  // (At most two entries a thread there: router_block_body's eplb_copy; N = 3 never copies.)
-  constexpr bool kCopy = N <= 2;
-  const uint32_t R = kCopy && pre_count != nullptr ? static_cast<uint32_t>(r.R) : 0u;
-  int32_t cnt[N], m[N][kEplbPrefetchSlots];
-  if (kCopy && pre_count != nullptr) {
-    MEGAMOE_UNROLL
-    for (int c = 0; c < N; ++c) {
-      const uint32_t e = i + static_cast<uint32_t>(c) * blockDim.x;
-      const bool valid = e < n;
-      cnt[c] = valid ? r.replicas[e * r.rc_s0] : 0;
-      MEGAMOE_UNROLL
-      for (uint32_t j = 0; j < kEplbPrefetchSlots; ++j) {
-        m[c][j] = valid && j < R ? r.l2p[e * r.l2p_s0 + j * r.l2p_s1] : 0;
-      }
-    }
-  }
   uint32_t idx[N];
   float x[N], b[N];
   bool keep[N];
@@ -449,19 +412,6 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
     b[c] = valid && biased ? router_bias(r, e) : 0.0f;
     keep[c] = valid && !router_padded(r, t0 + w);
     if (r.nonfinite != nullptr) nf += (valid && core::non_finite(x[c])) ? 1u : 0u;
-  }
-  if (kCopy && pre_count != nullptr) {
-    MEGAMOE_UNROLL
-    for (int c = 0; c < N; ++c) {
-      const uint32_t e = i + static_cast<uint32_t>(c) * blockDim.x;
-      if (e < n) {
-        pre_count[e] = cnt[c];
-        MEGAMOE_UNROLL
-        for (uint32_t j = 0; j < kEplbPrefetchSlots; ++j) {
-          if (j < R) pre_map[e * R + j] = m[c][j];
-        }
-      }
-    }
   }
   if (r.flags & kRouteHash) return;
   float s[N];
@@ -479,14 +429,11 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
 /// (warp-uniform), at most N side by side. Returns how many it took.
 template <int N>
 __device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
-                                                      uint32_t rows, uint32_t& nf, uint32_t* key, float* score,
-                                                      int32_t* pre_count, int32_t* pre_map) {
+                                                      uint32_t rows, uint32_t& nf, uint32_t* key, float* score) {
   if constexpr (N > 1) {
-    if (rows < static_cast<uint32_t>(N)) {
-      return router_score_rows<N - 1>(r, t0, i, n, rows, nf, key, score, pre_count, pre_map);
-    }
+    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1>(r, t0, i, n, rows, nf, key, score);
   }
-  router_score_entries<N>(r, t0, i, n, nf, key, score, pre_count, pre_map);
+  router_score_entries<N>(r, t0, i, n, nf, key, score);
   return N;
 }
 
@@ -510,15 +457,12 @@ __device__ __forceinline__ void router_params_to_shared(const RouterParams& src,
 /// it (barriers, warp shuffles). @p kChains: the most scores a thread runs side by side,
 /// what the caller's registers hold. @p r: the kernel's own parameter (route_kernel, which
 /// inlines this: every field a constant-bank operand) or a copy in shared memory
-/// (router_block). @p kEplbCopy: a one-token block copies the EPLB state (EplbPrefetch);
-/// off in router_block, whose 32-register budget it would make spill twice as much.
-template <int kChains, bool kEplbCopy>
+/// (router_block).
+template <int kChains>
 __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
-  // Keys [0, kRouterSmemEntries) and scores [kRouterSmemEntries, 2 kRouterSmemEntries), or
-  // for a one-token EPLB block (eplb_copy) keys [0, E), scores [E, 2E), replica counts
-  // [2E, 3E) and map rows [3E, 3E + E R): as words, each region read as it was written.
-  __shared__ uint32_t sh_words[2 * kRouterSmemEntries];
+  __shared__ uint32_t sh_key[kRouterSmemEntries];
+  __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
   __shared__ SingleScratch sh_single;
   const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
@@ -536,15 +480,6 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   const uint32_t cols = (E + 31u) / 32u, holding = blockDim.x / 32u < cols ? blockDim.x / 32u : cols;
   const bool single = !hash && ntok == 1u && K <= holding;
   const bool padded = (selects || single) && router_padded(r, t0 + (single ? 0u : tok));  // loaded before the scores
-  // EPLB at decode: the map rows and replica counts of the token's experts loaded with the
-  // logits into the free part of the score buffers (EplbPrefetch). Block-uniform.
-  const bool eplb_copy = kEplbCopy && single && (r.flags & kRouteEplb) != 0 && r.R <= kEplbPrefetchSlots &&
-                         E * (3u + static_cast<uint32_t>(r.R)) <= 2u * kRouterSmemEntries && E <= 2u * blockDim.x;
-  uint32_t* const sh_key = sh_words;
-  float* const sh_s = reinterpret_cast<float*>(sh_words + (eplb_copy ? E : kRouterSmemEntries));
-  int32_t* const pre_count = eplb_copy ? reinterpret_cast<int32_t*>(sh_words + 2u * E) : nullptr;
-  int32_t* const pre_map = eplb_copy ? reinterpret_cast<int32_t*>(sh_words + 3u * E) : nullptr;
-  const EplbPrefetch pre{pre_count, pre_map};
   // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
   // that store.
   const bool rec = (r.flags & kRouteEplb) != 0 && lane < K && *r.record != 0;
@@ -561,7 +496,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     for (uint32_t i = threadIdx.x; i < n;) {
       const uint32_t left = n - (i - lane) + blockDim.x - 1u;
       const uint32_t rows = pow2 ? left >> shift : left / blockDim.x;
-      i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s, pre_count, pre_map) * blockDim.x;
+      i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
@@ -573,7 +508,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   } else if (single && padded) {
     if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
   } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
-    if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec, pre);
+    if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
   } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
     if (selects && !padded) {
@@ -588,7 +523,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
         if (lane < K) router_store(r, t0 + tok, lane, false, -1, 0.0f, rec);
       } else {
         if (G > 1u) router_merge(cand, G * K, K);
-        router_finish(r, t0 + tok, cand, sh_s + tok * E, rec, pre);  // pre: only for a single token
+        router_finish(r, t0 + tok, cand, sh_s + tok * E, rec);
       }
     }
   }
@@ -609,7 +544,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
 /// kChains; @p r is the kernel's parameters in shared memory (router_params_to_shared).
 template <int kChains>
 __device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
-  router_block_body<kChains, false>(r, rb);
+  router_block_body<kChains>(r, rb);
 }
 
 }  // namespace
