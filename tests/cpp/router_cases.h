@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -130,6 +131,7 @@ struct Spec {
   int64_t R = 0, P = 0;
   DType load_dt = DType::kInt64;
   bool record = true;
+  bool transposed_l2p = false;  // the map as a column-major [E, R] view (strides 1, E)
   bool count = false;
 };
 
@@ -168,8 +170,19 @@ inline std::unique_ptr<Built> build(const Spec& s, bool with_pad_in_router = tru
     b->args.input_ids = b->input_ids.ref;
   }
   if (s.l2p) {
-    b->l2p = Tensor(DType::kInt32, {s.E, s.R});
-    std::memcpy(b->l2p.mem.data(), s.l2p->data(), s.l2p->size() * 4);
+    if (s.transposed_l2p) {
+      b->l2p = Tensor(DType::kInt32, {s.R, s.E});
+      for (int64_t e = 0; e < s.E; ++e) {
+        for (int64_t j = 0; j < s.R; ++j) b->l2p.set<int32_t>(j, e, (*s.l2p)[static_cast<size_t>(e * s.R + j)]);
+      }
+      b->l2p.ref.shape[0] = s.E;
+      b->l2p.ref.shape[1] = s.R;
+      b->l2p.ref.strides[0] = 1;
+      b->l2p.ref.strides[1] = s.E;
+    } else {
+      b->l2p = Tensor(DType::kInt32, {s.E, s.R});
+      std::memcpy(b->l2p.mem.data(), s.l2p->data(), s.l2p->size() * 4);
+    }
     b->replicas = Tensor(DType::kInt32, {s.E});
     std::memcpy(b->replicas.mem.data(), s.replicas.data(), s.replicas.size() * 4);
     b->load = Tensor(s.load_dt, {s.P}, 0);
@@ -358,12 +371,12 @@ inline Spec hash_spec(uint32_t seed) {
   return s;
 }
 
-/// EPLB: 23 tokens (every 4th padded), 256 experts, K = 8, R slots with 1..R replicas,
-/// 320 physical experts, recording on.
-inline Spec eplb_spec(uint32_t seed, int64_t R) {
-  Spec s = random_spec(23, 256, 8, seed);
+/// EPLB: T tokens (every 4th padded), E experts, top K, R slots with 1..R replicas,
+/// E + 64 physical experts, recording on.
+inline Spec eplb_spec(uint32_t seed, int64_t R, int64_t T = 23, int64_t E = 256, int64_t K = 8) {
+  Spec s = random_spec(T, E, K, seed);
   s.R = R;
-  s.P = 256 + 64;
+  s.P = E + 64;
   std::mt19937 rng(seed);
   s.l2p = std::vector<int32_t>(static_cast<size_t>(s.E * R));
   for (int32_t& p : *s.l2p) p = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.P));
@@ -448,6 +461,18 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
       c.emplace_back("eplb R=" + std::to_string(R) + (record ? " record" : " no record"), e);
     }
   }
+  // Decode shapes (one token a router block: the CUDA kernels' single-token selection) at
+  // E = 200 / 256 / 384 / 512, a column-major map.
+  for (auto [T, E, K, R] : {std::array<int64_t, 4>{1, 384, 6, 4}, {5, 384, 6, 2}, {3, 512, 8, 3}, {3, 512, 8, 4},
+                            {2, 200, 6, 3}, {1, 256, 6, 1}}) {
+    Spec e = eplb_spec(static_cast<uint32_t>(T * 1000 + E + R), R, T, E, K);
+    e.load_dt = R % 2 ? DType::kInt64 : DType::kInt32;
+    e.logits_dt = E % 3 ? DType::kBFloat16 : DType::kFloat32;
+    c.emplace_back("eplb decode T=" + std::to_string(T) + " E=" + std::to_string(E) + " R=" + std::to_string(R), e);
+  }
+  Spec tm = eplb_spec(31, 3, 4, 256, 6);
+  tm.transposed_l2p = true;
+  c.emplace_back("eplb column-major map", tm);
   c.emplace_back("eplb out of range", eplb_out_of_range_spec());
   c.emplace_back("hash eplb", hash_eplb_spec());
   return c;
