@@ -5,6 +5,7 @@
 // runs this binary and merges its rows); the PyTorch and Triton baselines are the script's.
 // Prints one JSON object per line.
 //   usage: bench_router [--T 1,8,64,256,1024,4096] [--layers E:K:H,...] [--eplb 0,1]
+//   (--eplb 2: the EPLB map with the record flag 0, no load counting)
 //                       [--format mxfp8|fp8_fp32_g128] [--quick]
 #include <cuda_runtime.h>
 
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
     else if (a == "--format" && next) format = argv[++i];
     else if (a == "--quick") Ts = {1, 64, 1024};
     else {
-      std::fprintf(stderr, "usage: %s [--T list] [--layers E:K:H,...] [--eplb 0,1] [--format mxfp8|fp8_fp32_g128] [--quick]\n",
+      std::fprintf(stderr, "usage: %s [--T list] [--layers E:K:H,...] [--eplb 0,1,2] [--format mxfp8|fp8_fp32_g128] [--quick]\n",
                    argv[0]);
       return 2;
     }
@@ -151,6 +152,10 @@ int main(int argc, char** argv) {
         r.routed_scaling_factor = alpha;
         r.topk_ids = TensorRef(ids, DType::kInt32, {T, K}, d);
         r.topk_weights = TensorRef(w, DType::kFloat32, {T, K}, d);
+        {
+          const int32_t flag = eplb == 2 ? 0 : 1;
+          CK(cudaMemcpy(rec, &flag, 4, cudaMemcpyHostToDevice));
+        }
         if (eplb) {
           r.logical_to_physical_map = TensorRef(l2p, DType::kInt32, {E, R}, d);
           r.logical_replica_count = TensorRef(rc, DType::kInt32, {E}, d);
@@ -220,9 +225,9 @@ int main(int argc, char** argv) {
             s, [&] { CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + ((half + 255) / 256) * 256, half, cudaMemcpyDeviceToDevice, s)); },
             calls, reps);
         std::printf("{\"kind\":\"router\",\"source\":\"cpp\",\"format\":\"%s\",\"E\":%lld,\"K\":%lld,\"H\":%lld,\"T\":%lld,"
-                    "\"eplb\":%s,\"bytes\":%.0f,\"fused_us\":%.3f,\"route_then_stage_us\":%.3f,\"route_us\":%.3f,"
+                    "\"eplb\":%s,\"record\":%s,\"bytes\":%.0f,\"fused_us\":%.3f,\"route_then_stage_us\":%.3f,\"route_us\":%.3f,"
                     "\"stage_us\":%.3f,\"copy_us\":%.3f,\"fused_equals_two_step\":%s,\"eplb_recorded\":%lld}\n",
-                    format.c_str(), (long long)E, (long long)K, (long long)H, T, eplb ? "true" : "false", bytes, fused_us,
+                    format.c_str(), (long long)E, (long long)K, (long long)H, T, eplb ? "true" : "false", eplb == 1 ? "true" : "false", bytes, fused_us,
                     two_us, route_us, stage_us, copy_us, same ? "true" : "false", recorded);
         std::fflush(stdout);
       }
