@@ -21,6 +21,15 @@
 #define MEGAMOE_HD inline
 #endif
 
+// A rarely taken path (an exact fallback) as a call, not inlined: inlined, its code would
+// sit between the instructions of the fast path that takes it, spreading that path over
+// more instruction-cache lines (a kernel at decode sizes runs each instruction once).
+#if defined(__CUDACC__)
+#define MEGAMOE_HD_COLD __host__ __device__ inline __noinline__
+#else
+#define MEGAMOE_HD_COLD inline
+#endif
+
 // Unroll the next loop in device code (host compilers do not know the pragma).
 #if defined(__CUDA_ARCH__)
 #define MEGAMOE_UNROLL _Pragma("unroll")

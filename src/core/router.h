@@ -380,6 +380,9 @@ MEGAMOE_HD bool router_score_fast(float x, float& s) {
   return big || x != x || (fast && !near_fp32_midpoint(ev) && !(main && near_fp32_midpoint(lv)));
 }
 
+/// router_score_exact out of line, for router_scores' fallback.
+MEGAMOE_HD_COLD float router_score_cold(float logit) { return router_score_exact(logit); }
+
 /// The expert scores s = sqrt(softplus(logit)) of N logits: exactly router_scores_exact's
 /// results (router_score_fast, and that chain where it cannot decide). The N chains run
 /// side by side; the fallback is a branch taken about once in 10^6 scores (and for logits
@@ -396,7 +399,7 @@ MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
   if (!all) {
     MEGAMOE_UNROLL
     for (int c = 0; c < N; ++c) {
-      if (!ok[c]) s[c] = router_score_exact(logit[c]);
+      if (!ok[c]) s[c] = router_score_cold(logit[c]);
     }
   }
 }
