@@ -386,8 +386,11 @@ MEGAMOE_HD_COLD float router_score_cold(float logit) { return router_score_exact
 /// The expert scores s = sqrt(softplus(logit)) of N logits: exactly router_scores_exact's
 /// results (router_score_fast, and that chain where it cannot decide). The N chains run
 /// side by side; the fallback is a branch taken about once in 10^6 scores (and for logits
-/// below kExpFastMin).
-template <int N>
+/// below kExpFastMin). kCold: the fallback as a call (router_score_cold), which keeps the
+/// fast chains' code together (on the H200 2-3.5% off a decode router launch at E = 384);
+/// inlined where registers are scarce (the fused kernel's 32-register router block, where
+/// the call cost 3-4% at T = 1024).
+template <int N, bool kCold = false>
 MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
   bool ok[N];
   bool all = true;
@@ -399,7 +402,7 @@ MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
   if (!all) {
     MEGAMOE_UNROLL
     for (int c = 0; c < N; ++c) {
-      if (!ok[c]) s[c] = router_score_cold(logit[c]);
+      if (!ok[c]) s[c] = kCold ? router_score_cold(logit[c]) : router_score_exact(logit[c]);
     }
   }
 }

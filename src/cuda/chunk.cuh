@@ -108,23 +108,6 @@ __device__ __forceinline__ void encode_fp4_per_value(const RawChunk<In>& x, cons
   }
 }
 
-/// encode_fp4_per_value out of line, where it is the fallback of a bf16 fast form (MXFP4's
-/// fp32 or pair form, NVFP4 static's f16 form or multiplier table): taken for rare groups
-/// (NaN chunks, scales at the ends of the range, a byte without a multiplier), its 16
-/// divisions or compares would otherwise sit inline between the fast path's instructions
-/// (MEGAMOE_HD_COLD in core/numerics.h says why that costs at decode).
-template <core::Format F, int In>
-__device__ __noinline__ Encoded<F> encode_fp4_per_value_cold(RawChunk<In> x, core::GroupParams gp) {
-  Encoded<F> out;
-  encode_fp4_per_value<F, In>(x, gp, out.w);
-  return out;
-}
-
-/// bf16 chunks of these formats have a fast form; for the others the per-value code is the path.
-template <core::Format F, int In>
-constexpr bool kPerValueIsFallback =
-    In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne || F == core::Format::kNvfp4Static);
-
 template <core::Format F, int In>
 __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const core::GroupParams& gp) {
   Encoded<F> out;
@@ -175,8 +158,7 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
         return out;
       }
     }
-    if constexpr (kPerValueIsFallback<F, In>) out = encode_fp4_per_value_cold<F, In>(x, gp);
-    else encode_fp4_per_value<F, In>(x, gp, out.w);
+    encode_fp4_per_value<F, In>(x, gp, out.w);
   }
   return out;
 }

@@ -138,7 +138,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
       core::e2m1_fp32_mul_chunk(x.w, r, q.w);
     } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
       gp.m = core::nvfp4_static_divisor(gp.sf, s2);
-      q = encode_fp4_per_value_cold<F, In>(x, gp);
+      encode_fp4_per_value<F, In>(x, gp, q.w);
     }
   } else {
     gp = core::group_params<F>(amax, floor, s2);

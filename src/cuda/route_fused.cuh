@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(256, kDecode ? kFusedDecodeBlocksPerSm : kFuse
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if (blockIdx.x < fp.r.blocks) {  // block-uniform
     if constexpr (kDecode) {
-      router_block_body<kDecodeChains>(fp.r, blockIdx.x);
+      router_block_body<kDecodeChains, true>(fp.r, blockIdx.x);
     } else {
       __shared__ RouterParams sh_r;
       router_params_to_shared(fp.r, sh_r);

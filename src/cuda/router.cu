@@ -41,7 +41,7 @@ constexpr int kRouteChains = 3;
 /// The router alone (route(), the two-launch path, a fused call without tokens).
 __global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ RouterParams r) {
   if (r.flags & kRoutePdl) pdl_wait_and_trigger();
-  router_block_body<kRouteChains>(r, blockIdx.x);
+  router_block_body<kRouteChains, true>(r, blockIdx.x);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -394,7 +394,7 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bo
 /// counted nor stored). Every load is issued before the scores, which run side by side
 /// (core::router_scores); the key and the score go to shared memory unless the token is
 /// padded; hash layers only count.
-template <int N>
+template <int N, bool kCold>
 __device__ __forceinline__ void router_score_entries(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
                                                      uint32_t& nf, uint32_t* key, float* score) {
   const uint32_t E = static_cast<uint32_t>(r.E);
@@ -415,7 +415,7 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
   }
   if (r.flags & kRouteHash) return;
   float s[N];
-  core::router_scores(x, s);
+  core::router_scores<N, kCold>(x, s);
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
     if (keep[c]) {
@@ -427,13 +427,13 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
 
 /// The thread's next entries from @p i: as many as the warp's first lane has @p rows left
 /// (warp-uniform), at most N side by side. Returns how many it took.
-template <int N>
+template <int N, bool kCold>
 __device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
                                                       uint32_t rows, uint32_t& nf, uint32_t* key, float* score) {
   if constexpr (N > 1) {
-    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1>(r, t0, i, n, rows, nf, key, score);
+    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1, kCold>(r, t0, i, n, rows, nf, key, score);
   }
-  router_score_entries<N>(r, t0, i, n, nf, key, score);
+  router_score_entries<N, kCold>(r, t0, i, n, nf, key, score);
   return N;
 }
 
@@ -457,8 +457,10 @@ __device__ __forceinline__ void router_params_to_shared(const RouterParams& src,
 /// it (barriers, warp shuffles). @p kChains: the most scores a thread runs side by side,
 /// what the caller's registers hold. @p r: the kernel's own parameter (route_kernel, which
 /// inlines this: every field a constant-bank operand) or a copy in shared memory
-/// (router_block).
-template <int kChains>
+/// (router_block). @p kInlined: the body is inlined into its kernel (route_kernel, the
+/// fused decode variant), whose register budget takes the exact score fallback as a call
+/// (core::router_scores' kCold); false in router_block.
+template <int kChains, bool kInlined>
 __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
   __shared__ uint32_t sh_key[kRouterSmemEntries];
@@ -496,7 +498,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     for (uint32_t i = threadIdx.x; i < n;) {
       const uint32_t left = n - (i - lane) + blockDim.x - 1u;
       const uint32_t rows = pow2 ? left >> shift : left / blockDim.x;
-      i += router_score_rows<kChains>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
+      i += router_score_rows<kChains, kInlined>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
@@ -544,7 +546,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
 /// kChains; @p r is the kernel's parameters in shared memory (router_params_to_shared).
 template <int kChains>
 __device__ __noinline__ void router_block(const RouterParams& r, uint32_t rb) {
-  router_block_body<kChains>(r, rb);
+  router_block_body<kChains, false>(r, rb);
 }
 
 }  // namespace

@@ -170,7 +170,7 @@ void check_fused(Spec spec, const StageCase& c) {
 }
 
 /// Scores of the bit patterns i * stride (3 a thread, side by side as in the router
-/// kernel, core::router_scores<3>) against router_score_exact on the device; counts the
+/// kernel, core::router_scores<3, true>) against router_score_exact on the device; counts the
 /// differences and keeps the first, and writes the scores of @p sample.
 __global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* differ, uint32_t* first,
                             const uint32_t* sample, uint32_t n_sample, float* sample_out) {
@@ -180,7 +180,7 @@ __global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* dif
     for (int c = 0; c < 3; ++c) {
       x[c] = megamoe::core::bits_float(static_cast<uint32_t>((i + c) * stride));
     }
-    megamoe::core::router_scores(x, s);
+    megamoe::core::router_scores<3, true>(x, s);  // as the inlined router blocks run it (fallback a call)
     for (int c = 0; c < 3; ++c) {
       const float e = megamoe::core::router_score_exact(x[c]);
       if (megamoe::core::float_bits(s[c]) != megamoe::core::float_bits(e)) {
