@@ -387,7 +387,7 @@ MEGAMOE_HD_COLD float router_score_cold(float logit) { return router_score_exact
 /// results (router_score_fast, and that chain where it cannot decide). The N chains run
 /// side by side; the fallback is a branch taken about once in 10^6 scores (and for logits
 /// below kExpFastMin). kCold: the fallback as a call (router_score_cold), which keeps the
-/// fast chains' code together (on the H200 2-3.5% off a decode router launch at E = 384);
+/// fast chains' code together (on the H200 0.5-3.2% off a decode router launch at E = 384);
 /// inlined where registers are scarce (the fused kernel's 32-register router block, where
 /// the call cost 3-4% at T = 1024).
 template <int N, bool kCold = false>
