@@ -170,20 +170,22 @@ void check_fused(Spec spec, const StageCase& c) {
 }
 
 /// Scores of the bit patterns i * stride (3 a thread, side by side as in the router
-/// kernel, core::router_scores<3, true>) against router_score_exact on the device; counts the
-/// differences and keeps the first, and writes the scores of @p sample.
+/// kernels, core::router_scores<3> with the exact fallback inline and as a call) against
+/// router_score_exact on the device; counts the differences and keeps the first, and writes
+/// the scores of @p sample.
 __global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* differ, uint32_t* first,
                             const uint32_t* sample, uint32_t n_sample, float* sample_out) {
   const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 3;
   if (i < n) {
-    float x[3], s[3];
+    float x[3], s[3], sc[3];
     for (int c = 0; c < 3; ++c) {
       x[c] = megamoe::core::bits_float(static_cast<uint32_t>((i + c) * stride));
     }
-    megamoe::core::router_scores<3, true>(x, s);  // as the inlined router blocks run it (fallback a call)
+    megamoe::core::router_scores<3, false>(x, s);  // as router_block runs it
+    megamoe::core::router_scores<3, true>(x, sc);  // as the inlined router blocks run it
     for (int c = 0; c < 3; ++c) {
-      const float e = megamoe::core::router_score_exact(x[c]);
-      if (megamoe::core::float_bits(s[c]) != megamoe::core::float_bits(e)) {
+      const uint32_t e = megamoe::core::float_bits(megamoe::core::router_score_exact(x[c]));
+      if (megamoe::core::float_bits(s[c]) != e || megamoe::core::float_bits(sc[c]) != e) {
         atomicAdd(differ, 1ull);
         atomicMin(first, megamoe::core::float_bits(x[c]));
       }
