@@ -492,13 +492,20 @@ struct StageCase {
   bool pdl = false;
 };
 
-/// Staging buffers of one call, poisoned identically.
+/// Staging buffers of one call, every output poisoned with the same byte.
 struct StageBufs {
   Tensor hs, xq, xsf, idx, w, shared, xscales, gs, nonfinite, pad;
   StageArgs args;
+  /// Every tensor a call may write.
+  std::vector<const Tensor*> outputs() const { return {&xq, &xsf, &idx, &w, &shared, &xscales, &nonfinite}; }
 };
 
-inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int64_t K, const std::vector<uint8_t>* pad) {
+/// The output poisons of the fused checks: each the other's complement, so that no output
+/// byte equals both (a byte left unwritten differs from one of them).
+constexpr uint8_t kStagePoisons[] = {0xCD, 0x32};
+
+inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int64_t K, const std::vector<uint8_t>* pad,
+                                             uint8_t poison = kStagePoisons[0]) {
   auto b = std::make_unique<StageBufs>();
   const int64_t rows = c.M > 0 ? c.M : T;
   const megamoe::OutputShapes sh = megamoe::output_shapes(rows, c.H, K, c.scheme, c.shared_bm);
@@ -517,14 +524,14 @@ inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int6
   } else {
     b->hs = real_tensor(c.hidden_dt, T, c.H, hv);
   }
-  b->xq = Tensor(sh.x_q.dtype, {sh.x_q.shape[0], sh.x_q.shape[1]});
-  b->xsf = Tensor(sh.x_sf.dtype, {sh.x_sf.shape[0], sh.x_sf.shape[1]});
+  b->xq = Tensor(sh.x_q.dtype, {sh.x_q.shape[0], sh.x_q.shape[1]}, poison);
+  b->xsf = Tensor(sh.x_sf.dtype, {sh.x_sf.shape[0], sh.x_sf.shape[1]}, poison);
   if (c.mn_major_sf) {
     b->xsf.ref.strides[0] = 1;
     b->xsf.ref.strides[1] = sh.x_sf.shape[0];
   }
-  b->idx = Tensor(DType::kInt64, {rows, K});
-  b->w = Tensor(DType::kFloat32, {rows, K});
+  b->idx = Tensor(DType::kInt64, {rows, K}, poison);
+  b->w = Tensor(DType::kFloat32, {rows, K}, poison);
   b->args.hidden_states = b->hs.ref;
   b->args.x_q = b->xq.ref;
   b->args.x_sf = b->xsf.ref;
@@ -535,12 +542,12 @@ inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int6
   b->args.enable_pdl = c.pdl;
   if (c.shared_bm) {
     const megamoe::OutputShapes s2 = megamoe::output_shapes(T, c.H, K, c.scheme, c.shared_bm);
-    b->shared = Tensor(DType::kInt32, {s2.shared_x_sf->shape[0], s2.shared_x_sf->shape[1]});
+    b->shared = Tensor(DType::kInt32, {s2.shared_x_sf->shape[0], s2.shared_x_sf->shape[1]}, poison);
     b->args.shared_x_sf = b->shared.ref;
     b->args.shared_block_m = c.shared_bm;
   }
   if (sh.x_scales) {
-    b->xscales = Tensor(DType::kFloat32, {rows});
+    b->xscales = Tensor(DType::kFloat32, {rows}, poison);
     b->args.x_scales = b->xscales.ref;
   }
   if (sh.global_scale) {

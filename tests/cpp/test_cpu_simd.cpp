@@ -412,14 +412,25 @@ Outputs Stage(const Case& c, const std::vector<uint8_t>& hidden, const std::vect
   return o;
 }
 
+/// The first element where two output vectors differ bitwise (-1: none; -2: sizes differ).
+template <typename V>
+int64_t FirstDifference(const std::vector<V>& x, const std::vector<V>& y) {
+  if (x.size() != y.size()) return -2;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::memcmp(&x[i], &y[i], sizeof x[i]) != 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+/// Every output of two calls bitwise equal.
+bool SameBits(const Outputs& a, const Outputs& b) {
+  return FirstDifference(a.xq, b.xq) == -1 && FirstDifference(a.sf, b.sf) == -1 && FirstDifference(a.idx, b.idx) == -1 &&
+         FirstDifference(a.w, b.w) == -1 && FirstDifference(a.shared, b.shared) == -1 &&
+         FirstDifference(a.x_scales, b.x_scales) == -1 && a.count == b.count;
+}
+
 void ExpectSame(const Outputs& a, const Outputs& b, const std::string& what) {
-  auto first = [](const auto& x, const auto& y) -> int64_t {
-    if (x.size() != y.size()) return -2;
-    for (size_t i = 0; i < x.size(); ++i) {
-      if (std::memcmp(&x[i], &y[i], sizeof x[i]) != 0) return static_cast<int64_t>(i);
-    }
-    return -1;
-  };
+  auto first = [](const auto& x, const auto& y) -> int64_t { return FirstDifference(x, y); };
   EXPECT_EQ(first(a.xq, b.xq), -1) << what << ": x_q";
   EXPECT_EQ(first(a.sf, b.sf), -1) << what << ": x_sf";
   EXPECT_EQ(first(a.idx, b.idx), -1) << what << ": topk_idx_out";
@@ -501,7 +512,9 @@ TEST_P(SimdTarget, RowStridesAndUnalignedRows) {
   std::vector<int32_t> ids(T * K, 3);
   for (const auto& [name, q] : Schemes()) {
     const megamoe::OutputShapes s = megamoe::output_shapes(T, H, K, q);
-    std::vector<uint8_t> xq_a(s.x_q.numel()), xq_b(s.x_q.numel() * 2 + 1), sf_a(s.x_sf.numel() * 4), sf_b(sf_a.size());
+    // Different poisons in the two results: an element one path skips cannot match.
+    std::vector<uint8_t> xq_a(s.x_q.numel(), 0xA5), xq_b(s.x_q.numel() * 2 + 1, 0x5A), sf_a(s.x_sf.numel() * 4, 0xA5),
+        sf_b(sf_a.size(), 0x5A);
     std::vector<int64_t> idx(T * K);
     std::vector<float> wo(T * K), xs(T);
     float gs = 0.25f;
@@ -533,7 +546,8 @@ TEST_P(SimdTarget, RowStridesAndUnalignedRows) {
     std::vector<uint8_t> twice(static_cast<size_t>(T * H * 4));
     for (int64_t i = 0; i < T * H; ++i) std::memcpy(&twice[i * 4], &hidden[i * 2], 2);
     a.hidden_states = TensorRef(twice.data(), DType::kBFloat16, {T, H}, {2 * H, 2});
-    std::fill(sf_b.begin(), sf_b.end(), 0);
+    std::fill(sf_b.begin(), sf_b.end(), 0x5A);
+    std::fill(xq_b.begin(), xq_b.end(), 0x5A);
     a.x_q = TensorRef(xq_b.data(), s.x_q.dtype, {T, s.x_q.shape[1]});
     megamoe::prepare_inputs(a);
     EXPECT_EQ(0, std::memcmp(xq_a.data(), xq_b.data(), xq_a.size())) << name;
@@ -664,7 +678,7 @@ TEST_F(Pool, ConcurrentCallersEachFinishTheirOwnWork) {
     th.emplace_back([&, i] {
       for (int r = 0; r < 6; ++r) {
         const Outputs got = calls[i].Run();
-        ok[i] += got.xq == want[i].xq && got.sf == want[i].sf && got.count == want[i].count;
+        ok[i] += SameBits(got, want[i]);
       }
     });
   }

@@ -90,6 +90,14 @@ struct Buffers {
   }
 };
 
+/// Every output byte still its poison (a rejected call writes nothing).
+void expect_poisoned(const Buffers& b) {
+  for (uint8_t v : b.xq) ASSERT_EQ(v, 0xAB);
+  for (int32_t v : b.sf) ASSERT_EQ(v, 0x5A5A5A5A);
+  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+  for (float v : b.wo) ASSERT_EQ(u32(v), 0x7F812345u);
+}
+
 /// The expected top-k rows: kept ids widened, weights times alpha (one fp32 rounding,
 /// computed here in double and rounded once), padded and tail rows -1 / +0.0.
 void expect_topk(const Buffers& b, const std::optional<float>& alpha, int64_t rows = -1) {
@@ -130,6 +138,7 @@ TEST(FullBuffer, TailRowsFilledEveryCallActivationRowsUntouched) {
     for (size_t i = static_cast<size_t>(T * 2); i < full.sf.size(); ++i) ASSERT_EQ(full.sf[i], 0x5A5A5A5A);
     // No memo: a second call after the tail is scribbled on fills it again.
     for (auto& v : full.io) v = 77;
+    for (auto& v : full.wo) v = f32(0x7F812345u);
     ASSERT_NO_THROW(megamoe::prepare_inputs(full.args(true)));
     expect_topk(full, std::nullopt);
   }
@@ -148,13 +157,15 @@ TEST(FullBuffer, RejectsShortBuffersAndMismatchedRows) {
   megamoe::StageArgs a = b.args(true);
   a.topk_idx_out = TensorRef(b.io.data(), DType::kInt64, {4, 4});
   EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);  // fewer rows than tokens
+  expect_poisoned(b);
   a = b.args(true);
   a.topk_weights_out = TensorRef(b.wo.data(), DType::kFloat32, {7, 4});
   EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);  // rows differ from topk_idx_out
+  expect_poisoned(b);
   a = b.args(true);
   a.x_sf = TensorRef(b.sf.data(), DType::kInt32, {7, 1});
   EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);
-  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+  expect_poisoned(b);
 }
 
 TEST(RoutedScaling, KeptWeightsScaledOnceMaskedStayZero) {
@@ -169,6 +180,7 @@ TEST(RoutedScaling, KeptWeightsScaledOnceMaskedStayZero) {
   megamoe::StageArgs a = b.args(false);
   a.routed_scaling_factor = std::numeric_limits<float>::infinity();
   EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);
+  expect_poisoned(b);
 }
 
 TEST(RoutingOnly, EqualsTheTopkOfAFullStagingCall) {
@@ -204,10 +216,13 @@ TEST(RoutingOnly, ValidatesLikeStaging) {
   } catch (const megamoe::Error& e) {
     EXPECT_NE(std::string(e.what()).find("topk_weights and topk_ids to have the same shape"), std::string::npos);
   }
+  expect_poisoned(b);
+  const std::vector<float> w_before = b.w;
   r = b.routing(false);
   r.topk_idx_out = TensorRef(b.w.data(), DType::kInt64, {3, 3});  // overlaps an input
   EXPECT_THROW(megamoe::stage_routing(r), megamoe::Error);
-  for (int64_t v : b.io) ASSERT_EQ(v, 0x1111111111111111);
+  expect_poisoned(b);
+  EXPECT_EQ(0, std::memcmp(b.w.data(), w_before.data(), w_before.size() * 4));  // the overlapped input too
 }
 
 // Empty top-k (K == 0) with a huge max_tokens, or empty activations (H == 0) with a huge T:

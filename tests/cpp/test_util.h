@@ -361,6 +361,11 @@ struct Layouts {
 constexpr uint8_t kGapFill = 0x7F;  ///< input gap bytes: huge values / NaN if ever read
 constexpr uint8_t kPoison = 0xFF;   ///< output poison: fp8 -NaN, UE8M0 byte 255, NaN fp32
 constexpr uint8_t kPoisonIdx = 0xA5;  ///< topk_idx_out poison (0xFF.. would be id -1)
+/// Second poisons, every bit flipped from the first ones': a byte some format legally writes
+/// can equal one poison (0xFF is two -6 nibbles in FP4), never both, so a call that skips
+/// a write fails under one of them (stage_and_compare runs the library under both).
+constexpr uint8_t kPoison2 = 0x00;
+constexpr uint8_t kPoisonIdx2 = 0x5A;
 
 /// Strided copies of a problem's inputs and poisoned outputs.
 struct Call {
@@ -400,8 +405,10 @@ inline void scatter(Buf& b, const std::vector<uint8_t>& dense) {
   }
 }
 
-/// Build the strided inputs and poisoned outputs of @p p in layouts @p l.
-inline Call make_call(const Problem& p, const Layouts& l) {
+/// Build the strided inputs and poisoned outputs of @p p in layouts @p l (outputs filled
+/// with @p poison, topk_idx_out with @p poison_idx).
+inline Call make_call(const Problem& p, const Layouts& l, uint8_t poison = kPoison,
+                      uint8_t poison_idx = kPoisonIdx) {
   Call c;
   const bool mi = l.misalign_in, mo = l.misalign_out;
   const megamoe_ref::Format f = p.format();
@@ -416,19 +423,19 @@ inline Call make_call(const Problem& p, const Layouts& l) {
     scatter(*c.pad, p.pad);
   }
   if (p.static_gs()) c.gs = make_scalar(DType::kFloat32, l.scalars_0d, mi, kGapFill, p.global_scale);
-  c.x_q = make_buf(p.x_fp8_dt, p.T, p.q_cols(), l.x_q, mo, kPoison);
+  c.x_q = make_buf(p.x_fp8_dt, p.T, p.q_cols(), l.x_q, mo, poison);
   c.x_sf = make_buf(f.packed_scales() ? DType::kInt32 : DType::kFloat32, p.T, p.sf_cols(), l.x_sf,
-                    mo, kPoison);
-  c.idx = make_buf(DType::kInt64, p.T, p.K, l.idx, mo, kPoisonIdx);
-  c.wout = make_buf(DType::kFloat32, p.T, p.K, l.wout, mo, kPoison);
+                    mo, poison);
+  c.idx = make_buf(DType::kInt64, p.T, p.K, l.idx, mo, poison_idx);
+  c.wout = make_buf(DType::kFloat32, p.T, p.K, l.wout, mo, poison);
   if (p.bm > 0) {
     const int64_t abm = (p.bm + 127) / 128 * 128;
     const int64_t rows = (p.T + p.bm - 1) / p.bm * abm + l.shared_extra_rows;
-    c.shared = make_buf(DType::kInt32, rows, p.sf_cols(), l.shared, mo, kPoison);
+    c.shared = make_buf(DType::kInt32, rows, p.sf_cols(), l.shared, mo, poison);
   }
-  if (p.per_token()) c.x_scales = make_buf(DType::kFloat32, p.T, -1, l.x_scales, mo, kPoison);
+  if (p.per_token()) c.x_scales = make_buf(DType::kFloat32, p.T, -1, l.x_scales, mo, poison);
   if (p.nonfinite_init) {
-    c.nfc = make_scalar(DType::kInt64, l.scalars_0d, mo, kPoison, *p.nonfinite_init);
+    c.nfc = make_scalar(DType::kInt64, l.scalars_0d, mo, poison, *p.nonfinite_init);
   }
   megamoe::StageArgs& a = c.args;
   a.hidden_states = c.hidden.ref();
@@ -541,25 +548,30 @@ inline ::testing::AssertionResult outputs_match(const Call& c, const Expected& e
 /// left unchanged. The reference result goes to @p ref_out when given (also on a mismatch).
 inline ::testing::AssertionResult stage_and_compare(const Problem& p, const Layouts& l,
                                                     megamoe_ref::Result* ref_out = nullptr) {
-  Call c = make_call(p, l);
-  std::vector<std::vector<uint8_t>> inputs_before;
-  for (const auto& in : c.inputs()) inputs_before.push_back(in.second->mem);
   const megamoe_ref::Result r = reference(p);
   // Handed back before any comparison, so that callers asserting on it never read an
   // empty result after a mismatch.
   if (ref_out != nullptr) *ref_out = r;
-  const Expected e = expected_images(p, c, r);
-  try {
-    megamoe::prepare_inputs(c.args);
-  } catch (const std::exception& ex) {
-    return ::testing::AssertionFailure() << "prepare_inputs threw: " << ex.what();
+  // Under both poisons (kPoison2): an output byte left unwritten shows under at least one.
+  for (const auto& poison : {std::make_pair(kPoison, kPoisonIdx), std::make_pair(kPoison2, kPoisonIdx2)}) {
+    Call c = make_call(p, l, poison.first, poison.second);
+    std::vector<std::vector<uint8_t>> inputs_before;
+    for (const auto& in : c.inputs()) inputs_before.push_back(in.second->mem);
+    const Expected e = expected_images(p, c, r);
+    try {
+      megamoe::prepare_inputs(c.args);
+    } catch (const std::exception& ex) {
+      return ::testing::AssertionFailure() << "prepare_inputs threw: " << ex.what();
+    }
+    const auto ins = c.inputs();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      auto res = assert_bitwise_equal(ins[i].first, *ins[i].second, inputs_before[i]);
+      if (!res) return res << " (an input was modified)";
+    }
+    auto res = outputs_match(c, e);
+    if (!res) return res << " (outputs poisoned with 0x" << std::hex << static_cast<int>(poison.first) << ")";
   }
-  const auto ins = c.inputs();
-  for (size_t i = 0; i < ins.size(); ++i) {
-    auto res = assert_bitwise_equal(ins[i].first, *ins[i].second, inputs_before[i]);
-    if (!res) return res << " (an input was modified)";
-  }
-  return outputs_match(c, e);
+  return ::testing::AssertionSuccess();
 }
 
 /// Layouts that change everything but the values: strided, transposed, reversed,

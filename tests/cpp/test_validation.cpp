@@ -71,7 +71,21 @@ class Validation : public ::testing::Test {
       auto r = mt::assert_bitwise_equal(bufs[i].first, *bufs[i].second, before_[i]);
       if (!r) return r << " (written by a rejected call)";
     }
+    for (size_t i = 0; i < watched_.size(); ++i) {
+      auto r = mt::assert_bitwise_equal("a substituted tensor", *watched_[i], watched_before_[i]);
+      if (!r) return r << " (written by a rejected call)";
+    }
     return ::testing::AssertionSuccess();
+  }
+
+  /// Buffers a test substitutes into the call (beside call_'s own): the next expect_reject
+  /// checks that neither API wrote them. Returns the first one's view.
+  megamoe::TensorRef watch(std::initializer_list<mt::Buf*> bufs) {
+    for (mt::Buf* b : bufs) {
+      watched_.push_back(b);
+      watched_before_.push_back(b->mem);
+    }
+    return (*bufs.begin())->ref();
   }
 
   /// prepare_inputs (and validate) must throw @p code with a message containing every
@@ -102,6 +116,8 @@ class Validation : public ::testing::Test {
       }
       EXPECT_TRUE(untouched());
     }
+    watched_.clear();
+    watched_before_.clear();
   }
 
   megamoe::StageArgs args() const { return call_.args; }
@@ -109,6 +125,8 @@ class Validation : public ::testing::Test {
   mt::Problem p_;
   mt::Call call_;
   std::vector<std::vector<uint8_t>> before_;
+  std::vector<const mt::Buf*> watched_;
+  std::vector<std::vector<uint8_t>> watched_before_;
 };
 
 TEST_F(Validation, BaselineIsValidAndMatchesReference) {
@@ -163,23 +181,23 @@ TEST_F(Validation, SharedWithFp32Scales) {
   build(QuantScheme::fp8_fp32_g128());
   mt::Buf sh = mt::make_buf(DType::kInt32, 128, 1, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.shared_x_sf = sh.ref();
+  a.shared_x_sf = watch({&sh});
   a.shared_block_m = 8;
   expect_reject(a, {kSeedSharedUe8m0, "float32"}, true);
   // also with a correctly-shaped fp32 tensor
   mt::Buf sh2 = mt::make_buf(DType::kFloat32, 128, 2, Layout::kContig, false, mt::kPoison);
-  a.shared_x_sf = sh2.ref();
+  a.shared_x_sf = watch({&sh2});
   expect_reject(a, {kSeedSharedUe8m0}, true);
 }
 
 TEST_F(Validation, SharedWrongRankOrWidth) {
   mt::Buf one_d = mt::make_buf(DType::kInt32, 256, -1, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.shared_x_sf = one_d.ref();
+  a.shared_x_sf = watch({&one_d});
   expect_reject(a, {"MegaMoE shared_x_sf must have shape (*, 2), got (256,)."}, true);
 
   mt::Buf wide = mt::make_buf(DType::kInt32, 128, 3, Layout::kContig, false, mt::kPoison);
-  a.shared_x_sf = wide.ref();
+  a.shared_x_sf = watch({&wide});
   expect_reject(a, {"MegaMoE shared_x_sf must have shape (*, 2), got (128, 3)."}, true);
 
   // The width follows the scheme: UE8M0 G = 128 with H = 512 has H/(4G) = 1 word per row.
@@ -189,7 +207,7 @@ TEST_F(Validation, SharedWrongRankOrWidth) {
   a = args();
   a.hidden_quant = QuantScheme::fp8_ue8m0_g128();
   a.hidden_states = hs.ref();
-  a.x_q = xf.ref();
+  a.x_q = watch({&xf, &sf});
   a.x_sf = sf.ref();
   a.shared_x_sf = call_.shared->ref();  // (128, 2)
   expect_reject(a, {"MegaMoE shared_x_sf must have shape (*, 1), got (128, 2)."}, true);
@@ -201,18 +219,18 @@ TEST_F(Validation, SharedWrongRankOrWidth) {
 TEST_F(Validation, SharedTooFewRows) {
   mt::Buf sh = mt::make_buf(DType::kInt32, 127, 2, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.shared_x_sf = sh.ref();
+  a.shared_x_sf = watch({&sh});
   expect_reject(a, {"MegaMoE shared_x_sf has insufficient rows: requires 128, got 127."}, true);
 
   // ceil(5 / 2) = 3 blocks of 128 rows.
   mt::Buf sh3 = mt::make_buf(DType::kInt32, 383, 2, Layout::kContig, false, mt::kPoison);
-  a.shared_x_sf = sh3.ref();
+  a.shared_x_sf = watch({&sh3});
   a.shared_block_m = 2;
   expect_reject(a, {"MegaMoE shared_x_sf has insufficient rows: requires 384, got 383."}, true);
 
   // bm = 192 -> abm = 256, and a transposed view counts rows by its shape.
   mt::Buf sh4 = mt::make_buf(DType::kInt32, 255, 2, Layout::kTransposed, false, mt::kPoison);
-  a.shared_x_sf = sh4.ref();
+  a.shared_x_sf = watch({&sh4});
   a.shared_block_m = 192;
   expect_reject(a, {"requires 256, got 255."});
 }
@@ -220,7 +238,7 @@ TEST_F(Validation, SharedTooFewRows) {
 TEST_F(Validation, SharedWrongDtype) {
   mt::Buf sh = mt::make_buf(DType::kFloat32, 128, 2, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.shared_x_sf = sh.ref();
+  a.shared_x_sf = watch({&sh});
   expect_reject(a, {"megamoe: shared_x_sf: expected dtype int32, got dtype float32"}, true);
 }
 
@@ -294,7 +312,7 @@ TEST_F(Validation, Ue8m0NeedsFourGroupsPerWord) {
   auto a = args();
   a.hidden_quant = mt::scheme(true, 64);
   a.hidden_states = hs.ref();
-  a.x_q = xf.ref();
+  a.x_q = watch({&xf});
   expect_reject(a, {"got 128 / 64"});
   // fp32 scales have no packing constraint.
   build(QuantScheme::fp8_fp32_g128());
@@ -349,14 +367,14 @@ TEST_F(Validation, WrongDtypes) {
     SCOPED_TRACE(std::string(c.slot) + " " + megamoe::dtype_name(c.dt));
     mt::Buf b = mt::make_buf(c.dt, c.rows, c.cols, Layout::kContig, false, mt::kPoison);
     auto a = args();
-    slot(a, c.slot) = b.ref();
+    slot(a, c.slot) = watch({&b});
     expect_reject(a, {c.expect});
   }
   // fp32 scales need an fp32 x_sf.
   build(QuantScheme::fp8_fp32_g128());
   mt::Buf sf = mt::make_buf(DType::kInt32, T, 2, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.x_sf = sf.ref();
+  a.x_sf = watch({&sf});
   expect_reject(a, {"megamoe: x_sf: expected dtype float32, got dtype int32"}, true);
 }
 
@@ -368,7 +386,7 @@ TEST_F(Validation, WrongRanks) {
     // with the slot's own dtype so that only the rank is wrong.
     mt::Buf b = mt::make_buf(DType::kInt32, T, one_d ? 1 : -1, Layout::kContig, false, mt::kPoison);
     auto a = args();
-    megamoe::TensorRef r = b.ref();
+    megamoe::TensorRef r = watch({&b});
     r.dtype = slot(a, n).dtype;
     slot(a, n) = r;
     if (n == "shared_x_sf") {
@@ -412,19 +430,19 @@ TEST_F(Validation, WrongShapes) {
     auto a = args();
     if (c.expect == nullptr) {  // ids and weights agree with each other but not with T
       mt::Buf w = mt::make_buf(DType::kFloat32, c.rows, c.cols, Layout::kContig, false, 0);
-      a.topk_ids = b.ref();
+      a.topk_ids = watch({&b, &w});
       a.topk_weights = w.ref();
       expect_reject(a, {"megamoe: topk_ids: expected shape (5, 3), got shape (4, 3)"}, true);
       continue;
     }
-    slot(a, c.slot) = b.ref();
+    slot(a, c.slot) = watch({&b});
     expect_reject(a, {c.expect});
   }
   // fp32 scales: x_sf is [T, H/G] floats.
   build(QuantScheme::fp8_fp32_g32());
   mt::Buf sf = mt::make_buf(DType::kFloat32, T, 2, Layout::kContig, false, mt::kPoison);
   auto a = args();
-  a.x_sf = sf.ref();
+  a.x_sf = watch({&sf});
   expect_reject(a, {"x_sf: expected shape (5, 8), got shape (5, 2)"});
   // Negative sizes.
   megamoe::TensorRef neg = call_.hidden.ref();

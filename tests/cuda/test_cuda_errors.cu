@@ -84,6 +84,7 @@ TEST(CudaErrors, MissingDeviceIsACudaError) {
   c.H = 256;
   Staged s(c);
   ASSERT_TRUE(s.ok());
+  s.poison_outputs();
   StageArgs a = s.args(true);
   for (TensorRef* t : {&a.hidden_states, &a.topk_weights, &a.topk_ids, &a.x_q, &a.x_sf, &a.topk_idx_out,
                        &a.topk_weights_out, &*a.is_padding}) {
@@ -98,6 +99,7 @@ TEST(CudaErrors, MissingDeviceIsACudaError) {
   }
   // The failure is not left behind for the caller's next cudaGetLastError.
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  for (auto& o : s.outputs()) EXPECT_EQ(o.second->download(), o.second->host) << o.first << " written";
 }
 
 TEST(CudaErrors, LaunchRejectsAPlanBeforeTouchingTheDevice) {
@@ -107,6 +109,7 @@ TEST(CudaErrors, LaunchRejectsAPlanBeforeTouchingTheDevice) {
   c.H = 256;
   Staged s(c);
   ASSERT_TRUE(s.ok());
+  s.poison_outputs();
   const StageArgs a = s.args(true);
   const megamoe::detail::Problem p = megamoe::detail::validate_args(a);
   mc::Plan plan = mc::plan(p, a, mc::device_info(0));
@@ -117,6 +120,8 @@ TEST(CudaErrors, LaunchRejectsAPlanBeforeTouchingTheDevice) {
   } catch (const megamoe::Error& e) {
     EXPECT_EQ(e.code(), megamoe::ErrorCode::kInvalidArgument) << e.what();
   }
+  CUDA_OK(cudaDeviceSynchronize());
+  for (auto& o : s.outputs()) EXPECT_EQ(o.second->download(), o.second->host) << o.first << " written";
 }
 
 // In a child process (the fault loses the CUDA context): stage with an output that is not
