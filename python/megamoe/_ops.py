@@ -46,40 +46,6 @@ def _torch_for(x: Any) -> Any:
 # Behind the generated entry points (arguments in the order of megamoe._signature)
 
 
-_FUSED_TAIL = [True]  # False once a backend said it cannot stage the tail / scaling itself
-
-
-def call_prepare(a: Any, prepare: Any, routing: Any) -> None:
-    """``prepare(a)``, or, where the backend does not stage full-buffer mode or the routed
-    scaling factor in one call yet (UnsupportedError; the CUDA backend for now), the same
-    result in two: the tokens' rows staged plainly, then the routing-only call, which does
-    both, over the whole top-k buffers (rewriting their first T rows). Arguments in table
-    order, already validated by the first attempt; arrays that cannot be sliced (raw DLPack
-    capsules) get the refusal instead. Rows T.. of the activation outputs are left
-    untouched either way."""
-    full, alpha = _as_bool(a[_P_FULL], "full_buffer"), a[PREPARE.index("routed_scaling_factor")]
-    if not (full or alpha is not None) or _FUSED_TAIL[0]:
-        try:
-            prepare(a)
-            return
-        except _C.UnsupportedError as e:
-            sliceable = all(hasattr(x, "shape") and hasattr(x, "__getitem__") for x in a[:7])
-            if not (full or alpha is not None) or "full-buffer" not in str(e) or not sliceable:
-                raise
-            _FUSED_TAIL[0] = False
-    T = (shape_of(a[0]) or (0,))[0]
-    b = list(a)
-    b[_P_FULL], b[PREPARE.index("routed_scaling_factor")] = False, None
-    for name in ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "x_scales"):
-        i = PREPARE.index(name)
-        if b[i] is not None:
-            b[i] = b[i][:T]
-    if T > 0:
-        prepare(b)
-    pick = [a[PREPARE.index(p.name)] for p in ROUTING.params]
-    routing(pick)
-
-
 def prepare_impl(*a: Any) -> None:
     glue = _torch_for(a[0])
     if glue is not None:  # the scheme is converted there (traceable by torch.compile)
@@ -87,11 +53,7 @@ def prepare_impl(*a: Any) -> None:
         return
     if not _as_bool(a[_P_FULL], "full_buffer") and no_tokens(a[0]):
         return
-    call_prepare(
-        a,
-        lambda v: _C.prepare_inputs(*PREPARE.native_args(v, as_scheme)),
-        lambda r: _C.stage_routing(*ROUTING.native_args(r, None)),
-    )
+    _C.prepare_inputs(*PREPARE.native_args(a, as_scheme))
 
 
 def explain_impl(*a: Any) -> str:
@@ -175,7 +137,9 @@ def dsv4_topk_prepare_megamoe(
     of ``indices_dtype`` (int32 or int64) on the device of ``gating_output``, routes
     ``gating_output`` ``[T, E]`` (``sqrt(softplus)`` scores, the top-k of scores +
     ``correction_bias``, renormalized unbiased scores times ``routed_scaling_factor``)
-    and stages ``hidden_states`` as MXFP8 into ``x_fp8`` / ``x_sf`` / ``topk_idx_out`` /
+    and stages ``hidden_states`` as MXFP8 (MXFP4 with ties toward zero when ``x_fp8`` is an
+    int8 / uint8 ``[T, H/2]`` buffer: :func:`prepare_megamoe_inputs`' drop-in rule, which
+    vLLM's MXFP4 path relies on) into ``x_fp8`` / ``x_sf`` / ``topk_idx_out`` /
     ``topk_weights_out`` (and ``shared_x_sf``) in one call, as :func:`route_and_stage`
     does; returns ``(topk_weights, topk_ids)``. K is ``topk_idx_out.shape[1]`` (vLLM's:
     always 6). For every other option (hash layers, EPLB, other formats, full buffer,

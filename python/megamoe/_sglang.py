@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ._args import shape_of
 from ._entry import prepare_megamoe_inputs, stage_megamoe_routing
 from ._scheme import FP8_FP32_G32, FP8_FP32_G128, FP8_UE8M0_G128, MXFP4, MXFP8, NVFP4_PER_TOKEN, QuantScheme
+from ._signature import optional_float
 
 __all__ = ["mega_moe_pre_dispatch", "mega_moe_pre_dispatch_sm90"]
 
@@ -90,10 +91,9 @@ def _flat(a: Any) -> Any:
     return v
 
 
-def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
-    """``w[t, k] *= expert_scales[ids[t, k]]`` where the id is a valid expert (DeepGEMM skips
-    negative ids; ids past the table, which DeepGEMM would read out of bounds, are skipped
-    too), in place, one fp32 product each."""
+def _check_expert_scales(expert_scales: Any, w: Any) -> None:
+    """Raises unless ``expert_scales`` is a 1-D float32 array of ``w``'s kind (and device):
+    called before anything is staged, so that a bad table writes nothing."""
     torch = sys.modules.get("torch")
     shape = shape_of(expert_scales)
     name = str(getattr(expert_scales, "dtype", "")).rsplit(".", 1)[-1]
@@ -101,7 +101,23 @@ def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
         raise ValueError(
             f"megamoe: expert_scales: expected a 1-D float32 array, got shape {shape} dtype {name or type(expert_scales).__name__}"
         )
-    E = shape[0]
+    w_torch = torch is not None and isinstance(w, torch.Tensor)
+    if w_torch != (torch is not None and isinstance(expert_scales, torch.Tensor)):
+        raise TypeError(
+            f"megamoe: expert_scales: expected the same kind of array as buf_topk_weights "
+            f"({type(w).__name__}), got {type(expert_scales).__name__}"
+        )
+    if w_torch and expert_scales.device != w.device:
+        raise ValueError(f"megamoe: expert_scales: expected device {w.device}, got device {expert_scales.device}")
+
+
+def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
+    """``w[t, k] *= expert_scales[ids[t, k]]`` where the id is a valid expert (DeepGEMM skips
+    negative ids; ids past the table, which DeepGEMM would read out of bounds, are skipped
+    too), in place, one fp32 product each (``expert_scales`` checked by
+    _check_expert_scales)."""
+    torch = sys.modules.get("torch")
+    E = shape_of(expert_scales)[0]
     if torch is not None and isinstance(w, torch.Tensor):
         valid = (ids >= 0) & (ids < E)
         scale = expert_scales[ids.clamp(0, max(E - 1, 0))] if E else torch.ones_like(w)
@@ -151,6 +167,17 @@ def mega_moe_pre_dispatch(
         raise ValueError(f"megamoe: buf_x_scales: expected none (mma_type {mma_type!r} has no per-token scales), got an array")
     if fp4:
         buf_x = _as_bytes(buf_x)
+    else:
+        # e4m3 bytes, one per element: a packed-fp4 width would otherwise meet the validator's
+        # MXFP4 drop-in rule (a default-scheme x_q of width H/2) and stage MXFP4.
+        xs_, bs_ = shape_of(x), shape_of(buf_x)
+        if len(xs_) == 2 and len(bs_) == 2 and bs_[1] != xs_[1]:
+            raise ValueError(
+                f"megamoe: buf_x: expected width {xs_[1]} (one e4m3 byte per element for mma_type "
+                f"{mma_type!r}), got shape {tuple(bs_)}; packed fp4 takes mma_type 'mxf4xmxf4' or 'nvfp4xnvfp4'"
+            )
+    if expert_scales is not None:
+        _check_expert_scales(expert_scales, buf_topk_weights)
     rows = (shape_of(buf_topk_idx) or (0,))[0]
     xs = None if buf_x_scales is None else _flat(buf_x_scales)
     x_n, ids_n, w_n = x[:n], topk_idx[:n], topk_weights[:n]
@@ -160,6 +187,13 @@ def mega_moe_pre_dispatch(
         # then the top-k tail alone.
         if shape_of(xs)[0] < n:
             raise ValueError(f"megamoe: buf_x_scales: expected at least num_tokens = {n} elements, got {shape_of(xs)[0]}")
+        # The second call checks the tail of the top-k buffers; their rows must agree
+        # before the first writes anything.
+        w_rows = (shape_of(buf_topk_weights) or (0,))[0]
+        if w_rows != rows:
+            raise ValueError(
+                f"megamoe: buf_topk_weights: expected {rows} rows (as buf_topk_idx), got shape {tuple(shape_of(buf_topk_weights))}"
+            )
         prepare_megamoe_inputs(
             x_n, w_n, ids_n, buf_x[:n], buf_x_sf[:n], buf_topk_idx[:n], buf_topk_weights[:n],
             hidden_quant=scheme, x_scales=xs[:n], enable_pdl=enable_pdl,
@@ -204,7 +238,9 @@ def mega_moe_pre_dispatch_sm90(
     if G not in (32, 128):
         raise ValueError(f"megamoe: group_size: expected 32 or 128 (DeepGEMM's SM90 pre-dispatch), got {G}")
     scheme = _SM90_SCHEMES[G]
-    alpha = float(routed_scaling_factor)
+    alpha = optional_float(routed_scaling_factor, "routed_scaling_factor")
+    if alpha is None:
+        raise TypeError("megamoe: routed_scaling_factor: expected a float, got None")
     prepare_megamoe_inputs(
         x[:n], topk_weights[:n], topk_idx[:n], buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights,
         hidden_quant=scheme, full_buffer=True,

@@ -29,7 +29,6 @@ import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
-from ._ops import call_prepare
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
 from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
 
@@ -93,6 +92,10 @@ def _cap(t: Any, name: str) -> Any:
     if t is None or not isinstance(t, _Tensor):
         return t
     if t.dtype in _AS_BYTES:
+        # Bytes of the quantized output only: any other argument of such a dtype would be
+        # read as uint8 (a float8 is_padding as a mask), where the library rejects it.
+        if name != "x_fp8":
+            raise ValueError(f"megamoe: {name}: got dtype {t.dtype}, which only x_fp8 (the quantized output) may have")
         t = t.view(torch.uint8)
     try:
         return _to_dlpack(t)
@@ -148,7 +151,7 @@ def _run_prepare(a: Sequence[Any], checked: bool = False) -> None:
     stream already resolved; ``checked``: the caller has done the T == 0 test)."""
     if not checked and not _as_bool(a[_P_FULL], "full_buffer") and _no_tokens(a[0]):
         return
-    call_prepare(a, lambda v: _C.prepare_inputs(*PREPARE.native_args(v, as_scheme, _cap)), _run_routing)
+    _C.prepare_inputs(*PREPARE.native_args(a, as_scheme, _cap))
 
 
 def _run_routing(a: Sequence[Any]) -> None:

@@ -126,6 +126,13 @@ def test_router_reference_rules():
     assert tr.ulp_diff(np.float32([1.0]), np.nextafter(np.float32([1.0]), np.float32(2)))[0] == 1
     cmp = tr.compare_routes((ids, w), (ids, w))
     assert cmp["ids_equal"] == 1.0 and cmp["max_weight_ulp"] == 0
+    # and it sees a differing id set and a weight an ulp away
+    ri, rw = np.array([[1, 2], [3, 4]], np.int32), np.float32([[0.5, 0.25], [0.75, 0.125]])
+    gi, gw = ri.copy(), rw.copy()
+    gi[1, 0] = 5
+    gw[0, 1] = np.nextafter(gw[0, 1], np.float32(1))
+    cmp = tr.compare_routes((ri, rw), (gi, gw))
+    assert cmp["ids_equal"] == 0.5 and cmp["tokens_differing"] == 1 and cmp["max_weight_ulp"] == 1
 
 
 def test_megamoe_route_matches_the_reference_where_bound():

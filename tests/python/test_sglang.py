@@ -147,7 +147,12 @@ def test_pre_dispatch_errors():
 
     def call(*a, **kw):
         buf = buffers(P, H, K, fp4=kw.pop("fp4", False), sf_cols=kw.pop("sf_cols", H // 128))
-        megamoe.mega_moe_pre_dispatch(x, ids, w, *buf.values(), *a, **kw)
+        before = {k: v.copy() for k, v in buf.items()}
+        try:
+            megamoe.mega_moe_pre_dispatch(x, ids, w, *buf.values(), *a, **kw)
+        finally:  # a rejected call writes nothing
+            for k, v in buf.items():
+                assert_bitwise(v, before[k], k)
 
     cases = [
         ((n, 32, "bf16xbf16"), {}, ValueError, "megamoe: mma_type: expected 'fp8xfp4', 'mxf4xmxf4' or 'nvfp4xnvfp4'"),
@@ -163,12 +168,26 @@ def test_pre_dispatch_errors():
          "megamoe: buf_x_scales: expected at least num_tokens = 4 elements, got 2"),
         ((n,), dict(expert_scales=np.ones(3, np.float64)), ValueError, "megamoe: expert_scales: expected a 1-D float32 array"),
         ((n,), dict(sf_cols=3), ValueError, "megamoe: x_sf: expected shape (8, 2), got shape (8, 3)"),
+        # packed-fp4 bytes under an fp8 mma_type: an error, not MXFP4 by the drop-in rule
+        ((n,), dict(fp4=True), ValueError, "megamoe: buf_x: expected width 256 (one e4m3 byte per element for mma_type 'fp8xfp4'), got shape (8, 128)"),
+        ((n, 32, False), dict(fp4=True), ValueError, "megamoe: buf_x: expected width 256"),
+        ((n,), dict(expert_scales=np.ones((2, 3), np.float32)), ValueError, "megamoe: expert_scales: expected a 1-D float32 array, got shape (2, 3)"),
+        ((n,), dict(expert_scales=[1.0, 2.0]), ValueError, "megamoe: expert_scales: expected a 1-D float32 array"),
     ]  # fmt: skip
     for a, kw, exc, msg in cases:
         with pytest.raises(exc, match=re.escape(msg)):
             call(*a, **kw)
     with pytest.raises(ValueError, match="at least 4 rows"):  # num_tokens beyond the buffer
         megamoe.mega_moe_pre_dispatch(x, ids, w, *buffers(2, H, K, sf_cols=2).values(), n)
+    # NVFP4 with num_tokens scales (the two-call path): top-k buffers whose rows differ are
+    # rejected before the first call writes the activations.
+    buf = buffers(P, H, K, fp4=True, sf_cols=4)
+    buf["buf_topk_weights"] = np.full((P + 1, K), np.nan, np.float32)
+    before = {k: v.copy() for k, v in buf.items()}
+    with pytest.raises(ValueError, match=re.escape("megamoe: buf_topk_weights: expected 8 rows (as buf_topk_idx), got shape (9, 2)")):
+        megamoe.mega_moe_pre_dispatch(x, ids, w, *buf.values(), n, 16, "nvfp4xnvfp4", np.zeros(n, np.float32))
+    for k, v in buf.items():
+        assert_bitwise(v, before[k], k)
 
 
 @pytest.mark.parametrize("G", [128, 32])
@@ -190,6 +209,10 @@ def test_pre_dispatch_sm90(G, alpha):
     assert buf["buf_x_sf"][2, 0] == np.float32(np.float32(3e-9) * ref.C_INV448)  # the floor did not apply
     with pytest.raises(ValueError, match=re.escape("megamoe: group_size: expected 32 or 128 (DeepGEMM's SM90 pre-dispatch), got 64")):
         megamoe.mega_moe_pre_dispatch_sm90(x, ids, w, *buf.values(), n, 64)
+    # the scaling factor is a number, as prepare_megamoe_inputs takes it
+    for bad in ("2.5", True, None):
+        with pytest.raises(TypeError, match="megamoe: routed_scaling_factor: expected a float"):
+            megamoe.mega_moe_pre_dispatch_sm90(x, ids, w, *buf.values(), n, G, bad)
 
 
 # ---------------------------------------------------------------------------------------
