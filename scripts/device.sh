@@ -38,8 +38,9 @@
 # Groups: call1 = info build sanitize suite pytest suite-wait sanitize-wait
 #         call2 = info build bench-formats nonfinite bench-router ab bench-op
 #         call3 = info build bench-formats bench-router bench-op
-#         call4 = info build sanitize sanitize-wait (megamoe_cuda_tests' slow sanitizer pass
-#           alone: GPU_BINS=megamoe_cuda_tests SANITIZE_PASSES=slow)
+#         call4 = info build bench-op sanitize sanitize-wait (the op-overhead benchmark on an
+#           idle GPU, then megamoe_cuda_tests under the sanitizers: the main pass and each
+#           slow test, a process per tool, side by side)
 #         call5 = info build suite pytest suite-wait bench-formats (the FP4 paired paths:
 #           CudaNumerics.Fp4Pairs*, the chunk forms, CudaStage.*, test_gpu.py, the figures)
 #           (BUILD_TARGETS defaults to "_C megamoe_bench_router" there; bench-op, which

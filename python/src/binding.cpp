@@ -20,8 +20,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -465,11 +467,22 @@ struct StageHandles {
   bool enable_pdl = false;
 };
 
-/// A Python float as the library's fp32 factor (round to nearest, as DeepGEMM's SM90
-/// pre-dispatch casts its double argument).
+/// A Python float as an fp32 argument @p name (round to nearest, as DeepGEMM's SM90
+/// pre-dispatch casts its double argument). NaN and +-Inf pass (the validator names them);
+/// a finite value beyond fp32's range is refused here, its conversion being undefined.
+float to_f32_arg(double v, const char* name) {
+  if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max())) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("megamoe: ") + name + ": expected a value within float32's range, got " + buf);
+  }
+  return static_cast<float>(v);
+}
+
 std::optional<float> as_float(const std::optional<double>& v) {
   if (!v) return std::nullopt;
-  return static_cast<float>(*v);
+  return to_f32_arg(*v, "routed_scaling_factor");
 }
 
 /// Imports the arrays of @p h into @p args. Returns false when the call has nothing to do:
@@ -767,7 +780,7 @@ NB_MODULE(_C, m) {
             QuantScheme q{elem, scale, group_m, group_k, is_static, symmetric,
                           resolve_scale2(has_scale2, scale2)};
             q.rounding = rounding;
-            q.amax_floor = static_cast<float>(amax_floor);
+            q.amax_floor = to_f32_arg(amax_floor, "amax_floor");
             new (self) QuantScheme(q);
           },
           nb::arg("elem") = QuantElem::kFloat8E4M3, nb::arg("scale") = ScaleType::kUE8M0,
@@ -788,7 +801,7 @@ NB_MODULE(_C, m) {
       .def_rw("rounding", &QuantScheme::rounding, "Tie rule of the element encoding (Rounding).")
       .def_prop_rw(
           "amax_floor", [](const QuantScheme& q) { return q.amax_floor; },
-          [](QuantScheme& q, double v) { q.amax_floor = static_cast<float>(v); },
+          [](QuantScheme& q, double v) { q.amax_floor = to_f32_arg(v, "amax_floor"); },
           "Lower bound of a group's amax (fp32; 1e-4 by default, 1e-10 for SM90 / SGLang).")
       .def_prop_rw(
           "has_scale2", [](const QuantScheme& q) { return q.scale2 != megamoe::Scale2::kNone; },
@@ -813,7 +826,7 @@ NB_MODULE(_C, m) {
                   "NVFP4 (e4m3 scales, G = 16) with per-token second-level scales (x_scales=).")
       .def(
           "with_amax_floor",
-          [](const QuantScheme& q, double floor) { return q.with_amax_floor(static_cast<float>(floor)); },
+          [](const QuantScheme& q, double floor) { return q.with_amax_floor(to_f32_arg(floor, "amax_floor")); },
           nb::arg("floor"), "This scheme with another amax floor (e.g. 1e-10 for the SM90 pre-dispatch).")
       .def(nb::self == nb::self, "Field-wise equality.")
       .def(

@@ -292,8 +292,8 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
         }
       }
       break;
+    default: reject(pl, "unknown kernel role");
   }
-  if (per_token && pl.role != Role::kRowwise) reject(pl, "per-token formats need the row kernel");
   if (pl.role != Role::kRowwise && pl.row_split != 1) reject(pl, "only the row kernel splits rows");
 }
 

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/launch_util.cuh"
 #include "cuda/plan.h"
@@ -51,6 +52,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Tail entries a router block fills per thread before more blocks are added.
 constexpr int64_t kTailPerThread = 8;
+/// The most blocks of a grid's x dimension.
+constexpr int64_t kMaxRouterGrid = 0x7FFFFFFF;
 
 /// The router blocks' parameters for blocks of @p threads threads (@p fused: the fused
 /// kernel's router blocks); tokens per block from router_tokens_per_block (plan.h).
@@ -121,7 +124,15 @@ RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail
                           static_cast<uint32_t>(p.K));
   const int64_t token_blocks = ceil_div(p.T, rp.tpb);
   const int64_t tail_blocks = ceil_div((rp.M - p.T) * p.K, threads * kTailPerThread);
-  rp.blocks = static_cast<uint32_t>(std::max<int64_t>({1, token_blocks, tail_blocks}));
+  // One block per tpb tokens, no loop over token blocks: a grid beyond CUDA's limit is
+  // refused before any launch (about 2^33 tokens).
+  const int64_t blocks = std::max<int64_t>({1, token_blocks, tail_blocks});
+  if (blocks > kMaxRouterGrid) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: route: " + std::to_string(p.T) + " tokens need " +
+                                             std::to_string(blocks) + " router blocks, more than a CUDA grid holds (" +
+                                             std::to_string(kMaxRouterGrid) + ")");
+  }
+  rp.blocks = static_cast<uint32_t>(blocks);
   return rp;
 }
 
@@ -141,7 +152,9 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
   const DeviceInfo dev = device_info(index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const bool pdl = (s != nullptr ? s->enable_pdl : r.enable_pdl) && dev.arch >= 90;
-  if (s == nullptr || p.stage.T == 0) {  // the router alone (T == 0: only the staged tail)
+  // The router alone: route(); T == 0 (only the staged tail); H == 0 without per-token
+  // scales (no activation to stage: the router writes the staged top-k itself).
+  if (s == nullptr || p.stage.T == 0 || (p.stage.H == 0 && !p.stage.has_x_scales)) {
     launch_router(router_params(r, s, p, 256, false, dev, pdl), pdl, stream);
     return;
   }
@@ -162,6 +175,11 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
     return;
   }
   RouterParams rp = router_params(r, s, p, pl.threads, true, dev, pdl);
+  if (pl.quant_blocks + int64_t{rp.blocks} > kMaxRouterGrid) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: route_and_stage: " + std::to_string(pl.quant_blocks) +
+                                             " quantizing and " + std::to_string(rp.blocks) +
+                                             " router blocks, more than a CUDA grid holds");
+  }
   pl.grid = pl.quant_blocks + rp.blocks;
   const bool decode = fused_decode_variant(rp.blocks, dev);
   switch (in_kind(pl.in)) {

@@ -44,6 +44,10 @@ DeviceInfo device_info(int device) {
 
 namespace {
 
+/// H == 0 without per-token scales: no activation, scale or shared element to write (the
+/// per-token format still writes its [T] scales from the floor, which the row kernel does).
+bool empty_rows(const detail::Problem& p) { return p.H == 0 && !p.has_x_scales; }
+
 /// Run a plan that check_plan accepts (plans from plan() always do).
 void run(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stream stream_handle) {
   DeviceGuard guard(a.hidden_states.device.index);
@@ -55,6 +59,7 @@ void run(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stream 
     case Role::kGeneric: return launch_generic(plan, a, p, stream);
     case Role::kRowwise: return launch_rowwise(plan, a, p, stream);
   }
+  throw Error(ErrorCode::kInternal, "megamoe: no kernel for " + to_string(plan));
 }
 
 }  // namespace
@@ -69,6 +74,7 @@ std::string explain_plan(const StageArgs& a, const detail::Problem& p) {
     return p.full_buffer && p.M > 0 ? "cuda backend: the routing-only kernel fills the full-buffer tail (T == 0)"
                                     : "cuda backend: nothing to launch (T == 0)";
   }
+  if (empty_rows(p)) return "cuda backend: the routing-only kernel stages the top-k (H == 0: no activations)";
   const Plan pl = plan(p, a, device_info(a.hidden_states.device.index));
   const bool tail_launch = p.full_buffer && p.M > p.T && !pl.fused_tail;
   return "cuda backend: " + to_string(pl) + (tail_launch ? " + routing-only kernel for the full-buffer tail" : "");
@@ -105,6 +111,22 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
 }  // namespace
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream) {
+  if (empty_rows(p)) {
+    // The top-k outputs alone (all M rows in full-buffer mode), as the CPU backend stages
+    // them: the quantizing kernels repack the top-k inside their loops over the
+    // activations, which run zero times here.
+    RoutingArgs r;
+    r.topk_ids = a.topk_ids;
+    r.topk_weights = a.topk_weights;
+    r.is_padding = a.is_padding;
+    r.topk_idx_out = a.topk_idx_out;
+    r.topk_weights_out = a.topk_weights_out;
+    r.routed_scaling_factor = a.routed_scaling_factor;
+    r.full_buffer = p.full_buffer;
+    r.enable_pdl = a.enable_pdl;
+    stage_routing(r, p, stream);
+    return;
+  }
   bool tail = p.full_buffer && p.M > p.T;
   if (p.T > 0) {
     const Plan pl = plan(p, a, device_info(a.hidden_states.device.index));

@@ -567,4 +567,20 @@ inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int6
   return b;
 }
 
+/// H == 0 (valid: a multiple of 128) through route_and_stage: no activation to stage, the
+/// top-k still staged (all M rows in full-buffer mode); NVFP4 per-token still writes its
+/// scales from the floor.
+inline std::vector<std::pair<Spec, StageCase>> empty_hidden_cases() {
+  std::vector<std::pair<Spec, StageCase>> v;
+  StageCase c;
+  c.H = 0;
+  c.M = 20;
+  v.emplace_back(random_spec(9, 256, 6, 60), c);
+  c.M = 0;
+  v.emplace_back(random_spec(9, 256, 6, 61), c);
+  c.scheme = QuantScheme::nvfp4_per_token();
+  v.emplace_back(random_spec(9, 256, 6, 62), c);
+  return v;
+}
+
 }  // namespace router_cases

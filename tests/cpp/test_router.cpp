@@ -452,6 +452,10 @@ TEST(RouteAndStage, SharedFullBufferHashEplb) {
   check_fused(n, c);
 }
 
+TEST(RouteAndStage, EmptyHiddenRows) {
+  for (const auto& [s, c] : empty_hidden_cases()) check_fused(s, c);
+}
+
 TEST(RouteAndStage, ZeroTokensFillTheTail) {
   StageCase c;
   c.M = 7;

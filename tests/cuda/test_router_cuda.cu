@@ -314,6 +314,40 @@ TEST(RouterCuda, ZeroTokensFillTheTail) {
   check_fused(random_spec(0, 256, 6, 48), c);
 }
 
+// H == 0: the router alone stages the top-k (route_and_stage), the routing-only kernel
+// (prepare_inputs), where the quantizing kernels' top-k repack would run zero times.
+TEST(RouterCuda, EmptyHiddenRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& [s, c] : empty_hidden_cases()) check_fused(s, c);
+  for (int64_t M : {0, 20}) {
+    StageCase p;
+    p.H = 0;
+    p.M = M;
+    const std::vector<uint8_t> pad = {0, 1, 0, 0, 1, 0, 0, 0, 1};
+    auto sb = stage_bufs(p, 9, 6, &pad);
+    Tensor ids(DType::kInt32, {9, 6}), ws(DType::kFloat32, {9, 6});
+    for (int64_t i = 0; i < 54; ++i) {
+      ids.as<int32_t>()[i] = static_cast<int32_t>(i * 7 % 256);
+      ws.as<float>()[i] = 0.25f + static_cast<float>(i);
+    }
+    sb->args.topk_ids = ids.ref;
+    sb->args.topk_weights = ws.ref;
+    sb->args.routed_scaling_factor = 1.5f;
+    std::vector<Tensor*> all = tensors_of(*sb);
+    all.push_back(&ids);
+    all.push_back(&ws);
+    const Mirror m(all);
+    megamoe::prepare_inputs(sb->args);  // the CPU result, into the host tensors
+    StageArgs d = m.map(sb->args);
+    d.topk_ids = m.map(sb->args.topk_ids);
+    d.topk_weights = m.map(sb->args.topk_weights);
+    m.reset();
+    megamoe::prepare_inputs(d);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    m.expect_equal_to_host("prepare_inputs, M = " + std::to_string(M));
+  }
+}
+
 TEST(RouterCuda, PdlRoute) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Spec s = random_spec(3, 384, 6, 49);

@@ -153,6 +153,23 @@ def test_prepare_integer_arguments_are_not_coerced():
                                            shared_block_m=np.int32(64)))  # fmt: skip
 
 
+def test_floats_beyond_float32_are_value_errors():
+    """A finite Python float beyond fp32's range is refused with its value (its conversion to
+    fp32 would be undefined), nothing written; NaN / Inf reach the validator as they are."""
+    msg = "megamoe: routed_scaling_factor: expected a value within float32's range, got 1.0000000000000001e+300"
+    rejected(with_(routed_scaling_factor=1e300), ValueError, msg)
+    rejected(with_(routed_scaling_factor=-1e39), ValueError, "got -9.9999999999999994e+38")
+    rejected(with_(routed_scaling_factor=float("inf")), ValueError, "routed_scaling_factor")
+    with pytest.raises(ValueError, match=re.escape("megamoe: amax_floor: expected a value within float32's range, got 1.0000000000000001e+300")):
+        megamoe.QuantScheme(amax_floor=1e300)
+    with pytest.raises(ValueError, match="amax_floor: expected a value within float32's range"):
+        megamoe.MXFP8.with_amax_floor(-3.5e38)
+    q = megamoe.QuantScheme()
+    with pytest.raises(ValueError, match="amax_floor: expected a value within float32's range"):
+        q.amax_floor = 4e38
+    assert q == megamoe.MXFP8
+
+
 def test_dequantize_errors_name_the_argument():
     out = megamoe.stage(np.ones((2, 256), np.float32), np.ones((2, 4), np.float32), np.zeros((2, 4), np.int32))
     cases = [
