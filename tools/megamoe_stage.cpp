@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/router.h"
 #include "cuda_buffers.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/cpu.h"
@@ -95,7 +96,8 @@ Report:
   bandwidth  bytes / time, bytes = T*H*(input element size) + T*H (fp8) + scale bytes
              (x_sf, plus shared_x_sf copies) + T*K*(id bytes + weight bytes + 8 + 4)
              + T (is_padding, when present); fp4: T*H/2 for x_q, plus x_scales / the
-             4-byte global_scale for nvfp4.
+             4-byte global_scale for nvfp4; --full-buffer: the top-k outputs' M rows
+             (M*K*(8 + 4)), the activation outputs' T rows (the rest is not written).
   SNR        10*log10(sum x^2 / sum (x - deq)^2) over every finite input element x, where
              deq = value(x_q) * (scale of its group): e4m3 or e2m1 value times 2^(e-127)
              (UE8M0), the fp32 scale, or the e4m3 scale times global_scale / x_scales[t]
@@ -280,16 +282,24 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
 }
 
 /// Bytes one call moves (see the footer): every input and output buffer once, plus the
-/// x_sf copy written to shared_x_sf (one I32 row per token, so x_sf's own byte count).
+/// x_sf copy written to shared_x_sf (one I32 row per token, so x_sf's own byte count). In
+/// full-buffer mode the activation outputs (x_q, x_sf, x_scales, the shared copy) are
+/// written for the T tokens' rows only, the top-k outputs for all M rows.
 int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
   megamoe::core::Checked b = 0;
-  for (const Tensor* t : {&in.hidden_states, &in.topk_ids, &in.topk_weights, &out.x_fp8, &out.x_sf,
-                          &out.topk_idx_out, &out.topk_weights_out}) {
+  const int64_t T = in.T();
+  // Bytes of @p t's first T rows (rows of equal size; t has at least T rows).
+  auto token_rows = [&](const Tensor& t) -> int64_t {
+    const int64_t rows = t.shape.empty() ? 0 : t.shape[0];
+    return rows == 0 ? 0 : static_cast<int64_t>(t.data.size()) / rows * T;
+  };
+  for (const Tensor* t : {&in.hidden_states, &in.topk_ids, &in.topk_weights, &out.topk_idx_out, &out.topk_weights_out}) {
     b = b + static_cast<int64_t>(t->data.size());
   }
+  b = b + token_rows(out.x_fp8) + token_rows(out.x_sf);
   if (in.is_padding) b = b + static_cast<int64_t>(in.is_padding->data.size());
-  if (out.shared_x_sf) b = b + static_cast<int64_t>(out.x_sf.data.size());
-  if (out.x_scales) b = b + static_cast<int64_t>(out.x_scales->data.size());
+  if (out.shared_x_sf) b = b + token_rows(out.x_sf);
+  if (out.x_scales) b = b + token_rows(*out.x_scales);
   if (out.scheme.scale2 == megamoe::Scale2::kStatic) b = b + 4;  // the global_scale read
   return checked_value(b, "the byte count per call");
 }
@@ -299,6 +309,19 @@ int run(const Options& o) {
   const megamoe::QuantScheme q = o.amax_floor ? sit->second.with_amax_floor(*o.amax_floor) : sit->second;
   if (o.global_scale && q.scale2 != megamoe::Scale2::kStatic) {
     throw CliError("--global-scale: only the nvfp4-static scheme takes a global scale (--scheme " + o.scheme + ")");
+  }
+  if (o.global_scale && !(std::isfinite(*o.global_scale) && *o.global_scale > 0.0f)) {
+    throw CliError("--global-scale: expected a finite positive value, got " + fmt("%g", *o.global_scale));
+  }
+  if (o.amax_floor && q.scale2 == megamoe::Scale2::kStatic) {
+    throw CliError("--amax-floor: nvfp4-static has no amax floor (its scales come from --global-scale)");
+  }
+  if (o.router && (o.gen.experts > megamoe::core::kMaxRouterExperts || o.gen.topk > megamoe::core::kMaxRouterTopk)) {
+    // Refused before the [T, E] logits are generated (the library would refuse them after).
+    throw CliError("--router: expected 1 to " + std::to_string(megamoe::core::kMaxRouterExperts) +
+                   " experts and a top-k of 1 to " + std::to_string(megamoe::core::kMaxRouterTopk) +
+                   " (router_logits: 1 to 512 experts; top_k), got --experts " + std::to_string(o.gen.experts) +
+                   " --topk " + std::to_string(o.gen.topk));
   }
 
   // Device.
@@ -360,24 +383,6 @@ int run(const Options& o) {
   }
   if (out.x_scales) args.x_scales = out.x_scales->ref();
   args.full_buffer = o.full_buffer;
-  // The plan is that of the staging call these arguments make (the scheme set on a copy:
-  // the fields below are filled in the order the call takes them).
-  std::string plan_text;  // --explain; with --json it goes into the object
-  if (o.explain) {
-    megamoe::StageArgs plan = args;
-    plan.hidden_quant = q;
-    plan_text = megamoe::explain(plan);
-    if (o.json && o.explain_only) {
-      std::cout << dump(ojson{{"tool", "megamoe-stage"}, {"plan", plan_text}, {"exit_code", 0}}) << "\n";
-      return 0;
-    }
-    progress.clear();  // the plan goes to the same terminal
-    if (!o.json) std::cout << "plan: " << plan_text << std::endl;  // before the (long) run
-    if (o.explain_only) return 0;
-  }
-  progress.step("staging (1 warmup + " + std::to_string(iters) + " timed calls)");
-  args.hidden_quant = q;
-
   // --router: the router's inputs and outputs; the staging's top-k inputs are its outputs.
   RouterInputs rin;
   Tensor r_ids, r_weights;
@@ -394,10 +399,36 @@ int run(const Options& o) {
     rargs.topk_weights = r_weights.ref();
     args.topk_ids = megamoe::TensorRef();
     args.topk_weights = megamoe::TensorRef();
-    megamoe::validate_router(rargs, &args);  // megamoe::Error, printed as-is, before anything runs
-  } else {
-    megamoe::validate(args);
+    megamoe::StageArgs checked = args;
+    checked.hidden_quant = q;
+    megamoe::validate_router(rargs, &checked);  // megamoe::Error, printed as-is, before anything runs
   }
+
+  // The plan is that of the staging call these arguments make (the scheme set on a copy:
+  // the fields below are filled in the order the call takes them).
+  std::string plan_text;  // --explain; with --json it goes into the object
+  if (o.explain) {
+    megamoe::StageArgs plan = args;
+    plan.hidden_quant = q;
+    if (o.router) {  // the router's outputs are the staging's top-k
+      plan.topk_ids = rargs.topk_ids;
+      plan.topk_weights = rargs.topk_weights;
+    }
+    plan_text = megamoe::explain(plan);
+    // The plan of the staging part; route_and_stage runs the router in the same launch
+    // (fast plans: its blocks before these) or, for the other kernels, just before it.
+    if (o.router) plan_text += " [--router: route_and_stage adds the router to this]";
+    if (o.json && o.explain_only) {
+      std::cout << dump(ojson{{"tool", "megamoe-stage"}, {"plan", plan_text}, {"exit_code", 0}}) << "\n";
+      return 0;
+    }
+    progress.clear();  // the plan goes to the same terminal
+    if (!o.json) std::cout << "plan: " << plan_text << std::endl;  // before the (long) run
+    if (o.explain_only) return 0;
+  }
+  progress.step("staging (1 warmup + " + std::to_string(iters) + " timed calls)");
+  args.hidden_quant = q;
+  if (!o.router) megamoe::validate(args);
 
   // Run and time.
   std::vector<double> times, route_times;
@@ -487,7 +518,7 @@ int run(const Options& o) {
                                                      static_cast<int64_t>(r_weights.data.size()),
                                                  "the byte count per call")
                                  : bytes_per_call(in, out);
-  const bool has_rate = bytes > 0 && t_med > 0;
+  const bool has_rate = !empty && bytes > 0 && t_med > 0;
   const double gbps = has_rate ? static_cast<double>(bytes) / t_med * 1e-9 : 0;
   int64_t padded = 0;
   if (in.is_padding) {
@@ -558,8 +589,8 @@ int run(const Options& o) {
                    {"bytes", bytes},
                    {"gbps", has_rate ? ojson(gbps) : ojson()}};
     j["quality"] = {{"snr_db", std::isfinite(qual.snr_db) ? ojson(qual.snr_db) : ojson()},
-                    {"snr_exact", std::isinf(qual.snr_db)},
-                    {"max_rel_err", empty ? ojson() : ojson(qual.max_rel_err)},
+                    {"snr_exact", std::isinf(qual.snr_db) && qual.snr_db > 0},
+                    {"max_rel_err", empty || !std::isfinite(qual.max_rel_err) ? ojson() : ojson(qual.max_rel_err)},
                     {"rel_err_floor", kRelErrFloor},
                     {"finite_elements", qual.finite}};
     j["reference"] = mismatch_json(ref);
@@ -626,10 +657,12 @@ int run(const Options& o) {
   }
   if (empty) {
     std::cout << "SNR: n/a (no tokens)\n";
-  } else if (std::isnan(qual.snr_db)) {
+  } else if (qual.finite == 0) {
     std::cout << "SNR: n/a (no finite input values)\n";
-  } else if (std::isinf(qual.snr_db)) {
+  } else if (std::isinf(qual.snr_db) && qual.snr_db > 0) {
     std::cout << "SNR: inf dB (dequantized values equal the input)\n";
+  } else if (!std::isfinite(qual.snr_db)) {
+    std::cout << "SNR: -inf dB (dequantized values that are not finite)\n";
   } else {
     std::cout << "SNR: " << fmt("%.2f", qual.snr_db) << " dB\n";
   }
@@ -694,7 +727,13 @@ int main(int argc, char** argv) {
                              "nvfp4-per-token"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
-                 "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's]");
+                 "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's]")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            const float v = std::strtof(s.c_str(), nullptr);
+            return std::isfinite(v) && v > 0.0f ? std::string() : "expected a finite positive value, got " + s;
+          },
+          "POSITIVE", "finite positive"));
   app.add_option("--global-scale", o.global_scale,
                  "nvfp4-static: the [1] fp32 global_scale input [default: max|x| / 2688 of the input]");
   auto* max_tokens = app.add_option("--max-tokens", o.max_tokens,
@@ -704,6 +743,7 @@ int main(int argc, char** argv) {
                "full-buffer mode: rows T..M-1 of topk_idx_out / topk_weights_out become -1 / +0.0, "
                "those of x_q / x_sf / x_scales stay untouched (both checked)")
       ->needs(max_tokens);
+  max_tokens->needs("--full-buffer");
   app.add_option("--shared-block-m", o.shared_block_m,
                  "also stage shared_x_sf for this shared-expert block M, with the "
                  "ceil(T/bm) * align(bm, 128) rows it requires (UE8M0 schemes only)")
@@ -750,7 +790,15 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (rc == 0) return 0;
+    // --json promises one object on stdout, usage errors included.
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--json") == 0) {
+        std::cout << dump(ojson{{"error", std::string("megamoe-stage: error: ") + e.what()}, {"exit_code", 2}}) << "\n";
+        break;
+      }
+    }
+    return 2;
   }
   o.has_shared = app.count("--shared-block-m") > 0;
   o.explain_only = o.explain && app.count("--iters") == 0;  // --explain alone runs nothing

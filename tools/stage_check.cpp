@@ -100,12 +100,15 @@ Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
       for (int64_t i = 0; i < G; ++i) {
         const double x = hidden[base + i];
         if (!std::isfinite(x)) continue;
+        // A non-finite dequantized value (a NaN or infinite scale) is an infinite error, not
+        // one std::max would drop.
         const double err = x - deq[base + i];
+        const double inf = std::numeric_limits<double>::infinity();
         signal += x * x;
-        noise += err * err;
+        noise += std::isfinite(err) ? err * err : inf;
         ++q.finite;
         if (std::fabs(x) > kRelErrFloor * amax) {
-          q.max_rel_err = std::max(q.max_rel_err, std::fabs(err) / std::fabs(x));
+          q.max_rel_err = std::max(q.max_rel_err, std::isfinite(err) ? std::fabs(err) / std::fabs(x) : inf);
         }
       }
     }

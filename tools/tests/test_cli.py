@@ -194,6 +194,9 @@ def case_json():
     p = run("--json", "--input", "/nonexistent/x.safetensors", expect_rc=2)
     j = json.loads(p.stdout)
     check("cannot open" in j["error"] and j["exit_code"] == 2, j)
+    for usage in [["--scheme", "foo"], ["-T", "-5"]]:  # command-line errors too
+        j = json.loads(run("--json", *usage, expect_rc=2).stdout)
+        check(j["exit_code"] == 2 and j["error"].startswith("megamoe-stage: error: "), j)
 
 
 def case_roundtrip():
@@ -469,6 +472,12 @@ def case_router():
         expect_error(["--router", "--save-inputs", out], "excludes")
     p = run("-T", "0", "-H", "512", "--iters", "1", "--router", expect_rc=0)
     check("router reference: bit-exact match" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
+    check("bandwidth: n/a" in p.stdout, p.stdout)  # no tokens, no rate
+    # Refused before the [T, E] logits are generated, and under --explain too.
+    expect_error(["-T", "100000", "-H", "128", "--router", "--experts", "100000"], "1 to 512 experts")
+    expect_error(["-T", "4", "-H", "128", "--router", "--experts", "1000", "--explain"], "1 to 512 experts")
+    p = run("-T", "4", "-H", "128", "--router", "--explain", expect_rc=0)
+    check(p.stdout.startswith("plan: cpu backend") and "--router: route_and_stage" in p.stdout, p.stdout)
     expect_error(SMALL + ["--router", "--experts", "600"], "router_logits", "1 to 512 experts")
     expect_error(SMALL + ["--router", "-K", "17", "--experts", "300"], "top_k")
     expect_error(SMALL + ["--router", "--routed-scaling-factor", "inf"], "routed_scaling_factor", "finite")
@@ -566,6 +575,12 @@ def case_formats():
           j["scheme"])
     expect_error(SMALL + ["--global-scale", "0.5"], "--global-scale", "nvfp4-static")
     expect_error(SMALL + ["--amax-floor", "-1"], "floor")
+    # Options that would otherwise be ignored or poison the report: named, exit 2.
+    for bad in ["0", "nan", "inf"]:
+        expect_error(SMALL + ["--amax-floor", bad], "--amax-floor", "finite positive")
+    for bad in ["inf", "nan", "-1", "0"]:
+        expect_error(SMALL + ["--scheme", "nvfp4-static", "--global-scale", bad], "--global-scale", "finite positive")
+    expect_error(SMALL + ["--scheme", "nvfp4-static", "--amax-floor", "1"], "--amax-floor", "nvfp4-static")
     p = run("--help", expect_rc=0)
     for word in ["mxfp4", "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "--amax-floor", "--global-scale",
                  "x_scales", "__metadata__"]:
@@ -625,7 +640,12 @@ def case_full_buffer():
         check("reference: bit-exact match" in p.stdout, p.stdout)
         check(struct.unpack("<128q", tensors(out)["topk_idx_out"][2]) == (-1,) * 128, "T = 0: the whole buffer")
     expect_pass(SMALL + ["--full-buffer", "--max-tokens", "96"])
+    # Bytes: the x outputs' T rows, the top-k outputs' M rows (rows T.. of x are not written).
+    b = json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["timing"]["bytes"]
+    bf = json.loads(run(*SMALL, "--json", "--full-buffer", "--max-tokens", "128", expect_rc=0).stdout)["timing"]["bytes"]
+    check(bf == b + (128 - 96) * 8 * (8 + 4), (b, bf))
     expect_error(SMALL + ["--full-buffer"], "--max-tokens")
+    expect_error(SMALL + ["--max-tokens", "128"], "--full-buffer")
     expect_error(SMALL + ["--full-buffer", "--max-tokens", "50"], "megamoe-stage: error:")
 
 
