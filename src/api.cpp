@@ -6,6 +6,7 @@
 #include <string>
 #include <system_error>
 
+#include "cpu/fp_env.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
 #include "megamoe/router.h"
@@ -68,6 +69,7 @@ void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
 void dispatch_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream) {
   if (!detail::has_work(p)) return;
   if (args.topk_ids.device.type == Device::Type::kCPU) {
+    const cpu::DefaultFpEnv fp_env;  // the scaling's product, whatever the caller's rounding / FTZ / traps
     cpu::repack_topk(cpu::topk_io(args), p);
     return;
   }

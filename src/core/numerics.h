@@ -96,8 +96,14 @@ MEGAMOE_HD float fmax_nan_ignoring(float a, float b) {
 }
 
 /// A kept top-k weight times the routed scaling factor: one fp32 rounding; a NaN weight
-/// keeps its bits (hardware NaN propagation differs between CPUs and GPUs, the bytes must not).
-MEGAMOE_HD float scale_weight(float w, float alpha) { return w != w ? w : mul_rn(w, alpha); }
+/// keeps its bits, and a NaN the product makes (+-Inf times +-0) is 0x7FC00000: hardware
+/// NaNs differ between CPUs (x86 0xFFC00000, Arm 0x7FC00000) and GPUs (0x7FFFFFFF), the
+/// bytes must not.
+MEGAMOE_HD float scale_weight(float w, float alpha) {
+  if (w != w) return w;
+  const float r = mul_rn(w, alpha);
+  return r != r ? bits_float(0x7FC00000u) : r;
+}
 
 /// NaN-ignoring minimum (fminf semantics).
 MEGAMOE_HD float fminf_nan_ignoring(float a, float b) {

@@ -13,6 +13,7 @@
 #include <cfenv>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "core/numerics.h"
 #include "core/router.h"
@@ -56,10 +57,30 @@ int64_t load_int(const TensorRef& t, int64_t i, int64_t j = 0) {
 /// complement, as the device's atomicAdd does.
 void add_to(const TensorRef& t, int64_t i, int64_t n) {
   char* at = static_cast<char*>(t.data) + (t.ndim > 0 ? i * t.strides[0] : 0) * dtype_size(t.dtype);
+  const size_t size = static_cast<size_t>(dtype_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(at) % size == 0) {
+    if (t.dtype == DType::kInt32) {
+      __atomic_fetch_add(reinterpret_cast<uint32_t*>(at), static_cast<uint32_t>(n), __ATOMIC_RELAXED);
+    } else {
+      __atomic_fetch_add(reinterpret_cast<uint64_t*>(at), static_cast<uint64_t>(n), __ATOMIC_RELAXED);
+    }
+    return;
+  }
+  // A misaligned element (tensors need no alignment) cannot be an atomic's operand (a
+  // fault on Arm, undefined in C++): a read-modify-write under one lock, which every such
+  // update of this process takes.
+  static std::mutex misaligned;
+  const std::lock_guard<std::mutex> lock(misaligned);
   if (t.dtype == DType::kInt32) {
-    __atomic_fetch_add(reinterpret_cast<uint32_t*>(at), static_cast<uint32_t>(n), __ATOMIC_RELAXED);
+    uint32_t v;
+    std::memcpy(&v, at, 4);
+    v += static_cast<uint32_t>(n);
+    std::memcpy(at, &v, 4);
   } else {
-    __atomic_fetch_add(reinterpret_cast<uint64_t*>(at), static_cast<uint64_t>(n), __ATOMIC_RELAXED);
+    uint64_t v;
+    std::memcpy(&v, at, 8);
+    v += static_cast<uint64_t>(n);
+    std::memcpy(at, &v, 8);
   }
 }
 

@@ -4,9 +4,11 @@
 // the top-k bytes of the equivalent full staging call.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -114,6 +116,7 @@ void expect_topk(const Buffers& b, const std::optional<float>& alpha, int64_t ro
       const float w = b.w[i];
       uint32_t want = u32(w);
       if (alpha) want = u32(static_cast<float>(static_cast<double>(w) * *alpha));
+      if (alpha && std::isnan(static_cast<double>(w) * *alpha)) want = 0x7FC00000u;  // Inf times 0
       if (alpha && std::isnan(w)) want = u32(w);  // a NaN weight keeps its bits
       ASSERT_EQ(u32(b.wo[i]), want) << "t=" << t << " k=" << k;
     }
@@ -169,12 +172,24 @@ TEST(FullBuffer, RejectsShortBuffersAndMismatchedRows) {
 }
 
 TEST(RoutedScaling, KeptWeightsScaledOnceMaskedStayZero) {
-  for (float alpha : {1.5f, 2.5f, 0.1f, -3.0f, 1.0f}) {
+  for (float alpha : {1.5f, 2.5f, 0.1f, -3.0f, 1.0f, 0.0f, -0.0f, 1e-30f}) {
     Buffers b(29, 40, 128, 8, 11u);
+    // Kept +-Inf (times 0: a NaN the product makes, written as 0x7FC00000) and a subnormal.
+    b.pad[0] = 0;
+    b.w[1] = std::numeric_limits<float>::infinity();
+    b.w[2] = -std::numeric_limits<float>::infinity();
+    b.w[3] = f32(0x00000ABCu);
     megamoe::StageArgs a = b.args(true);
     a.routed_scaling_factor = alpha;
     ASSERT_NO_THROW(megamoe::prepare_inputs(a));
     expect_topk(b, alpha);
+    Buffers r(29, 40, 128, 8, 11u);  // the same through routing-only staging
+    r.pad = b.pad;
+    r.w = std::vector<float>(b.w);
+    megamoe::RoutingArgs ra = r.routing(true);
+    ra.routed_scaling_factor = alpha;
+    ASSERT_NO_THROW(megamoe::stage_routing(ra));
+    expect_topk(r, alpha);
   }
   Buffers b(4, 4, 128, 2, 1u);
   megamoe::StageArgs a = b.args(false);
@@ -203,6 +218,24 @@ TEST(RoutingOnly, EqualsTheTopkOfAFullStagingCall) {
         for (size_t i = static_cast<size_t>(T * 6); i < routed.io.size(); ++i) ASSERT_EQ(routed.io[i], 0x1111111111111111);
       }
     }
+  }
+}
+
+// The caller's rounding mode changes no byte of routing-only staging (the scaled weights'
+// products are rounded to nearest), and the caller gets it back.
+TEST(RoutingOnly, CallersRoundingModeChangesNothing) {
+  for (int mode : {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO}) {
+    Buffers b(7, 7, 128, 4, 9u);
+    for (auto& v : b.w) v = f32(0x3F800001u);  // (1 + 2^-23)^2: the product's rounding shows
+    b.pad.assign(b.pad.size(), 0);
+    megamoe::RoutingArgs ra = b.routing(false);
+    ra.routed_scaling_factor = f32(0x3F800001u);
+    const int saved = std::fegetround();
+    std::fesetround(mode);
+    megamoe::stage_routing(ra);
+    EXPECT_EQ(std::fegetround(), mode) << "the caller's rounding mode was not restored";
+    std::fesetround(saved);
+    for (float v : b.wo) ASSERT_EQ(u32(v), 0x3F800002u) << "mode " << mode;
   }
 }
 

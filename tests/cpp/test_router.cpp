@@ -209,6 +209,37 @@ TEST(RouterNumerics, ReplicaSlotEqualsTheRemainder) {
   }
 }
 
+// The expert load and the non-finite counter at odd addresses (no alignment is required of
+// a tensor): the same counts as aligned ones, on one thread and on several.
+TEST(Route, MisalignedLoadAndCounter) {
+  for (int threads : {1, 0}) {
+    megamoe::set_cpu_threads(threads);
+    for (DType load_dt : {DType::kInt32, DType::kInt64}) {
+      Spec s = eplb_spec(91, 2, 2000, 256, 8);
+      s.load_dt = load_dt;
+      s.count = true;
+      for (size_t i = 0; i < s.logits.size(); i += 97) s.logits[i] = NAN;
+      auto a = build(s);
+      megamoe::route(a->args);  // aligned
+      auto b = build(s);
+      const size_t es = static_cast<size_t>(megamoe::dtype_size(load_dt));
+      std::vector<uint8_t> load(b->load.mem.size() + 1, 0), count(9, 0);
+      const int64_t start = 1000;
+      std::memcpy(count.data() + 1, &start, 8);
+      b->args.expert_load_view->data = load.data() + 1;
+      b->args.nonfinite_count->data = count.data() + 1;
+      megamoe::route(b->args);
+      EXPECT_EQ(0, std::memcmp(load.data() + 1, a->load.mem.data(), a->load.mem.size())) << "load, " << es << "-byte";
+      EXPECT_EQ(0, std::memcmp(count.data() + 1, a->nonfinite.mem.data(), 8)) << "counter";
+      EXPECT_EQ(load[0], 0) << "a byte before the load";
+      int64_t got = 0;
+      std::memcpy(&got, count.data() + 1, 8);
+      EXPECT_GT(got, start) << "no non-finite logit counted";
+    }
+  }
+  megamoe::set_cpu_threads(0);
+}
+
 TEST(Route, RandomDeepSeekShapes) {
   uint32_t seed = 1;
   for (auto [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {256, 8}, {384, 6}, {384, 8}}) {

@@ -283,13 +283,16 @@ def quantize(fmt: Format, hidden: np.ndarray, floor: float = 1e-4, global_scale:
 def topk(weights: np.ndarray, ids: np.ndarray, pad: Optional[np.ndarray] = None, alpha: Optional[float] = None,
          rows: Optional[int] = None):  # fmt: skip
     """(ids int64, weights float32) of the top-k repack: padded tokens -1 / +0.0, kept
-    weights times alpha (one fp32 rounding; NaN keeps its bits), rows T..rows-1 -1 / +0.0."""
+    weights times alpha (one fp32 rounding; NaN keeps its bits, a NaN the product makes is
+    0x7FC00000), rows T..rows-1 -1 / +0.0."""
     w = np.asarray(weights).astype(F32)  # bf16/fp16 widen exactly (payloads kept by NumPy)
     T, K = w.shape
     idx = np.asarray(ids).astype(np.int64)
     if alpha is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             scaled = (w * F32(alpha)).astype(F32)
+        # a NaN the product makes (Inf times 0) is the canonical quiet NaN, whatever the hardware's
+        scaled = np.where(np.isnan(scaled), np.uint32(0x7FC00000).view(F32), scaled)
         w = np.where(np.isnan(w), w, scaled)
     p = np.zeros(T, bool) if pad is None else np.asarray(pad).astype(bool)
     idx = np.where(p[:, None], np.int64(-1), idx)

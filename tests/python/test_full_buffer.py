@@ -103,14 +103,15 @@ def test_stage_max_tokens():
 
 
 @pytest.mark.parametrize("wdtype", [np.float32, np.float16])
-@pytest.mark.parametrize("alpha", [2.5, 0.1, -1.0, 1e30, 0.0])
+@pytest.mark.parametrize("alpha", [2.5, 0.1, -1.0, 1e30, 0.0, -0.0])
 def test_routed_scaling_factor(wdtype, alpha):
     T, H, K = 12, 256, 5
     h, w, ids = inputs(T, H, K, seed=3)
     w = (w * 4 - 1).astype(wdtype)
     w[1, 0] = np.nan
     w[2, 1] = -0.0
-    w[3, 2] = np.inf if wdtype == np.float32 else np.float16(np.inf)
+    w[4, 2] = np.inf if wdtype == np.float32 else np.float16(np.inf)  # row 4 is kept (alpha 0: Inf * 0)
+    w[5, 3] = -w[4, 2]
     pad = np.arange(T) % 3 == 0
     out = outputs(T, H, K, megamoe.MXFP8, rows=T + 4)
     megamoe.prepare_megamoe_inputs(h, w, ids, **out, is_padding=pad, routed_scaling_factor=alpha, full_buffer=True)
@@ -118,6 +119,8 @@ def test_routed_scaling_factor(wdtype, alpha):
     assert_bitwise(out["topk_idx_out"], idx, "topk_idx_out")
     assert_bitwise(out["topk_weights_out"], wo, "topk_weights_out")
     assert bits(out["topk_weights_out"])[1, 0] == bits(np.asarray(w[1:2, 0:1]).astype(np.float32))[0, 0]  # NaN bits kept
+    if alpha == 0:  # a NaN the product makes: 0x7FC00000 whatever the hardware makes
+        assert bits(out["topk_weights_out"])[4, 2] == 0x7FC00000 and bits(out["topk_weights_out"])[5, 3] == 0x7FC00000
 
 
 @pytest.mark.parametrize("alpha", [np.inf, -np.inf, np.nan])
