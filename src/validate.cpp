@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -69,6 +71,24 @@ void check_scalar(const TensorRef& t, const char* name) {
 
 void check_data(const TensorRef& t, const char* name) {
   MEGAMOE_CHECK(t.numel() == 0 || t.data != nullptr, name, "a non-null data pointer", "nullptr");
+}
+
+/// The CUDA kernels access elements as typed words (and counters by atomics), which the
+/// hardware requires at multiples of their size: a CUDA tensor whose elements are not (its
+/// data pointer off by a fraction of an element; strides are whole elements) is refused
+/// here (kUnsupported) instead of faulting, which would poison the caller's context. The
+/// CPU backend takes any address. (Tensors from torch always are aligned.)
+void check_cuda_alignment(const TensorRef& t, const char* name) {
+  const int64_t es = dtype_size(t.dtype);
+  if (t.device.type != Device::Type::kCUDA || t.numel() == 0 || es <= 1) return;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(t.data);
+  if (at % static_cast<uintptr_t>(es) != 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(at));
+    check_failed(ErrorCode::kUnsupported, nullptr, name,
+                 "a CUDA data pointer aligned to the " + std::to_string(es) + "-byte element (the CPU backend takes any)",
+                 std::string("address ") + buf);
+  }
 }
 
 /// The element count, the element offsets and the byte span of @p t all fit: nothing that
@@ -183,6 +203,7 @@ void check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
     check_fits(*n.t, n.name);
     MEGAMOE_CHECK(n.t->device == dev, n.name, "device " + to_string(dev), "device " + to_string(n.t->device));
     check_data(*n.t, n.name);
+    check_cuda_alignment(*n.t, n.name);
     if (n.output) check_no_self_overlap(*n.t, n.name);
   }
   for (size_t i = 0; i < all.size(); ++i) {

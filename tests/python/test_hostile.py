@@ -324,6 +324,18 @@ def test_cuda_and_managed_memory_are_cuda_devices(device):
     rejected(kw, ValueError, "megamoe: x_sf: expected a CUDA device ordinal >= 0, got device id -1")
 
 
+def test_cuda_tensor_off_its_element_size_is_unsupported():
+    """A CUDA tensor whose data pointer is not a multiple of its element size is refused
+    before any launch (the kernels' typed accesses would fault); the CPU takes it."""
+    kw = valid_kwargs()
+    spare = np.zeros(kw["topk_weights"].nbytes + 8, np.uint8)
+    caps = {n: dlpack_capsule(a.copy(), device=2) for n, a in kw.items() if isinstance(a, np.ndarray)}
+    caps["topk_weights"] = dlpack_capsule(kw["topk_weights"].copy(), device=2, data=spare.ctypes.data + 1)
+    with pytest.raises(megamoe.UnsupportedError, match=re.escape(
+            "megamoe: topk_weights: expected a CUDA data pointer aligned to the 4-byte element")):  # fmt: skip
+        megamoe.prepare_megamoe_inputs(**{**kw, **caps})
+
+
 def test_cuda_pinned_host_memory_runs_on_the_cpu():
     kw = valid_kwargs()
     want = megamoe.stage(kw["hidden_states"], kw["topk_weights"], kw["topk_ids"])
