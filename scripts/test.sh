@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 PY=${PYTHON:-python3}
+export PIP_BREAK_SYSTEM_PACKAGES=1  # as scripts/deps.sh: Debian 12's externally managed Python
 extra=()
 if ! nvidia-smi -L >/dev/null 2>&1; then
   extra+=(-DMEGAMOE_CUDA_ARCHITECTURES=90)
