@@ -22,7 +22,10 @@ std::string describe(const StageArgs& args) {
   const detail::Problem p = detail::validate_args(args);
   const std::string sizes = "T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) + " K=" + std::to_string(p.K);
   if (args.hidden_states.device.type == Device::Type::kCPU) {
-    if (p.T == 0) return "cpu backend: nothing to do (T == 0)";
+    if (p.T == 0) {
+      return detail::has_work(p) ? "cpu backend: the top-k repack fills the full-buffer tail (T == 0)"
+                                 : "cpu backend: nothing to do (T == 0)";
+    }
     return "cpu backend: " + scheme_name(p.scheme) + " " + sizes + " in=" + dtype_name(args.hidden_states.dtype) +
            ": strided loops over token rows (worker threads for large problems)" +
            (p.has_nonfinite ? ", non-finite count" : "");
@@ -30,6 +33,7 @@ std::string describe(const StageArgs& args) {
 #if MEGAMOE_WITH_CUDA
   return cuda::explain_plan(args, p) + " (" + scheme_name(p.scheme) + " " + sizes + ")";
 #else
+  if (!detail::has_work(p)) return "nothing to do (T == 0)";
   return "this build has no CUDA backend: hidden_states is on " + to_string(args.hidden_states.device) +
          " and prepare_inputs would throw (kUnsupported)";
 #endif
@@ -47,6 +51,8 @@ std::string explain(const StageArgs& args) {
     throw Error(ErrorCode::kOutOfMemory, "megamoe: explain: out of host memory");
   } catch (const std::exception& e) {
     throw Error(ErrorCode::kInternal, std::string("megamoe: explain: internal error: ") + e.what());
+  } catch (...) {
+    throw Error(ErrorCode::kInternal, "megamoe: explain: internal error");
   }
 }
 

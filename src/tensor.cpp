@@ -110,15 +110,21 @@ int64_t TensorRef::numel() const noexcept {
   // null-pointer or size check; the validator rejects such shapes by name.
   int64_t n = 1;
   for (int d = 0; d < ndim && d < kMaxRank; ++d) {
+    if (shape[d] < 0) return INT64_MAX;  // before the zero test: (0, -1) is not empty
+  }
+  for (int d = 0; d < ndim && d < kMaxRank; ++d) {
     if (shape[d] == 0) return 0;
   }
   for (int d = 0; d < ndim && d < kMaxRank; ++d) {
-    if (shape[d] < 0 || __builtin_mul_overflow(n, shape[d], &n)) return INT64_MAX;
+    if (__builtin_mul_overflow(n, shape[d], &n)) return INT64_MAX;
   }
   return n;
 }
 
 std::string TensorRef::shape_str() const {
+  // A rank the contract does not use (from_arrays keeps it for the error message) has no
+  // sizes stored beyond kMaxRank.
+  if (ndim < 0 || ndim > kMaxRank) return "(a " + std::to_string(ndim) + "-D shape)";
   std::string s = "(";
   for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
   if (ndim == 1) s += ",";
@@ -126,6 +132,7 @@ std::string TensorRef::shape_str() const {
 }
 
 bool TensorRef::is_contiguous() const noexcept {
+  if (ndim < 0 || ndim > kMaxRank) return false;
   int64_t st = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != st) return false;

@@ -17,9 +17,12 @@ namespace megamoe {
 /// @brief What kind of failure an Error reports.
 enum class ErrorCode {
   kInvalidArgument,  ///< Bad shape, dtype, stride, device, scheme or option: nothing was written.
-  kUnsupported,      ///< Valid request this build cannot serve (e.g. CUDA tensors, CPU-only build).
+  kUnsupported,      ///< Valid request this build cannot serve (CUDA tensors in a CPU-only build; a
+                     ///< CUDA data pointer off its element size, which the kernels cannot access).
   kCuda,             ///< A CUDA runtime call failed (the message names the call and the error).
-  kOutOfMemory,      ///< Host memory for a scratch buffer or worker thread could not be had.
+  kOutOfMemory,      ///< Host memory for a scratch buffer could not be had, or a system resource
+                     ///< (std::system_error). A worker thread that cannot start is not an
+                     ///< error: the call runs on the threads it has.
   kInternal,         ///< Anything else that went wrong inside the library (a bug: please report).
 };
 

@@ -108,13 +108,15 @@ struct QuantScheme {
   }
 };
 
-/// @brief Human-readable description naming every field, e.g. "QuantScheme(fp8_e4m3,
-/// scale=ue8m0, group=1x32, dynamic, symmetric)"; used in error messages.
+/// @brief Human-readable description, e.g. "QuantScheme(fp8_e4m3fn, scale=ue8m0,
+/// group=1x32, dynamic, symmetric)" (scale2, rounding and amax_floor named when not the
+/// default); used in error messages.
 std::string to_string(const QuantScheme& q);
 
 /// @brief Short name of an accepted scheme ("mxfp8", "fp8_fp32_g128", "mxfp4",
-/// "mxfp4_rne", "nvfp4_static", "nvfp4_per_token", ...; "+floor=1e-10" when the floor is
-/// not the default), or "unsupported".
+/// "mxfp4_rne", "nvfp4_static", "nvfp4_per_token", ...; "+floor=<the floor, 9 digits>",
+/// e.g. "+floor=1.00000001e-10", when the floor is not the default and the format uses
+/// one: NVFP4 static has none), or "unsupported".
 std::string scheme_name(const QuantScheme& q);
 
 /// @brief Throw megamoe::Error naming @p q unless staging accepts it (see file comment).

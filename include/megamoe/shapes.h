@@ -28,7 +28,7 @@ struct TensorSpec {
 struct OutputShapes {
   TensorSpec x_q;               ///< [T, H] fp8 (also uint8) or [T, H/2] uint8 (also int8) for fp4
   TensorSpec x_sf;              ///< [T, H/(4G)] int32 (packed UE8M0 / e4m3) or [T, H/G] float32
-  TensorSpec topk_idx_out;      ///< [rows, K] int64 (rows = max_tokens in full-buffer mode, else T)
+  TensorSpec topk_idx_out;      ///< [T, K] int64
   TensorSpec topk_weights_out;  ///< [rows, K] float32
   std::optional<TensorSpec> shared_x_sf;  ///< [ceil(T/bm)*align(bm,128), H/(4G)] int32, the minimum rows
   std::optional<TensorSpec> x_scales;     ///< [T] float32 (NVFP4 per-token only)
@@ -36,7 +36,10 @@ struct OutputShapes {
 };
 
 /// @brief The outputs of staging T tokens of hidden size H with top-k K under @p scheme
-/// (and a shared-expert copy for block M @p shared_block_m when given).
+/// (and a shared-expert copy for block M @p shared_block_m when given). Full-buffer mode
+/// (StageArgs::full_buffer): pass the buffers' row count M as T; the outputs then have the
+/// M rows the call takes (shared_x_sf at least the rows it needs): the tokens' rows are
+/// written, the top-k tail filled.
 /// Every size is computed with checked arithmetic.
 /// @throws megamoe::Error (kInvalidArgument) for a rejected scheme, H not a multiple of 128,
 ///   negative sizes, shared staging with non-UE8M0 scales or shared_block_m <= 0, or sizes

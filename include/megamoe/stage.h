@@ -9,8 +9,8 @@
 /// | topk_weights      | [T, K]             | fp32, bf16, fp16              |
 /// | topk_ids          | [T, K]             | int32, int64                  |
 /// | is_padding (opt.) | [T]                | bool, uint8 (nonzero = pad)   |
-/// | x_q (out)       | [T, H]             | float8_e4m3fn (or uint8)      |
-/// | x_sf (out)        | [T, H/(4G)] int32 (UE8M0) or [T, H/G] float32 (fp32) |
+/// | x_q (out)         | [T, H] fp8, [T, H/2] fp4 | float8_e4m3fn or uint8; fp4: uint8 or int8 |
+/// | x_sf (out)        | [T, H/(4G)] int32 (UE8M0 or e4m3 bytes) or [T, H/G] float32 (fp32) |
 /// | topk_idx_out      | [T, K]             | int64                         |
 /// | topk_weights_out  | [T, K]             | float32                       |
 /// | shared_x_sf (opt.)| [R, H/(4G)]        | int32 (UE8M0 only)            |
@@ -45,7 +45,7 @@ struct StageArgs {
   TensorRef hidden_states;     ///< [T, H] activations to quantize
   TensorRef topk_weights;      ///< [T, K] router weights
   TensorRef topk_ids;          ///< [T, K] router expert ids
-  TensorRef x_q;             ///< out: [T, H] fp8 e4m3 values
+  TensorRef x_q;               ///< out: [T, H] fp8 e4m3 values, or [T, H/2] packed e2m1 (fp4)
   TensorRef x_sf;              ///< out: scales, layout per scheme (see file comment)
   TensorRef topk_idx_out;      ///< out: [T, K] int64 ids, -1 on padded tokens
   TensorRef topk_weights_out;  ///< out: [T, K] fp32 weights, 0 on padded tokens

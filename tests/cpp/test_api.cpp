@@ -60,6 +60,37 @@ TEST(Api, TensorRefFromRuntimeArrays) {
   EXPECT_EQ(TensorRef::from_arrays(nullptr, DType::kFloat32, 3, s3, nullptr).ndim, 3);  // rejected by rank
   int64_t huge[2] = {int64_t{1} << 40, int64_t{1} << 40};
   EXPECT_EQ(TensorRef::from_arrays(nullptr, DType::kFloat32, 2, huge, nullptr).numel(), INT64_MAX);
+  // A rank beyond kMaxRank stores no sizes: its text and contiguity read none (ASan would
+  // see the reads past shape[1]).
+  const TensorRef r3 = TensorRef::from_arrays(nullptr, DType::kFloat32, 3, s3, nullptr);
+  EXPECT_EQ(r3.shape_str(), "(a 3-D shape)");
+  EXPECT_FALSE(r3.is_contiguous());
+  // A negative size is never small, even next to a zero one.
+  int64_t neg[2] = {0, -1};
+  EXPECT_EQ(TensorRef::from_arrays(nullptr, DType::kFloat32, 2, neg, nullptr).numel(), INT64_MAX);
+}
+
+// explain() says what prepare_inputs does with no tokens: nothing, or (full buffer) the tail.
+TEST(Api, ExplainWithoutTokens) {
+  std::vector<float> hs(256), w(1);
+  std::vector<int32_t> ids(1);
+  std::vector<uint8_t> xq(4 * 256);
+  std::vector<int32_t> sf(4 * 2);
+  std::vector<int64_t> io(4 * 2, 7);
+  std::vector<float> wo(4 * 2);
+  megamoe::StageArgs a;
+  a.hidden_states = TensorRef(hs.data(), DType::kFloat32, {0, 256});
+  EXPECT_EQ(megamoe::explain(a), "cpu backend: nothing to do (T == 0)");
+  a.topk_weights = TensorRef(w.data(), DType::kFloat32, {0, 2});
+  a.topk_ids = TensorRef(ids.data(), DType::kInt32, {0, 2});
+  a.x_q = TensorRef(xq.data(), DType::kFloat8E4M3, {4, 256});
+  a.x_sf = TensorRef(sf.data(), DType::kInt32, {4, 2});
+  a.topk_idx_out = TensorRef(io.data(), DType::kInt64, {4, 2});
+  a.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {4, 2});
+  a.full_buffer = true;
+  EXPECT_EQ(megamoe::explain(a), "cpu backend: the top-k repack fills the full-buffer tail (T == 0)");
+  megamoe::prepare_inputs(a);  // and it does
+  for (int64_t v : io) EXPECT_EQ(v, -1);
 }
 
 #ifdef MEGAMOE_TEST_DLPACK
