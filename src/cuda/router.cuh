@@ -54,28 +54,44 @@ namespace cuda {
 /// fused kernel's launch units take it from router.cu) (64-bit offsets: router tensors are small,
 /// the cost is a few instructions per token).
 struct RouterParams {
+  // Laid out by first use on the decode path (one token a block): what the block reads
+  // before its first logit load, then the scores' operands, then the stores'; EPLB and
+  // hash layers last. Kernel parameters are constant-bank operands, fetched a line at a
+  // time: fields read together share lines.
+  int64_t T;
+  uint32_t tpb;      // tokens per router block, 1..warps per block
+  uint32_t flags;    // kRoute*
+  int64_t E, K;
   const void* logits;
+  int64_t lg_s0, lg_s1;
   const void* bias;                  // nullable
-  void* ids;                         // public [T, K] int32 / int64
-  float* w;                          // public [T, K]
+  int64_t bias_s0;
   const uint8_t* pad;                // nullable
-  const int32_t* tid2eid;            // hash layers
-  const void* input_ids;             // hash layers, int32 / int64
-  const int32_t* l2p;                // EPLB [E, R]
-  const int32_t* replicas;           // EPLB [E]
-  void* load;                        // EPLB [P] int32 / int64
+  int64_t pad_s0;
   const int32_t* record;             // EPLB flag
   unsigned long long* nonfinite;     // nullable: NaN / Inf logits are added to it
-  int64_t* idx_out;                  // staged [M, K] (kRouteStaged)
-  float* w_out;                      // staged [M, K]
-  int64_t lg_s0, lg_s1, bias_s0, ids_s0, ids_s1, w_s0, w_s1, pad_s0, tab_s0, tab_s1, iid_s0;
-  int64_t l2p_s0, l2p_s1, rc_s0, load_s0, io_s0, io_s1, wo_s0, wo_s1;
-  int64_t T, M, E, K, V, R, P;
-  float alpha;
-  uint32_t flags;    // kRoute*
-  uint32_t tpb;      // tokens per router block, 1..warps per block
   uint32_t group;    // router_group of a block of tpb tokens (computed on the host)
+  float alpha;
+  void* ids;                         // public [T, K] int32 / int64
+  int64_t ids_s0, ids_s1;
+  float* w;                          // public [T, K]
+  int64_t w_s0, w_s1;
+  int64_t* idx_out;                  // staged [M, K] (kRouteStaged)
+  int64_t io_s0, io_s1;
+  float* w_out;                      // staged [M, K]
+  int64_t wo_s0, wo_s1;
+  int64_t M;
   uint32_t blocks;   // router blocks
+  const int32_t* l2p;                // EPLB [E, R]
+  int64_t l2p_s0, l2p_s1, R;
+  const int32_t* replicas;           // EPLB [E]
+  int64_t rc_s0;
+  void* load;                        // EPLB [P] int32 / int64
+  int64_t load_s0, P;
+  const int32_t* tid2eid;            // hash layers
+  int64_t tab_s0, tab_s1, V;
+  const void* input_ids;             // hash layers, int32 / int64
+  int64_t iid_s0;
 };
 
 namespace {
@@ -472,16 +488,25 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   const uint32_t ntok = static_cast<uint32_t>(t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0);
   const uint32_t E = static_cast<uint32_t>(r.E), K = static_cast<uint32_t>(r.K);
   const bool hash = (r.flags & kRouteHash) != 0;
-  // Selection: G warps per token, warp = token * G + slice.
-  // (A full block's G comes from the host: its divisions are not on the critical path.)
-  const uint32_t G = hash || ntok == 0 ? 1u : ntok == r.tpb ? r.group : router_group(blockDim.x / 32u, ntok, E, K);
-  const uint32_t tok = warp / G, slice = warp % G;
-  const bool selects = !hash && tok < ntok;
   // One token and K <= the warps holding experts (decode): router_select_single, padding
-  // known to every warp. Block-uniform.
+  // known to every warp. Block-uniform, and cheap: on this path nothing but the loads'
+  // addresses comes before the first logit load (the selection's warp split, with its
+  // integer divisions, is computed only where it is used).
   const uint32_t cols = (E + 31u) / 32u, holding = blockDim.x / 32u < cols ? blockDim.x / 32u : cols;
   const bool single = !hash && ntok == 1u && K <= holding;
-  const bool padded = (selects || single) && router_padded(r, t0 + (single ? 0u : tok));  // loaded before the scores
+  // Selection otherwise: G warps per token, warp = token * G + slice (a full block's G
+  // comes from the host). Padding is loaded before the scores either way.
+  const auto group_of_block = [&]() -> uint32_t {
+    return hash || ntok == 0 ? 1u : ntok == r.tpb ? r.group : router_group(blockDim.x / 32u, ntok, E, K);
+  };
+  uint32_t G = 1u;
+  bool padded = false;
+  if (single) {
+    padded = router_padded(r, t0);
+  } else {
+    G = group_of_block();
+    padded = !hash && warp / G < ntok && router_padded(r, t0 + warp / G);
+  }
   // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
   // that store.
   const bool rec = (r.flags & kRouteEplb) != 0 && lane < K && *r.record != 0;
@@ -512,6 +537,9 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
     if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
   } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
+    if (single) G = group_of_block();
+    const uint32_t tok = warp / G, slice = warp % G;
+    const bool selects = tok < ntok;
     uint64_t* cand = sh_cand + warp * K;  // the token's G * K candidates from its first warp on
     if (selects && !padded) {
       const uint32_t J = cols > slice ? (cols - slice + G - 1u) / G : 0u;  // warp-uniform
