@@ -23,6 +23,7 @@
 #include <cmath>
 #endif
 
+#include "core/fastdiv.h"
 #include "core/numerics.h"
 
 namespace megamoe {
@@ -445,8 +446,16 @@ MEGAMOE_HD float router_weight(float s, float d, float alpha) {
 MEGAMOE_HD int64_t replica_slot(int64_t p, int32_t count, int64_t R) {
   const int64_t c = count < 1 ? 1 : (count > R ? R : count);  // in [1, 2^31)
   // The same remainder in 32 bits where p allows (every realistic T * K): on the GPU a
-  // 64-bit remainder is a long subroutine on the EPLB store's dependent chain.
-  if (static_cast<uint64_t>(p) <= 0xFFFFFFFFull) return static_cast<uint32_t>(p) % static_cast<uint32_t>(c);
+  // 64-bit remainder is a long subroutine on the EPLB store's dependent chain, and a
+  // 32-bit one some twenty instructions (a float reciprocal among them); up to 4 replicas
+  // (the usual EPLB state) a mask, or for 3 a multiply-high (q / 3 = q * 0xAAAAAAAB >> 33,
+  // exact for every 32-bit q).
+  if (static_cast<uint64_t>(p) <= 0xFFFFFFFFull) {
+    const uint32_t q = static_cast<uint32_t>(p), d = static_cast<uint32_t>(c);
+    if (d == 3u) return q - 3u * (mulhi_u32(q, 0xAAAAAAABu) >> 1);
+    if (d <= 4u) return q & (d - 1u);  // 1, 2, 4
+    return q % d;
+  }
   return p % c;
 }
 

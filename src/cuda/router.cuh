@@ -129,6 +129,13 @@ __device__ __forceinline__ bool router_padded(const RouterParams& r, int64_t t) 
   return r.pad != nullptr && r.pad[t * r.pad_s0] != 0;
 }
 
+/// Token t's padding byte (0 without is_padding), for a test where it is used: loaded early
+/// but compared late, so that no instruction waits for it before later loads issue (a
+/// compare right after the load, as router_padded's, stalls the warp there).
+__device__ __forceinline__ uint32_t router_pad_byte(const RouterParams& r, int64_t t) {
+  return r.pad != nullptr ? r.pad[t * r.pad_s0] : 0u;
+}
+
 /// The warp's maximum (kMax) or minimum of @p v, in every lane.
 template <bool kMax>
 __device__ __forceinline__ uint32_t warp_extreme(uint32_t v) {
@@ -415,9 +422,10 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
                                                      uint32_t& nf, uint32_t* key, float* score) {
   const uint32_t E = static_cast<uint32_t>(r.E);
   const bool biased = (r.flags & kRouteBias) != 0;
-  uint32_t idx[N];
+  uint32_t idx[N], pad[N];
   float x[N], b[N];
-  bool keep[N];
+  // Every load of the N entries first; what reads them (the counter, the padding test)
+  // after all are issued.
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
     idx[c] = i + static_cast<uint32_t>(c) * blockDim.x;
@@ -426,15 +434,18 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
     const uint32_t w = valid && E < n ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
     x[c] = valid ? router_logit(r, t0 + w, e) : 0.0f;
     b[c] = valid && biased ? router_bias(r, e) : 0.0f;
-    keep[c] = valid && !router_padded(r, t0 + w);
-    if (r.nonfinite != nullptr) nf += (valid && core::non_finite(x[c])) ? 1u : 0u;
+    pad[c] = valid ? router_pad_byte(r, t0 + w) : 1u;  // a stand-in is never stored
+  }
+  if (r.nonfinite != nullptr) {
+    MEGAMOE_UNROLL
+    for (int c = 0; c < N; ++c) nf += (idx[c] < n && core::non_finite(x[c])) ? 1u : 0u;
   }
   if (r.flags & kRouteHash) return;
   float s[N];
   core::router_scores<N, kCold>(x, s);
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
-    if (keep[c]) {
+    if (pad[c] == 0u) {
       score[idx[c]] = s[c];
       key[idx[c]] = biased ? core::biased_key(s[c], b[c]) : core::selection_key(s[c]);
     }
@@ -499,17 +510,17 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   const auto group_of_block = [&]() -> uint32_t {
     return hash || ntok == 0 ? 1u : ntok == r.tpb ? r.group : router_group(blockDim.x / 32u, ntok, E, K);
   };
-  uint32_t G = 1u;
-  bool padded = false;
+  // The padding byte of the token this warp selects for and the EPLB record flag (read by
+  // the lanes that store) are loaded now and tested after the scores: their latency hides
+  // behind the logit loads instead of holding them back.
+  uint32_t G = 1u, pad_byte = 0u;
   if (single) {
-    padded = router_padded(r, t0);
+    pad_byte = router_pad_byte(r, t0);
   } else {
     G = group_of_block();
-    padded = !hash && warp / G < ntok && router_padded(r, t0 + warp / G);
+    if (!hash && warp / G < ntok) pad_byte = router_pad_byte(r, t0 + warp / G);
   }
-  // The EPLB record flag, loaded now (its latency hidden by the scores), read by the lanes
-  // that store.
-  const bool rec = (r.flags & kRouteEplb) != 0 && lane < K && *r.record != 0;
+  const int32_t rec_word = (r.flags & kRouteEplb) != 0 && lane < K ? *r.record : 0;
   // 1. Scores of the block's tokens (padded ones only counted), entry w * E + e of the
   // block's ntok x E spread over the threads (i, i + blockDim.x, ...): up to kChains of a
   // thread's entries at a time, as many as the warp's first lane still has (warp-uniform),
@@ -528,6 +539,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   }
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
   __syncthreads();
+  const bool padded = pad_byte != 0u, rec = rec_word != 0;
   // 2. Selection: each warp the top K of its slice of its token, then (G > 1) the token's
   // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
   if (hash) {

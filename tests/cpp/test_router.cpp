@@ -199,6 +199,8 @@ TEST(RouterNumerics, ReplicaSlotEqualsTheRemainder) {
   std::mt19937_64 rng(77);
   std::vector<int64_t> ps = {0, 1, 5, 0xFFFFFFFEll, 0xFFFFFFFFll, 0x100000000ll, 0x100000001ll, 0x7FFFFFFFFFFFFFFFll};
   for (int i = 0; i < 2000; ++i) ps.push_back(static_cast<int64_t>(rng() >> (1 + i % 40)));
+  for (int64_t p = 0; p < 4096; ++p) ps.push_back(p);  // every residue pattern of small counts
+  for (int64_t p = 0xFFFFF000ll; p <= 0xFFFFFFFFll; ++p) ps.push_back(p);  // the top of the 32-bit range
   for (int64_t p : ps) {
     for (int32_t count : {-3, 0, 1, 2, 3, 4, 5, 7, 1000, 0x7FFFFFFF}) {
       for (int64_t R : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{7}, int64_t{1} << 40}) {
