@@ -278,6 +278,21 @@ __device__ __forceinline__ void router_slice_topk_regs(const uint32_t* key, uint
   }
 }
 
+/// The sum of lanes 0..K-1's @p v (K <= kN) in k order, in every lane: the kN shuffles are
+/// independent (issued together), the adds in k order (the CPU loop's).
+template <int kN>
+__device__ __forceinline__ float router_sum_in_k_order(float v, uint32_t K) {
+  float x[kN];
+  MEGAMOE_UNROLL
+  for (int k = 0; k < kN; ++k) x[k] = __shfl_sync(0xFFFFFFFFu, v, k);
+  float sum = 0.0f;
+  MEGAMOE_UNROLL
+  for (uint32_t k = 0; k < static_cast<uint32_t>(kN); ++k) {
+    if (k < K) sum = core::add_rn(sum, x[k]);
+  }
+  return sum;
+}
+
 /// Token t's weights and stores by one warp from its K winners @p win (selection order)
 /// and its scores @p s: lane k < K takes winner k; every lane sums the K scores in k order
 /// (the CPU loop's order), then lane k writes its entry.
@@ -291,15 +306,8 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
     id = candidate_id(win[lane]);
     mine = s[id];  // K <= E: every winner is a real expert
   }
-  // The K shuffles are independent (issued together), the adds in k order.
-  float v[core::kMaxRouterTopk];
-  MEGAMOE_UNROLL
-  for (int k = 0; k < core::kMaxRouterTopk; ++k) v[k] = __shfl_sync(0xFFFFFFFFu, mine, k);
-  float sum = 0.0f;
-  MEGAMOE_UNROLL
-  for (uint32_t k = 0; k < static_cast<uint32_t>(core::kMaxRouterTopk); ++k) {
-    if (k < K) sum = core::add_rn(sum, v[k]);
-  }
+  // K <= 8 (DeepSeek-V4's 6 and 8): half the shuffles and half the add chain.
+  const float sum = K <= 8u ? router_sum_in_k_order<8>(mine, K) : router_sum_in_k_order<core::kMaxRouterTopk>(mine, K);
   if (lane < K) {
     router_store(r, t, lane, true, id, core::router_weight(mine, core::weight_denominator(sum), r.alpha), rec);
   }
@@ -315,9 +323,13 @@ __device__ __forceinline__ void router_rank(const uint64_t* c, uint32_t n, uint3
   const uint32_t lane = threadIdx.x % 32u;
   const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
   uint32_t rank = 0;
-  MEGAMOE_UNROLL
-  for (uint32_t q = 0; q < 32u; ++q) {
-    if (q < n) rank += c[q] > mine ? 1u : 0u;
+  // Eight reads at a time up to n (warp-uniform; a single token's threshold typically lets
+  // K to 2K experts through), not all 32 slots.
+  for (uint32_t q0 = 0; q0 < n; q0 += 8u) {
+    MEGAMOE_UNROLL
+    for (uint32_t j = 0; j < 8u; ++j) {
+      if (q0 + j < n) rank += c[q0 + j] > mine ? 1u : 0u;
+    }
   }
   __syncwarp();
   if (lane < n && rank < K) out[rank] = mine;
