@@ -51,7 +51,7 @@
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
 # Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6), AB_TARGETS (_C), ROUTER_ARGS,
-# GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
+# GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
 # PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
@@ -264,26 +264,33 @@ step_build() {
 GPU_BINS=${GPU_BINS:-megamoe_cuda_tests megamoe_router_cuda_tests}
 bin_path() { echo "build-dev/tests/cuda/$1"; }
 
-suite_one() {  # binary box
-  local b=$1 rc t
+suite_one() {  # binary box [shard count]: with a count, gtest shard $4 of $3, logs named _<shard>
+  local b=$1 rc t n=${3:-1} i=${4:-0} tag=$1
+  [ "$n" -gt 1 ] && tag="${b}_$i"
   t=$(date +%s)
-  timeout -k 5 "$2" "$(bin_path "$b")" --gtest_filter="${SUITE_FILTER:-*}" --gtest_output=json:"$WORK/suite_$b.json" \
-    >"$WORK/suite_$b.log" 2>&1
+  GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout -k 5 "$2" "$(bin_path "$b")" --gtest_filter="${SUITE_FILTER:-*}" \
+    --gtest_output=json:"$WORK/suite_$tag.json" >"$WORK/suite_$tag.log" 2>&1
   rc=$?
-  gtest_row suite "$b" "$rc" "$WORK/suite_$b.json" "$WORK/suite_$b.log" $(($(date +%s) - t)) >>"$WORK/suite.jsonl"
+  gtest_row suite "$tag" "$rc" "$WORK/suite_$tag.json" "$WORK/suite_$tag.log" $(($(date +%s) - t)) >>"$WORK/suite.jsonl"
 }
 
-# The three binaries run side by side in the background (the plain suite took 160 s on one
-# binary before); suite-wait collects them.
+# The binaries run side by side in the background, each GPU binary as SUITE_SHARDS gtest
+# shards (default 4: megamoe_cuda_tests alone took over 300 s on 2026-12-05, its cases
+# checked under two poisons); suite-wait collects them.
 step_suite() {
-  local b box
+  local b box i n=${SUITE_SHARDS:-4} runs=0
   box=$(limit suite)
   : >"$WORK/suite.pids"
-  for b in $GPU_BINS megamoe_plan_tests; do
-    suite_one "$b" "$box" &
-    echo $! >>"$WORK/suite.pids"
+  for b in $GPU_BINS; do
+    for ((i = 0; i < n; i++)); do
+      suite_one "$b" "$box" "$n" "$i" &
+      echo $! >>"$WORK/suite.pids"
+      runs=$((runs + 1))
+    done
   done
-  echo "suite: 3 binaries started (box ${box}s)"
+  suite_one megamoe_plan_tests "$box" &
+  echo $! >>"$WORK/suite.pids"
+  echo "suite: $((runs + 1)) runs started (box ${box}s)"
 }
 
 step_suite_wait() {
