@@ -87,6 +87,8 @@ def sizes(args, part):
     """(Ts, Hs) of a part: the full grid, --quick, or the CPU check's small sizes."""
     if args.cpu_check:
         return [1, 5], [256]
+    if args.T:
+        return args.T, [7168, 4096] if part == "formats" else [7168]
     if part == "formats":
         return ([1, 64, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384, 65536]), [7168, 4096]
     if part == "nonfinite":
@@ -177,7 +179,7 @@ def part_full_buffer(args, out):
 
 def part_nonfinite(args, out):
     Ts, Hs = sizes(args, "nonfinite")
-    names = ("mxfp8", "fp8_fp32_g128", "mxfp4") if not args.quick else ("mxfp8", "mxfp4")
+    names = [n for n in (("mxfp8", "fp8_fp32_g128", "mxfp4") if not args.quick else ("mxfp8", "mxfp4")) if n in FORMATS]
     for H in Hs:
         for name in names:
             scheme = FORMATS[name]
@@ -238,6 +240,10 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parts", default="formats,full_buffer,nonfinite")
+    ap.add_argument("--formats", default=",".join(FORMAT_NAMES), help="the formats of the formats and nonfinite "
+                    "parts, comma-separated (an A/B of one kernel times only its formats)")
+    ap.add_argument("--T", type=lambda v: [int(t) for t in v.split(",")], default=None,
+                    help="token counts of the formats and nonfinite parts, comma-separated (default: the grid)")
     ap.add_argument("--dry-run", action="store_true", help="list the configurations and exit (no torch)")
     ap.add_argument("--cpu-check", action="store_true",
                     help="run every part on the CPU backend at small sizes (checks only, no figures)")
@@ -245,6 +251,12 @@ def main(argv=None):
     for part in args.parts.split(","):
         if part not in PARTS:
             ap.error(f"--parts: {part!r} is none of {sorted(PARTS)}")
+    formats = args.formats.split(",")
+    for f in formats:
+        if f not in FORMAT_NAMES:
+            ap.error(f"--formats: {f!r} is none of {FORMAT_NAMES}")
+    if args.T is not None and (not args.T or min(args.T) < 1):
+        ap.error("--T: positive token counts")
     if args.dry_run:
         return dry_run(plan(args), args.out)
     import torch as _torch
@@ -252,7 +264,7 @@ def main(argv=None):
     import megamoe as _megamoe
     torch, megamoe = _torch, _megamoe
     DEV = "cpu" if args.cpu_check else "cuda"
-    FORMATS = {n: getattr(megamoe, n.upper()) for n in FORMAT_NAMES}
+    FORMATS = {n: getattr(megamoe, n.upper()) for n in formats}
     _bench = timer(DEV)
     os.makedirs(args.out, exist_ok=True)
     print(json.dumps(header(cpu_check=args.cpu_check)), flush=True)

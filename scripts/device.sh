@@ -27,6 +27,9 @@
 #   ab-router      build-dev/megamoe_bench_router against the base's (AB_BASE, built with
 #                  AB_TARGETS=megamoe_bench_router): this, base, this, base ($ROUTER_ARGS), then
 #                  per row the fused and route times of both (ab_router.jsonl) (#12)
+#   ab-formats     bench/bench_formats.py --parts formats $AB_FORMATS_ARGS (e.g. "--formats
+#                  nvfp4_static --T 1,16384") with this build's extension and the base's (AB_BASE,
+#                  AB_TARGETS=_C): this, base, this, base; medians and ratios (ab_formats.jsonl) (#10)
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
 #   sass           bench/sass_mix.py over the built CUDA objects: opcode histograms of the kernels
 #                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
@@ -116,7 +119,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | bench-kernel | ncu | sass | pybench | multigpu) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | sass | pybench | multigpu) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -128,7 +131,7 @@ box() {
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;;
-    pybench) echo 200 ;; ab-router) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
+    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
   esac
 }
 
@@ -448,6 +451,52 @@ step_ab() {
     return 1
   fi
   python3 bench/ab_compare.py --this "$WORK"/ab/this*.json --base "$WORK"/ab/base*.json --out "$WORK/ab.jsonl"
+}
+
+# bench/bench_formats.py --parts formats $AB_FORMATS_ARGS with this build's and the base's
+# extension (AB_BASE; the base built with the default AB_TARGETS=_C): this, base, this, base;
+# then per (format, H, T) both medians and their ratio (ab_formats.jsonl).
+step_ab_formats() {
+  [ -n "${AB_BASE:-}" ] || { echo "ab-formats: set AB_BASE"; return 2; }
+  pypkg || return 1
+  ab_wait
+  local base_pkg=/tmp/pypkg-base i lab pkg each
+  if ! { rm -rf "$base_pkg" && mkdir -p "$base_pkg" && cp -r "$AB_DIR/src/python/megamoe" "$base_pkg/" &&
+    cp "$AB_DIR"/build/python/_C*.so "$base_pkg/megamoe/"; }; then
+    echo "ab-formats: no base extension"
+    return 1
+  fi
+  each=$(($(limit ab-formats) / 4))
+  for i in 1 2; do
+    for lab in this base; do
+      [ $lab = this ] && pkg=$PYPKG || pkg=$base_pkg
+      # shellcheck disable=SC2086
+      PYTHONPATH="$pkg" timeout -k 5 "$each" python3 bench/bench_formats.py --parts formats ${AB_FORMATS_ARGS:-} \
+        --out "$WORK/ab-formats/$lab$i" >"$WORK/ab-formats-$lab$i.log" 2>&1 || echo "ab-formats: $lab run $i rc=$?"
+    done
+  done
+  python3 - "$WORK/ab-formats" "$WORK/ab_formats.jsonl" <<'PYEOF'
+import glob, json, os, statistics, sys
+d, out = sys.argv[1:]
+rows = {}
+for f in sorted(glob.glob(os.path.join(d, "*", "formats.jsonl"))):
+    lab = os.path.basename(os.path.dirname(f))[:4]
+    for line in open(f):
+        r = json.loads(line)
+        k = (r["format"], r["H"], r["T"])
+        e = rows.setdefault(k, {"this": [], "base": [], "copy": []})
+        e[lab].append(r["megamoe_us"])
+        e["copy"].append(r["copy_us"])
+with open(out, "w") as o:
+    for (fmt, H, T), e in sorted(rows.items()):
+        if not e["this"] or not e["base"]:
+            continue
+        t, b, c = statistics.median(e["this"]), statistics.median(e["base"]), statistics.median(e["copy"])
+        row = dict(format=fmt, H=H, T=T, this_us=t, base_us=b, copy_us=c, ratio=round(t / b, 4),
+                   this_frac_copy=round(c / t, 4), base_frac_copy=round(c / b, 4), this_runs=e["this"], base_runs=e["base"])
+        o.write(json.dumps(row) + "\n")
+        print(json.dumps(row))
+PYEOF
 }
 
 step_ab_router() {
