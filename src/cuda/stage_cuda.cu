@@ -82,6 +82,20 @@ std::string explain_plan(const StageArgs& a, const detail::Problem& p) {
 
 namespace {
 
+/// The routing-only call that stages @p a's top-k: its inputs, outputs and options.
+RoutingArgs routing_args_of(const StageArgs& a) {
+  RoutingArgs r;
+  r.topk_ids = a.topk_ids;
+  r.topk_weights = a.topk_weights;
+  r.is_padding = a.is_padding;
+  r.topk_idx_out = a.topk_idx_out;
+  r.topk_weights_out = a.topk_weights_out;
+  r.routed_scaling_factor = a.routed_scaling_factor;
+  r.full_buffer = a.full_buffer;
+  r.enable_pdl = a.enable_pdl;
+  return r;
+}
+
 /// Rows T..M-1 of the top-k outputs set to -1 / +0.0 by the routing-only kernel, over views
 /// that start at row T (no top-k input is read for them).
 void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
@@ -93,13 +107,12 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
     t.shape[0] = p.M - p.T;
     return t;
   };
-  RoutingArgs r;
-  r.topk_ids = a.topk_ids;
-  r.topk_weights = a.topk_weights;
+  RoutingArgs r = routing_args_of(a);
+  r.is_padding.reset();  // no input row is read for the tail
+  r.routed_scaling_factor.reset();
   r.topk_idx_out = from_row(a.topk_idx_out);
   r.topk_weights_out = from_row(a.topk_weights_out);
   r.full_buffer = true;
-  r.enable_pdl = a.enable_pdl;
   detail::Problem q = p;
   q.T = 0;
   q.M = p.M - p.T;
@@ -115,16 +128,7 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream)
     // The top-k outputs alone (all M rows in full-buffer mode), as the CPU backend stages
     // them: the quantizing kernels repack the top-k inside their loops over the
     // activations, which run zero times here.
-    RoutingArgs r;
-    r.topk_ids = a.topk_ids;
-    r.topk_weights = a.topk_weights;
-    r.is_padding = a.is_padding;
-    r.topk_idx_out = a.topk_idx_out;
-    r.topk_weights_out = a.topk_weights_out;
-    r.routed_scaling_factor = a.routed_scaling_factor;
-    r.full_buffer = p.full_buffer;
-    r.enable_pdl = a.enable_pdl;
-    stage_routing(r, p, stream);
+    stage_routing(routing_args_of(a), p, stream);
     return;
   }
   bool tail = p.full_buffer && p.M > p.T;
