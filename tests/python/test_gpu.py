@@ -803,6 +803,47 @@ def test_mxfp4_under_cuda_graph_matches_deepgemm():
     same_bits(sf, s, "x_sf")
 
 
+# fp32 bit patterns of top-k weights: +-Inf, NaNs (quiet, signed, with a payload, signalling),
+# the smallest and a large subnormal, the largest finite of both signs, zeros, ordinary values.
+SPECIAL_WEIGHT_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7FC12345, 0x7F800001, 0x00000001,
+                       0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000000, 0x80000000, 0x3F800000, 0x3E99999A,
+                       0xC2F6E979, 0x0DA24260]  # fmt: skip
+
+
+def scaled_weight_bits(w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The contract's weight scaling, written independently: one fp32 rounding of w * alpha
+    (torch, on the host); a NaN weight keeps its bits; a NaN the product makes (+-Inf
+    times +-0) is 0x7FC00000."""
+    w = w.cpu()
+    r = (w * torch.tensor(alpha, dtype=torch.float32)).view(torch.int32).clone()
+    r[torch.isnan(w * alpha) & ~torch.isnan(w)] = 0x7FC00000
+    r[torch.isnan(w)] = w.view(torch.int32)[torch.isnan(w)]
+    return r
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.0, 2.5, -1.0, 3.0e38, 1.0e-30])
+def test_weight_scaling_special_values(alpha):
+    """Every special top-k weight times the routed scaling factor, through staging (the
+    fused top-k path) and routing-only staging, on the test device: the bits of the
+    independent rule above in every slot, the ids widened."""
+    T, K, H = 37, 8, 256
+    n = len(SPECIAL_WEIGHT_BITS)
+    sel = (torch.arange(T).unsqueeze(1) * 3 + torch.arange(K).unsqueeze(0)) % n  # every pattern in every column
+    w = torch.tensor(SPECIAL_WEIGHT_BITS, dtype=torch.int64).to(torch.int32)[sel].view(torch.float32)
+    ids = torch.randint(0, 384, (T, K), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    want_w, want_i = scaled_weight_bits(w, alpha), ids.to(torch.int64)
+    h = torch.randn(T, H, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    got = stage_on(DEVICE, h, w, ids, ALL_SCHEMES["MXFP8"], routed_scaling_factor=alpha)
+    assert_bitwise(got["topk_weights_out"].view(torch.int32).numpy(), want_w.numpy(), f"staged weights, alpha {alpha}")
+    assert_bitwise(got["topk_idx_out"].numpy(), want_i.numpy(), "staged ids")
+    idx = torch.full((T, K), -7, dtype=torch.int64, device=DEVICE)
+    wo = torch.full((T, K), -7.0, device=DEVICE)
+    megamoe.stage_megamoe_routing(w.to(DEVICE), ids.to(DEVICE), idx, wo, routed_scaling_factor=alpha)
+    sync()
+    assert_bitwise(wo.cpu().view(torch.int32).numpy(), want_w.numpy(), f"routing-only weights, alpha {alpha}")
+    assert_bitwise(idx.cpu().numpy(), want_i.numpy(), "routing-only ids")
+
+
 @cuda_only
 def test_routing_only_and_sglang_drop_ins_on_cuda():
     T, P, H, K = 40, 64, 7168, 8
