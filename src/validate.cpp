@@ -5,7 +5,6 @@
 #include <cmath>
 #include <optional>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -71,24 +70,6 @@ void check_scalar(const TensorRef& t, const char* name) {
 
 void check_data(const TensorRef& t, const char* name) {
   MEGAMOE_CHECK(t.numel() == 0 || t.data != nullptr, name, "a non-null data pointer", "nullptr");
-}
-
-/// The CUDA kernels access elements as typed words (and counters by atomics), which the
-/// hardware requires at multiples of their size: a CUDA tensor whose elements are not (its
-/// data pointer off by a fraction of an element; strides are whole elements) is refused
-/// here (kUnsupported) instead of faulting, which would poison the caller's context. The
-/// CPU backend takes any address. (Tensors from torch always are aligned.)
-void check_cuda_alignment(const TensorRef& t, const char* name) {
-  const int64_t es = dtype_size(t.dtype);
-  if (t.device.type != Device::Type::kCUDA || t.numel() == 0 || es <= 1) return;
-  const uintptr_t at = reinterpret_cast<uintptr_t>(t.data);
-  if (at % static_cast<uintptr_t>(es) != 0) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(at));
-    check_failed(ErrorCode::kUnsupported, nullptr, name,
-                 "a CUDA data pointer aligned to the " + std::to_string(es) + "-byte element (the CPU backend takes any)",
-                 std::string("address ") + buf);
-  }
 }
 
 /// The element count, the element offsets and the byte span of @p t all fit: nothing that
@@ -195,16 +176,27 @@ void check_topk_rest(const TopkRefs& k, bool full_buffer, const std::optional<fl
   }
 }
 
+}  // namespace
+
+bool element_misaligned(const TensorRef& t) {
+  const int64_t es = dtype_size(t.dtype);
+  return t.numel() > 0 && es > 1 && reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(es) != 0;
+}
+
+namespace {
+
 /// Devices, data pointers, sizes that fit, self-overlap of outputs, overlap between
-/// tensors: the checks every call ends with.
-void check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
+/// tensors: the checks every call ends with. Returns whether a tensor's data pointer is off
+/// its element size (valid; the CUDA backend then runs on aligned copies).
+bool check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
+  bool misaligned = false;
   for (const NamedTensor& n : all) {
     check_device(*n.t, n.name);
     check_fits(*n.t, n.name);
     MEGAMOE_CHECK(n.t->device == dev, n.name, "device " + to_string(dev), "device " + to_string(n.t->device));
     check_data(*n.t, n.name);
-    check_cuda_alignment(*n.t, n.name);
     if (n.output) check_no_self_overlap(*n.t, n.name);
+    misaligned = misaligned || element_misaligned(*n.t);
   }
   for (size_t i = 0; i < all.size(); ++i) {
     if (!all[i].output) continue;
@@ -216,6 +208,7 @@ void check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
       }
     }
   }
+  return misaligned;
 }
 
 }  // namespace
@@ -257,6 +250,35 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
   if (a.global_scale) all.push_back({&*a.global_scale, "global_scale", false});
   if (a.x_scales) all.push_back({&*a.x_scales, "x_scales", true});
   if (a.nonfinite_count) all.push_back({&*a.nonfinite_count, "nonfinite_count", true});
+  return all;
+}
+
+std::vector<NamedTensor> named_tensors(const RoutingArgs& a) {
+  std::vector<NamedTensor> all = {{&a.topk_weights, "topk_weights", false},
+                                  {&a.topk_ids, "topk_ids", false},
+                                  {&a.topk_idx_out, "topk_idx_out", true},
+                                  {&a.topk_weights_out, "topk_weights_out", true}};
+  if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
+  return all;
+}
+
+std::vector<NamedTensor> named_tensors(const RouterArgs& r) {
+  std::vector<NamedTensor> all = {{&r.router_logits, "router_logits", false},
+                                  {&r.topk_ids, "topk_ids", true},
+                                  {&r.topk_weights, "topk_weights", true}};
+  const std::pair<const std::optional<TensorRef>*, NamedTensor> opt[] = {
+      {&r.e_score_correction_bias, {nullptr, "e_score_correction_bias", false}},
+      {&r.tid2eid, {nullptr, "tid2eid", false}},
+      {&r.input_ids, {nullptr, "input_ids", false}},
+      {&r.logical_to_physical_map, {nullptr, "logical_to_physical_map", false}},
+      {&r.logical_replica_count, {nullptr, "logical_replica_count", false}},
+      {&r.expert_load_view, {nullptr, "expert_load_view", true}},
+      {&r.record_enabled, {nullptr, "record_enabled", false}},
+      {&r.nonfinite_count, {nullptr, "nonfinite_count (router)", true}},
+      {&r.is_padding, {nullptr, "is_padding", false}}};
+  for (const auto& [t, n] : opt) {
+    if (t->has_value()) all.push_back({&**t, n.name, n.output});
+  }
   return all;
 }
 
@@ -402,7 +424,7 @@ Problem validate_args(const StageArgs& a) {
     check_dtype(*a.nonfinite_count, "nonfinite_count", {DType::kInt64});
   }
 
-  check_memory(named_tensors(a), hs.device);
+  p.misaligned = check_memory(named_tensors(a), hs.device);
   return p;
 }
 
@@ -415,12 +437,7 @@ Problem validate_routing(const RoutingArgs& a) {
   const TopkRefs topk = topk_refs(a);
   check_topk_pair(topk, p);
   check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
-  std::vector<NamedTensor> all = {{&a.topk_weights, "topk_weights", false},
-                                  {&a.topk_ids, "topk_ids", false},
-                                  {&a.topk_idx_out, "topk_idx_out", true},
-                                  {&a.topk_weights_out, "topk_weights_out", true}};
-  if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
-  check_memory(all, a.topk_ids.device);
+  p.misaligned = check_memory(named_tensors(a), a.topk_ids.device);
   return p;
 }
 
@@ -490,25 +507,6 @@ void check_router_eplb(const RouterArgs& r, RouterProblem& p) {
 }
 
 /// The router's tensors with their names; outputs: the public top-k, the load, the counter.
-std::vector<NamedTensor> router_tensors(const RouterArgs& r) {
-  std::vector<NamedTensor> all = {{&r.router_logits, "router_logits", false},
-                                  {&r.topk_ids, "topk_ids", true},
-                                  {&r.topk_weights, "topk_weights", true}};
-  const std::pair<const std::optional<TensorRef>*, NamedTensor> opt[] = {
-      {&r.e_score_correction_bias, {nullptr, "e_score_correction_bias", false}},
-      {&r.tid2eid, {nullptr, "tid2eid", false}},
-      {&r.input_ids, {nullptr, "input_ids", false}},
-      {&r.logical_to_physical_map, {nullptr, "logical_to_physical_map", false}},
-      {&r.logical_replica_count, {nullptr, "logical_replica_count", false}},
-      {&r.expert_load_view, {nullptr, "expert_load_view", true}},
-      {&r.record_enabled, {nullptr, "record_enabled", false}},
-      {&r.nonfinite_count, {nullptr, "nonfinite_count (router)", true}},
-      {&r.is_padding, {nullptr, "is_padding", false}}};
-  for (const auto& [t, n] : opt) {
-    if (t->has_value()) all.push_back({&**t, n.name, n.output});
-  }
-  return all;
-}
 
 }  // namespace
 
@@ -559,11 +557,11 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
     check_dtype(*r.nonfinite_count, "nonfinite_count (router)", {DType::kInt64});
   }
 
-  std::vector<NamedTensor> all = router_tensors(r);
+  std::vector<NamedTensor> all = named_tensors(r);
   if (!p.fused) {
     p.has_padding = r.is_padding.has_value();
     if (p.has_padding) check_vector(*r.is_padding, "is_padding", p.T, {DType::kBool, DType::kUInt8});
-    check_memory(all, lg.device);
+    p.misaligned = check_memory(all, lg.device);
     return p;
   }
   if (r.is_padding) {
@@ -586,7 +584,7 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   for (const NamedTensor& n : named_tensors(a)) {
     if (n.t != &a.topk_ids && n.t != &a.topk_weights) all.push_back(n);
   }
-  check_memory(all, lg.device);
+  p.misaligned = check_memory(all, lg.device);
   return p;
 }
 

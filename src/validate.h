@@ -34,6 +34,7 @@ struct Problem {
   bool has_padding = false;
   bool has_shared = false;
   int64_t shared_bm = 1;
+  bool misaligned = false;  ///< a tensor's data pointer is off its element size (cuda/aligned.cuh)
 };
 
 /// Check everything SPEC.md requires; throws megamoe::Error before anything is written.
@@ -59,6 +60,7 @@ struct RouterProblem {
   bool has_nonfinite = false;  ///< RouterArgs::nonfinite_count given
   float alpha = 1.0f;          ///< routed scaling factor
   bool fused = false;          ///< route_and_stage: stage below is the staging of the call
+  bool misaligned = false;     ///< a tensor of the call off its element size (cuda/aligned.cuh)
   Problem stage;               ///< fused: the staging problem of staged_args(router, stage)
 };
 
@@ -91,7 +93,13 @@ struct NamedTensor {
   const char* name;
   bool output;
 };
+/// A non-empty tensor whose data pointer is not a multiple of its element size.
+bool element_misaligned(const TensorRef& t);
+
 std::vector<NamedTensor> named_tensors(const StageArgs& args);
+std::vector<NamedTensor> named_tensors(const RoutingArgs& args);
+/// The router's own tensors (route_and_stage: the staging's are named_tensors(StageArgs)).
+std::vector<NamedTensor> named_tensors(const RouterArgs& args);
 
 /// Byte address range [lo, hi) touched by a tensor (empty tensors: lo == hi).
 struct Span {

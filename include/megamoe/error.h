@@ -18,7 +18,7 @@ namespace megamoe {
 enum class ErrorCode {
   kInvalidArgument,  ///< Bad shape, dtype, stride, device, scheme or option: nothing was written.
   kUnsupported,      ///< Valid request this build cannot serve (CUDA tensors in a CPU-only build; a
-                     ///< CUDA data pointer off its element size, which the kernels cannot access).
+                     ///< grid beyond CUDA's limits).
   kCuda,             ///< A CUDA runtime call failed (the message names the call and the error).
   kOutOfMemory,      ///< Host memory for a scratch buffer could not be had, or a system resource
                      ///< (std::system_error). A worker thread that cannot start is not an

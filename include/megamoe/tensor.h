@@ -54,7 +54,7 @@ std::string to_string(const Device& d);
 struct TensorRef {
   static constexpr int kMaxRank = 2;  ///< highest rank the contract uses
 
-  void* data = nullptr;        ///< address of element [0, 0]; may be unaligned (CUDA: a multiple of the element size)
+  void* data = nullptr;        ///< address of element [0, 0]; any address (unaligned is slower)
   DType dtype = DType::kFloat32;
   int ndim = 0;                ///< rank, 0..kMaxRank
   int64_t shape[kMaxRank] = {0, 0};    ///< sizes

@@ -20,8 +20,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "cuda/aligned.cuh"
 #include "cuda/launch_util.cuh"
 #include "cuda/plan.h"
 #include "cuda/route_fused.cuh"
@@ -144,9 +147,7 @@ void launch_router(const RouterParams& rp, bool pdl, cudaStream_t stream) {
   launch_kernel(route_kernel, rp, pl, stream);
 }
 
-}  // namespace
-
-void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream_handle) {
+void route_aligned(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream_handle) {
   const int index = r.router_logits.device.index;
   DeviceGuard scope(index);
   const DeviceInfo dev = device_info(index);
@@ -187,6 +188,34 @@ void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem&
     case kInF16: return route_fused_f16(pl, a, p.stage, rp, decode, stream);
     default: return route_fused_f32(pl, a, p.stage, rp, decode, stream);
   }
+}
+
+/// A router call's arguments: the router's, and the staging's when fused.
+struct RouterCall {
+  RouterArgs r;
+  std::optional<StageArgs> s;
+};
+
+/// The router's tensors and, fused, the staging's (its top-k inputs are the router's
+/// outputs, not its own).
+std::vector<detail::NamedTensor> call_tensors(const RouterCall& c) {
+  std::vector<detail::NamedTensor> all = detail::named_tensors(c.r);
+  if (c.s) {
+    for (const detail::NamedTensor& n : detail::named_tensors(*c.s)) {
+      if (n.t != &c.s->topk_ids && n.t != &c.s->topk_weights) all.push_back(n);
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream) {
+  if (!p.misaligned) return route_aligned(r, s, p, stream);
+  const RouterCall call{r, s != nullptr ? std::optional<StageArgs>(*s) : std::nullopt};
+  with_aligned_tensors(call, true, r.router_logits.device.index, stream, call_tensors, [&](const RouterCall& c) {
+    route_aligned(c.r, c.s ? &*c.s : nullptr, p, stream);
+  });
 }
 
 }  // namespace cuda

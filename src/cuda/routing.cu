@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/numerics.h"
+#include "cuda/aligned.cuh"
 #include "cuda/launch_util.cuh"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
@@ -59,9 +60,7 @@ __global__ void __launch_bounds__(256) routing_kernel(const RoutingParams p) {
   }
 }
 
-}  // namespace
-
-void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream stream) {
+void routing_aligned(const RoutingArgs& a, const detail::Problem& pr, Stream stream) {
   RoutingParams p = {};
   p.ids = a.topk_ids.data;
   p.w = a.topk_weights.data;
@@ -98,6 +97,14 @@ void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream strea
   cfg.attrs = attr;
   cfg.numAttrs = a.enable_pdl ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, routing_kernel, p), "cudaLaunchKernelEx(routing)");
+}
+
+}  // namespace
+
+void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream stream) {
+  with_aligned_tensors(
+      a, pr.misaligned, a.topk_ids.device.index, stream, [](const RoutingArgs& x) { return detail::named_tensors(x); },
+      [&](const RoutingArgs& x) { routing_aligned(x, pr, stream); });
 }
 
 }  // namespace cuda

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/checked.h"
+#include "cuda/aligned.cuh"
 #include "cuda/launch_util.cuh"
 #include "cuda/plan.h"
 #include "megamoe/error.h"
@@ -121,9 +122,7 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
   stage_routing(r, q, stream);
 }
 
-}  // namespace
-
-void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream) {
+void prepare_aligned(const StageArgs& a, const detail::Problem& p, Stream stream) {
   if (empty_rows(p)) {
     // The top-k outputs alone (all M rows in full-buffer mode), as the CPU backend stages
     // them: the quantizing kernels repack the top-k inside their loops over the
@@ -138,6 +137,14 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream)
     tail = tail && !pl.fused_tail;
   }
   if (tail) fill_tail(a, p, stream);
+}
+
+}  // namespace
+
+void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream) {
+  with_aligned_tensors(
+      a, p.misaligned, a.hidden_states.device.index, stream, [](const StageArgs& x) { return detail::named_tensors(x); },
+      [&](const StageArgs& x) { prepare_aligned(x, p, stream); });
 }
 
 }  // namespace cuda

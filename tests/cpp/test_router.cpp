@@ -28,6 +28,7 @@
 #include "megamoe/megamoe.h"
 #include "router_cases.h"
 #include "router_reference.h"
+#include "validate.h"
 
 namespace {
 
@@ -609,6 +610,51 @@ TEST(RouterErrors, EveryCheck) {
       {"null logits", [](Built& b, StageBufs&) { b.args.router_logits.data = nullptr; }, "router_logits: expected a non-null data pointer"},
   };
   for (const ErrorCase& e : cases) expect_rejected(e, {&load});
+}
+
+// The validator's flag for a tensor whose data pointer is off its element size (valid; the
+// CUDA backend then runs on aligned copies, the CPU ignores it): raised by exactly such a
+// tensor, in the router's, the staging's and the routing-only call's slots.
+TEST(RouterValidation, FlagsTensorsOffTheirElementSize) {
+  const Spec s = random_spec(6, 256, 6, 11);
+  auto b = build(s);
+  auto sb = stage_bufs(StageCase{}, s.T, s.K, nullptr);
+  std::vector<uint8_t> spare(1 << 16);
+  uint8_t* const odd = spare.data() + (16 - reinterpret_cast<uintptr_t>(spare.data()) % 16) + 1;
+  auto flagged = [&](TensorRef& t, const std::function<bool()>& validate) {
+    const TensorRef keep = t;
+    t.data = odd;
+    const bool f = validate();
+    t = keep;
+    return f;
+  };
+  const auto route = [&] { return megamoe::detail::validate_router(b->args, nullptr).misaligned; };
+  const auto fused = [&] { return megamoe::detail::validate_router(b->args, &sb->args).misaligned; };
+  EXPECT_FALSE(route());
+  EXPECT_FALSE(fused());
+  for (TensorRef* t : {&b->args.router_logits, &b->args.topk_ids, &b->args.topk_weights}) {
+    EXPECT_TRUE(flagged(*t, route)) << megamoe::dtype_name(t->dtype);
+    EXPECT_TRUE(flagged(*t, fused)) << megamoe::dtype_name(t->dtype);
+  }
+  EXPECT_TRUE(flagged(sb->args.x_sf, fused));
+  EXPECT_TRUE(flagged(sb->args.topk_weights_out, fused));
+  EXPECT_FALSE(flagged(sb->args.x_q, fused)) << "a byte tensor is never off its size";
+
+  StageArgs a = megamoe::detail::staged_args(b->args, sb->args);
+  const auto stage = [&] { return megamoe::detail::validate_args(a).misaligned; };
+  EXPECT_FALSE(stage());
+  EXPECT_TRUE(flagged(a.hidden_states, stage));
+  EXPECT_TRUE(flagged(a.topk_ids, stage));
+
+  megamoe::RoutingArgs r;
+  r.topk_ids = a.topk_ids;
+  r.topk_weights = a.topk_weights;
+  r.topk_idx_out = a.topk_idx_out;
+  r.topk_weights_out = a.topk_weights_out;
+  const auto routing = [&] { return megamoe::detail::validate_routing(r).misaligned; };
+  EXPECT_FALSE(routing());
+  EXPECT_TRUE(flagged(r.topk_idx_out, routing));
+  EXPECT_TRUE(flagged(r.topk_weights, routing));
 }
 
 }  // namespace

@@ -470,35 +470,20 @@ TEST_F(Validation, MixedDevices) {
   expect_reject(a, {"megamoe: x_sf: expected device cuda:0, got device cuda:1"}, true);
 }
 
-// A CUDA tensor whose data pointer is not a multiple of its element size: refused before
-// any launch (kUnsupported, naming the tensor), where a kernel's typed access would fault;
-// byte-sized elements and CPU tensors take any address. (validate reads no element: the
-// host buffers stand in for device memory.)
-TEST_F(Validation, CudaTensorsMustBeElementAligned) {
+// A CUDA tensor whose data pointer is not a multiple of its element size is valid: the
+// CUDA backend stages it through an aligned copy (cuda/aligned.cuh; tests/cuda runs it).
+// (validate reads no element: the host buffers stand in for device memory.)
+TEST_F(Validation, CudaTensorsTakeAnyAddress) {
   std::vector<uint8_t> spare(64 * 1024 + 16);
   for (const std::string n : kSlots) {
     SCOPED_TRACE(n);
     auto a = args();
     for (const char* m : kSlots) slot(a, m).device = Device::cuda(0);
     megamoe::TensorRef& t = slot(a, n);
-    const int64_t es = megamoe::dtype_size(t.dtype);
     // The same shape and strides at an odd address inside a spare buffer (nothing overlaps).
     uint8_t* base = spare.data() + (16 - reinterpret_cast<uintptr_t>(spare.data()) % 16) + 1;
     t.data = base;
-    if (es == 1) {
-      EXPECT_NO_THROW(megamoe::validate(a)) << "a byte tensor at any address";
-      continue;
-    }
-    try {
-      megamoe::validate(a);
-      ADD_FAILURE() << "accepted a misaligned " << es << "-byte element";
-    } catch (const megamoe::Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find("megamoe: " + n + ": expected a CUDA data pointer aligned to the " +
-                                           std::to_string(es) + "-byte element"),
-                std::string::npos)
-          << e.what();
-    }
+    EXPECT_NO_THROW(megamoe::validate(a)) << "a CUDA tensor one byte past its element alignment";
     for (const char* m : kSlots) slot(a, m).device = Device::cpu();
     EXPECT_NO_THROW(megamoe::validate(a)) << "the CPU takes any address";
   }

@@ -74,17 +74,20 @@ struct View {
   int64_t shape[2] = {0, 0};
   int64_t strides[2] = {0, 0};
   int64_t offset = 0;
+  int64_t skew = 0;  ///< bytes added to every element's address (1: off its element size)
   int64_t es() const { return megamoe::dtype_size(dtype); }
   size_t bytes() const {  // allocation covering the view (offset covers negative strides)
     int64_t hi = offset;
     for (int d = 0; d < ndim; ++d) hi += std::max<int64_t>(0, (shape[d] - 1) * strides[d]);
-    return static_cast<size_t>((hi + 1) * es()) + 16;
+    return static_cast<size_t>((hi + 1) * es() + skew) + 16;
   }
   /// Byte offset of element (i, j) in the buffer.
-  int64_t at(int64_t i, int64_t j = 0) const { return (offset + i * strides[0] + (ndim == 2 ? j * strides[1] : 0)) * es(); }
+  int64_t at(int64_t i, int64_t j = 0) const {
+    return (offset + i * strides[0] + (ndim == 2 ? j * strides[1] : 0)) * es() + skew;
+  }
   TensorRef ref(void* base, Device dev) const {
     TensorRef t;
-    t.data = static_cast<uint8_t*>(base) + offset * es();
+    t.data = static_cast<uint8_t*>(base) + offset * es() + skew;
     t.dtype = dtype;
     t.ndim = ndim;
     for (int d = 0; d < ndim; ++d) {
@@ -108,6 +111,7 @@ struct Case {
   bool shared_transposed = false;
   bool hs_noncontig = false;      // row stride H + 64
   bool misaligned = false;        // every tensor offset by one element
+  bool skewed = false;            // every tensor of wider elements one byte off their size
   bool sf_mn_major = false;       // x_sf[t, g] at g * align(T, 4) + t
   bool strided_topk = false;      // column-major top-k outputs
   bool reversed_topk_in = false;  // top-k ids/weights with rows reversed (stride -K): 64-bit offsets
@@ -120,7 +124,8 @@ struct Case {
     std::ostringstream os;
     os << "T=" << T << " H=" << H << " K=" << K << " " << megamoe::scheme_name(q) << " in=" << megamoe::dtype_name(in)
        << " ids=" << megamoe::dtype_name(ids) << " w=" << megamoe::dtype_name(w) << " pad=" << pad << " bm=" << bm
-       << " shT=" << shared_transposed << " hsNC=" << hs_noncontig << " mis=" << misaligned << " mn=" << sf_mn_major
+       << " shT=" << shared_transposed << " hsNC=" << hs_noncontig << " mis=" << misaligned << " skew=" << skewed
+       << " mn=" << sf_mn_major
        << " stk=" << strided_topk << " rev=" << reversed_topk_in << " count=" << count
        << " one_sm_waves=" << one_sm_waves;
     return os.str();
@@ -236,6 +241,9 @@ struct Staged {
     gsv = vec(DType::kFloat32, 1, 1, off);
     xs = vec(DType::kFloat32, c.T, c.misaligned ? 2 : 1, off);
     nf = vec(DType::kInt64, 1, 1, 0);
+    if (c.skewed) {
+      for (View* v : {&hs, &w, &ids, &pad, &xq, &sf, &io, &wo, &sh, &gsv, &xs, &nf}) v->skew = v->es() > 1 ? 1 : 0;
+    }
     auto mk = [&](const View& v) {
       bufs.push_back(std::make_unique<Buf>(v.bytes()));
       return bufs.back().get();
@@ -262,7 +270,7 @@ struct Staged {
   /// New random inputs (host mirrors and device), from @p seed.
   void fill_inputs(uint32_t seed) {
     std::mt19937 rng(seed);
-    fill_hidden(rng, c.in, hsb->host.data() + hs.offset * hs.es(), c.T, c.H, hs.strides[0], c.edge_values);
+    fill_hidden(rng, c.in, hsb->host.data() + hs.at(0, 0), c.T, c.H, hs.strides[0], c.edge_values);
     std::uniform_int_distribution<int> expert(0, 383);
     std::uniform_real_distribution<float> wdist(0.0f, 1.0f);
     for (int64_t t = 0; t < c.T; ++t) {
@@ -305,7 +313,7 @@ struct Staged {
   /// Outputs poisoned (host mirrors and device), the counter at counter_start.
   void poison_outputs() {
     for (auto& o : outputs()) o.second->poison(poison);
-    std::memcpy(nfb->host.data(), &counter_start, 8);
+    std::memcpy(nfb->host.data() + nf.at(0), &counter_start, 8);
     nfb->upload();
   }
 
@@ -409,7 +417,7 @@ struct Staged {
     }
     if (c.count) {
       const int64_t want = counter_start + r.nonfinite;
-      put(img[6], 0, &want, 8);
+      put(img[6], nf.at(0), &want, 8);
     }
   }
 

@@ -255,6 +255,31 @@ TEST(CudaStage, StridesAlignmentAndLayouts) {
   }
 }
 
+// Every tensor of wider elements one byte off its element size (a data pointer the kernels
+// cannot access as typed words): staged through aligned copies (cuda/aligned.cuh), the
+// same bytes in every buffer, gaps included, eagerly and under graph capture (the copies'
+// scratch become allocation and free nodes), with and without the counter.
+TEST(CudaStage, ElementMisalignedTensors) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const QuantScheme& q : all_schemes()) {
+    for (int64_t T : {1, 135}) {
+      Case c;
+      c.T = T;
+      c.H = 2048;
+      c.q = q;
+      c.skewed = true;
+      c.count = T == 135;
+      c.strided_topk = T == 1;
+      if (q.ue8m0()) c.bm = 96;
+      for (DType in : {DType::kBFloat16, DType::kFloat32}) {
+        c.in = in;
+        run_all_modes(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(CudaStage, SharedScalesAllBlockM) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const QuantScheme& q : {QuantScheme::mxfp8(), QuantScheme::mxfp4()}) {
