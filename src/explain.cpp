@@ -1,5 +1,6 @@
 // explain.cpp: megamoe::explain (include/megamoe/plan.h). Backend-independent: the CUDA
 // part comes from the CUDA backend's plan (src/cuda/plan.h) when the build has one.
+#include <cstdint>
 #include <new>
 #include <string>
 
@@ -31,6 +32,22 @@ std::string describe(const StageArgs& args) {
            (p.has_nonfinite ? ", non-finite count" : "");
   }
 #if MEGAMOE_WITH_CUDA
+  if (p.misaligned) {
+    // The call runs on dense copies of the tensors off their element size, at 256-byte
+    // aligned scratch (src/cuda/aligned.cuh): the plan of those (the address stands in for
+    // the scratch; nothing is read from it).
+    StageArgs b = args;
+    int moved = 0;
+    for (const detail::NamedTensor& n : detail::named_tensors(b)) {
+      if (!detail::element_misaligned(*n.t)) continue;
+      TensorRef& t = const_cast<TensorRef&>(*n.t);
+      t.data = reinterpret_cast<void*>(uintptr_t{1} << 40);
+      detail::make_row_major(t);
+      ++moved;
+    }
+    return cuda::explain_plan(b, p) + " (" + scheme_name(p.scheme) + " " + sizes + "), on dense copies of " +
+           std::to_string(moved) + " tensor(s) off their element size: gathered before, outputs scattered after";
+  }
   return cuda::explain_plan(args, p) + " (" + scheme_name(p.scheme) + " " + sizes + ")";
 #else
   if (!detail::has_work(p)) return "nothing to do (T == 0)";

@@ -95,6 +95,15 @@ struct NamedTensor {
 };
 /// A non-empty tensor whose data pointer is not a multiple of its element size.
 bool element_misaligned(const TensorRef& t);
+/// @p t's strides made row-major for its shape (the dense copy of such a tensor).
+inline void make_row_major(TensorRef& t) {
+  if (t.ndim == 2) {
+    t.strides[0] = t.shape[1];
+    t.strides[1] = 1;
+  } else if (t.ndim == 1) {
+    t.strides[0] = 1;
+  }
+}
 
 std::vector<NamedTensor> named_tensors(const StageArgs& args);
 std::vector<NamedTensor> named_tensors(const RoutingArgs& args);

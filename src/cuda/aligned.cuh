@@ -2,17 +2,18 @@
 // an odd address, say; strides are whole elements, so every element is off by the same
 // bytes). The kernels access elements as typed words and the counters by atomics, which
 // the hardware requires at multiples of their size, so such a call runs on copies: each
-// such tensor's byte span in device scratch at an aligned address (same strides), copied
-// in before the call (outputs too, so that the bytes between their elements keep their
-// values) and, for outputs, copied back after it. Everything is queued on the call's
-// stream, so a CUDA graph captures it too (the scratch as allocation and free nodes). The
-// bytes between a strided tensor's elements are copied with them (they lie inside its
-// span, which the validator has checked). Aligned tensors, every torch tensor's case, never
-// come here: the validator flags a call that has one (Problem::misaligned).
+// such tensor's elements gathered, byte by byte, into dense device scratch (row-major, same
+// shape), the call run on those, and the outputs' elements scattered back (only element
+// bytes are written: the bytes between a strided tensor's elements stay the caller's).
+// Everything is queued on the call's stream, so a CUDA graph captures it too (the scratch
+// as allocation and free nodes, with their limits: such a graph cannot be cloned or
+// instantiated twice at once). Aligned tensors, every torch tensor's case, never come here:
+// the validator flags a call that has one (Problem::misaligned).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,72 +26,121 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
+/// Element e (row-major over shape [rows, cols]) of a strided tensor at @p base, as bytes.
+struct StridedBytes {
+  uint8_t* base;
+  int64_t cols, s0, s1;  // cols: 1 for rank 0 and 1 (then s1 is unused)
+  int64_t es;
+};
+
+/// Bytes of n elements between a strided tensor and a dense buffer: gather (to_dense) or
+/// scatter, one byte a thread-step (any alignment).
+__global__ void strided_bytes_kernel(uint8_t* dense, StridedBytes t, int64_t n, bool to_dense) {
+  const int64_t bytes = n * t.es;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i / t.es, b = i - e * t.es;
+    const int64_t r = e / t.cols, c = e - r * t.cols;
+    uint8_t* p = t.base + (r * t.s0 + c * t.s1) * t.es + b;
+    if (to_dense) dense[i] = *p;
+    else *p = dense[i];
+  }
+}
+
 /// The copies of one call (see the file comment). move() redirects the call's own copy of
-/// its arguments; finish() after the launches copies the outputs back and frees the
+/// its arguments; finish() after the launches scatters the outputs back and frees the
 /// scratch; without finish() (an error on the way) the scratch is freed and nothing is
-/// copied back, so the caller's buffers are untouched.
+/// written back, so the caller's buffers are untouched.
 class ElementAlignedCopies {
  public:
   explicit ElementAlignedCopies(Stream stream) : stream_(static_cast<cudaStream_t>(stream)) {}
   ElementAlignedCopies(const ElementAlignedCopies&) = delete;
   ElementAlignedCopies& operator=(const ElementAlignedCopies&) = delete;
   ~ElementAlignedCopies() {
-    for (const Moved& m : moved_) (void)cudaFreeAsync(m.scratch, stream_);
+    for (const Moved& m : moved_) {
+      if (cudaFreeAsync(m.scratch, stream_) != cudaSuccess) (void)cudaGetLastError();
+    }
   }
 
-  /// @p ts: tensors of the caller's copy of the arguments (validated: their spans fit).
+  /// @p ts: tensors of the caller's copy of the arguments (validated: sizes fit).
   void move(const std::vector<detail::NamedTensor>& ts) {
     for (const detail::NamedTensor& n : ts) {
       if (!detail::element_misaligned(*n.t)) continue;
-      const detail::Span s = detail::byte_span(*n.t);
+      TensorRef& t = *const_cast<TensorRef*>(n.t);
       Moved m;
-      m.t = const_cast<TensorRef*>(n.t);
-      m.lo = s.lo;
-      m.bytes = static_cast<size_t>(s.hi - s.lo);
+      m.t = &t;
+      m.n = t.numel();
+      m.from = strided(t);
       m.output = n.output;
-      check_cuda(cudaMallocAsync(&m.scratch, m.bytes, stream_), "cudaMallocAsync (an aligned copy)");
+      check_cuda(cudaMallocAsync(&m.scratch, static_cast<size_t>(m.n * m.from.es), stream_),
+                 "cudaMallocAsync (an aligned copy)");
       moved_.push_back(m);
-      // The data pointer keeps its place in the span: (data - lo) is whole elements.
-      char* data = static_cast<char*>(m.scratch) + (reinterpret_cast<uintptr_t>(n.t->data) - s.lo);
-      if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(dtype_size(n.t->dtype)) != 0) {
-        throw Error(ErrorCode::kInternal, std::string("megamoe: ") + n.name + ": scratch off its element size");
-      }
-      check_cuda(cudaMemcpyAsync(m.scratch, reinterpret_cast<const void*>(s.lo), m.bytes, cudaMemcpyDeviceToDevice,
-                                 stream_),
-                 "cudaMemcpyAsync (an aligned copy in)");
-      m.t->data = data;
+      copy(m, true);
+      // The same shape, row-major, at the scratch (cudaMallocAsync: 256-byte aligned).
+      t.data = m.scratch;
+      detail::make_row_major(t);
     }
   }
 
-  /// After the call's launches: the outputs' spans back to the caller's memory.
+  /// After the call's launches: the outputs' elements back to the caller's memory, then
+  /// the scratch freed (all of it, whatever fails first).
   void finish() {
-    for (const Moved& m : moved_) {
-      if (m.output) {
-        check_cuda(cudaMemcpyAsync(reinterpret_cast<void*>(m.lo), m.scratch, m.bytes, cudaMemcpyDeviceToDevice,
-                                   stream_),
-                   "cudaMemcpyAsync (an aligned copy back)");
-      }
-    }
     std::vector<Moved> done;
     done.swap(moved_);
-    for (const Moved& m : done) check_cuda(cudaFreeAsync(m.scratch, stream_), "cudaFreeAsync (an aligned copy)");
+    std::string failed;
+    for (const Moved& m : done) {
+      if (m.output && failed.empty()) {
+        try {
+          copy(m, false);
+        } catch (const Error& e) {
+          failed = e.what();
+        }
+      }
+    }
+    for (const Moved& m : done) {
+      const cudaError_t e = cudaFreeAsync(m.scratch, stream_);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (failed.empty()) failed = std::string("megamoe: CUDA error in cudaFreeAsync (an aligned copy): ") +
+                                     cudaGetErrorName(e);
+      }
+    }
+    if (!failed.empty()) throw Error(ErrorCode::kCuda, failed);
   }
 
  private:
   struct Moved {
     TensorRef* t = nullptr;
     void* scratch = nullptr;
-    uintptr_t lo = 0;
-    size_t bytes = 0;
+    StridedBytes from{};
+    int64_t n = 0;
     bool output = false;
   };
+
+  static StridedBytes strided(const TensorRef& t) {
+    StridedBytes s;
+    s.base = static_cast<uint8_t*>(t.data);
+    s.es = dtype_size(t.dtype);
+    s.cols = t.ndim == 2 ? std::max<int64_t>(1, t.shape[1]) : 1;
+    s.s0 = t.ndim >= 1 ? t.strides[0] : 0;
+    s.s1 = t.ndim == 2 ? t.strides[1] : 0;
+    return s;
+  }
+
+  void copy(const Moved& m, bool to_dense) {
+    const int64_t bytes = m.n * m.from.es;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((bytes + 255) / 256, 4096));
+    strided_bytes_kernel<<<blocks, 256, 0, stream_>>>(static_cast<uint8_t*>(m.scratch), m.from, m.n, to_dense);
+    check_cuda(cudaGetLastError(), to_dense ? "an aligned copy in" : "an aligned copy back");
+  }
+
   cudaStream_t stream_;
   std::vector<Moved> moved_;
 };
 
 /// run(a) unless the validator found a tensor off its element size (@p misaligned); then
-/// run(b) on a copy b of @p a whose such tensors (among named_of(b)) are aligned copies,
-/// and the outputs copied back.
+/// run(b) on a copy b of @p a whose such tensors (among named_of(b)) are dense aligned
+/// copies, and the outputs' elements written back.
 template <typename Args, typename NamedOf, typename Run>
 void with_aligned_tensors(const Args& a, bool misaligned, int device, Stream stream, NamedOf named_of, Run run) {
   if (!misaligned) return run(a);

@@ -1,7 +1,8 @@
 // stage_cuda.cu: the CUDA backend's host entry points. prepare_inputs() asks plan() for
 // the kernel choice (plan.h) and launch() runs it: one kernel launch per call (a second,
 // routing-only one only for a full-buffer tail the plan's shape does not fill), no
-// allocation, no host synchronization (CUDA-graph capture safe), optional PDL. The kernels
+// allocation (but for tensors off their element size: aligned.cuh), no host
+// synchronization (CUDA-graph capture safe), optional PDL. The kernels
 // are by role in quantize_fast.cuh, quantize_generic.cuh and quantize_rowwise.cuh, the
 // top-k repack in topk.cuh; their instantiations in the launch_*.cu units.
 #include <cuda_runtime.h>

@@ -270,6 +270,7 @@ TEST(CudaStage, ElementMisalignedTensors) {
       c.skewed = true;
       c.count = T == 135;
       c.strided_topk = T == 1;
+      c.reversed_topk_in = T == 135;  // negative strides
       if (q.ue8m0()) c.bm = 96;
       for (DType in : {DType::kBFloat16, DType::kFloat32}) {
         c.in = in;

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 import megamoe  # noqa: E402
 import megamoe_npref as npref  # noqa: E402
-from megamoe_testutil import SCHEMES, assert_bitwise, key  # noqa: E402
+from megamoe_testutil import SCHEMES, assert_bitwise, dlpack_capsule, key  # noqa: E402
 
 DEVICE = os.environ.get("MEGAMOE_TEST_DEVICE", "cuda")
 if DEVICE == "cuda":
@@ -801,6 +801,44 @@ def test_mxfp4_under_cuda_graph_matches_deepgemm():
     q, s = per_token_cast_to_fp4(h)
     same_bits(x.view(torch.uint8), q, "x_fp8")
     same_bits(sf, s, "x_sf")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ["MXFP8", "NVFP4_PER_TOKEN"])
+def test_element_misaligned_cuda_tensors(name):
+    """CUDA tensors one byte past their element alignment (DLPack capsules over device
+    bytes: no torch tensor can be): an input (topk_weights) and two outputs (x_sf, the
+    top-k weights out) staged through the library's dense aligned copies: the same bytes
+    as the aligned call, and the bytes around them untouched."""
+    s = ALL_SCHEMES[name]
+    T, H, K = 37, 512, 8
+    h = hidden(T, H, seed=12)
+    w, ids = routing(T, K, seed=13)
+    want = stage_on(DEVICE, h, w, ids, s)
+    out, gs = outputs_any(T, H, K, s, DEVICE)
+
+    def odd(t: torch.Tensor, fill: int):
+        raw = torch.full((t.numel() * t.element_size() + 8,), fill, dtype=torch.uint8, device=DEVICE)
+        raw[1:1 + t.numel() * t.element_size()].copy_(t.contiguous().view(torch.uint8).view(-1))
+        npdt = {torch.float32: np.float32, torch.int32: np.int32}[t.dtype]
+        return raw, dlpack_capsule(np.empty(tuple(t.shape), npdt), device=2, data=raw.data_ptr() + 1)
+
+    raw_w, cap_w = odd(w, 0)
+    raw_w_before = raw_w.clone()
+    raw_sf, cap_sf = odd(out["x_sf"], 0xA5)
+    raw_wo, cap_wo = odd(out["topk_weights_out"], 0xA5)
+    rest = {k: v for k, v in out.items() if k not in ("x_sf", "topk_weights_out")}
+    megamoe.prepare_megamoe_inputs(h, cap_w, ids, x_sf=cap_sf, topk_weights_out=cap_wo, hidden_quant=s, global_scale=gs,
+                                   **rest)  # fmt: skip
+    sync()
+    for k, v in rest.items():
+        same_bits(v.cpu(), want[k], k)
+    for k, raw in (("x_sf", raw_sf), ("topk_weights_out", raw_wo)):
+        b = raw.cpu().numpy()
+        n = want[k].numel() * want[k].element_size()
+        assert_bitwise(b[1:1 + n], want[k].contiguous().view(torch.uint8).view(-1).numpy(), k)
+        assert b[0] == 0xA5 and (b[1 + n:] == 0xA5).all(), f"{k}: bytes around the tensor written"
+    assert torch.equal(raw_w, raw_w_before), "an input written"
 
 
 # fp32 bit patterns of top-k weights: +-Inf, NaNs (quiet, signed, with a payload, signalling),
