@@ -58,7 +58,7 @@ TEST(CudaConcurrency, ThreadsOnStreamsEqualSerialCalls) {
       try {
         for (int it = 0; it < kIters; ++it) {
           for (auto& o : s.outputs()) cudaMemsetAsync(o.second->dev, 0xA5, o.second->host.size(), stream);
-          cudaMemcpyAsync(s.nfb->dev, &s.counter_start, 8, cudaMemcpyHostToDevice, stream);
+          cudaMemcpyAsync(static_cast<uint8_t*>(s.nfb->dev) + s.nf.at(0), &s.counter_start, 8, cudaMemcpyHostToDevice, stream);
           stage_on_device(s, {}, it % 2 == 1, stream);
         }
         if (cudaStreamSynchronize(stream) != cudaSuccess) errors[static_cast<size_t>(i)] = "cudaStreamSynchronize";

@@ -383,7 +383,7 @@ TEST(CudaStage, NonfiniteCounterCountsExactlyAndAccumulates) {
           stage_on_device(s, {}, false, stream);
           CUDA_OK(cudaStreamSynchronize(stream));
           int64_t got = 0;
-          CUDA_OK(cudaMemcpy(&got, s.nfb->dev, 8, cudaMemcpyDeviceToHost));
+          CUDA_OK(cudaMemcpy(&got, static_cast<uint8_t*>(s.nfb->dev) + s.nf.at(0), 8, cudaMemcpyDeviceToHost));
           EXPECT_EQ(got, s.counter_start + call * specials) << "after call " << call;
         }
         cudaStreamDestroy(stream);
@@ -406,7 +406,7 @@ TEST(CudaStage, CounterAbsentLeavesItsBufferAlone) {
   stage_on_device(s, {}, false, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   int64_t got = 0;
-  CUDA_OK(cudaMemcpy(&got, s.nfb->dev, 8, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&got, static_cast<uint8_t*>(s.nfb->dev) + s.nf.at(0), 8, cudaMemcpyDeviceToHost));
   EXPECT_EQ(got, s.counter_start);
 }
 
