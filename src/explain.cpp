@@ -41,8 +41,7 @@ std::string describe(const StageArgs& args) {
     for (const detail::NamedTensor& n : detail::named_tensors(b)) {
       if (!detail::element_misaligned(*n.t)) continue;
       TensorRef& t = const_cast<TensorRef&>(*n.t);
-      t.data = reinterpret_cast<void*>(uintptr_t{1} << 40);
-      detail::make_row_major(t);
+      detail::move_to_dense(t, reinterpret_cast<void*>(uintptr_t{1} << 40));
       ++moved;
     }
     return cuda::explain_plan(b, p) + " (" + scheme_name(p.scheme) + " " + sizes + "), on dense copies of " +

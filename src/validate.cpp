@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -262,7 +262,7 @@ std::vector<NamedTensor> named_tensors(const RoutingArgs& a) {
   return all;
 }
 
-std::vector<NamedTensor> named_tensors(const RouterArgs& r) {
+std::vector<NamedTensor> named_tensors(const RouterArgs& r, const StageArgs* stage) {
   std::vector<NamedTensor> all = {{&r.router_logits, "router_logits", false},
                                   {&r.topk_ids, "topk_ids", true},
                                   {&r.topk_weights, "topk_weights", true}};
@@ -278,6 +278,12 @@ std::vector<NamedTensor> named_tensors(const RouterArgs& r) {
       {&r.is_padding, {nullptr, "is_padding", false}}};
   for (const auto& [t, n] : opt) {
     if (t->has_value()) all.push_back({&**t, n.name, n.output});
+  }
+  // The staging's top-k inputs are the router's outputs (staged_args), already listed.
+  if (stage != nullptr) {
+    for (const NamedTensor& n : named_tensors(*stage)) {
+      if (n.t != &stage->topk_ids && n.t != &stage->topk_weights) all.push_back(n);
+    }
   }
   return all;
 }
@@ -506,8 +512,6 @@ void check_router_eplb(const RouterArgs& r, RouterProblem& p) {
   check_dtype(*r.record_enabled, "record_enabled", {DType::kInt32});
 }
 
-/// The router's tensors with their names; outputs: the public top-k, the load, the counter.
-
 }  // namespace
 
 StageArgs staged_args(const RouterArgs& r, const StageArgs& s) {
@@ -557,11 +561,10 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
     check_dtype(*r.nonfinite_count, "nonfinite_count (router)", {DType::kInt64});
   }
 
-  std::vector<NamedTensor> all = named_tensors(r);
   if (!p.fused) {
     p.has_padding = r.is_padding.has_value();
     if (p.has_padding) check_vector(*r.is_padding, "is_padding", p.T, {DType::kBool, DType::kUInt8});
-    p.misaligned = check_memory(all, lg.device);
+    p.misaligned = check_memory(named_tensors(r, nullptr), lg.device);
     return p;
   }
   if (r.is_padding) {
@@ -579,12 +582,8 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   const StageArgs a = staged_args(r, *stage);
   p.stage = validate_args(a);
   p.has_padding = p.stage.has_padding;
-  // Overlaps across both argument sets (the staging's top-k inputs are the router outputs,
-  // already listed as outputs).
-  for (const NamedTensor& n : named_tensors(a)) {
-    if (n.t != &a.topk_ids && n.t != &a.topk_weights) all.push_back(n);
-  }
-  p.misaligned = check_memory(all, lg.device);
+  // Overlaps across both argument sets.
+  p.misaligned = check_memory(named_tensors(r, stage), lg.device);
   return p;
 }
 

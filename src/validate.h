@@ -95,8 +95,10 @@ struct NamedTensor {
 };
 /// A non-empty tensor whose data pointer is not a multiple of its element size.
 bool element_misaligned(const TensorRef& t);
-/// @p t's strides made row-major for its shape (the dense copy of such a tensor).
-inline void make_row_major(TensorRef& t) {
+/// @p t as its dense copy at @p data: the same shape, row-major strides (the CUDA backend's
+/// copy of a tensor off its element size).
+inline void move_to_dense(TensorRef& t, void* data) {
+  t.data = data;
   if (t.ndim == 2) {
     t.strides[0] = t.shape[1];
     t.strides[1] = 1;
@@ -107,8 +109,9 @@ inline void make_row_major(TensorRef& t) {
 
 std::vector<NamedTensor> named_tensors(const StageArgs& args);
 std::vector<NamedTensor> named_tensors(const RoutingArgs& args);
-/// The router's own tensors (route_and_stage: the staging's are named_tensors(StageArgs)).
-std::vector<NamedTensor> named_tensors(const RouterArgs& args);
+/// A router call's tensors: the router's (outputs: the public top-k, the load, the counter)
+/// and, for route_and_stage (@p stage non-null), the staging's but its top-k inputs.
+std::vector<NamedTensor> named_tensors(const RouterArgs& args, const StageArgs* stage);
 
 /// Byte address range [lo, hi) touched by a tensor (empty tensors: lo == hi).
 struct Span {

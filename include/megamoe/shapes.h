@@ -29,7 +29,7 @@ struct OutputShapes {
   TensorSpec x_q;               ///< [T, H] fp8 (also uint8) or [T, H/2] uint8 (also int8) for fp4
   TensorSpec x_sf;              ///< [T, H/(4G)] int32 (packed UE8M0 / e4m3) or [T, H/G] float32
   TensorSpec topk_idx_out;      ///< [T, K] int64
-  TensorSpec topk_weights_out;  ///< [rows, K] float32
+  TensorSpec topk_weights_out;  ///< [T, K] float32
   std::optional<TensorSpec> shared_x_sf;  ///< [ceil(T/bm)*align(bm,128), H/(4G)] int32, the minimum rows
   std::optional<TensorSpec> x_scales;     ///< [T] float32 (NVFP4 per-token only)
   std::optional<TensorSpec> global_scale;  ///< [1] float32 input (NVFP4 static only)

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checked.h"
 #include "cuda/launch_util.cuh"
 #include "megamoe/error.h"
 #include "validate.h"
@@ -72,13 +73,19 @@ class ElementAlignedCopies {
       m.n = t.numel();
       m.from = strided(t);
       m.output = n.output;
-      check_cuda(cudaMallocAsync(&m.scratch, static_cast<size_t>(m.n * m.from.es), stream_),
+      // Inputs may repeat elements (zero strides): their dense size can exceed their span.
+      const core::Checked bytes = core::Checked(m.n) * m.from.es;
+      if (!bytes.ok()) {
+        throw Error(ErrorCode::kUnsupported, std::string("megamoe: ") + n.name +
+                                                 ": too many elements for an aligned copy (its data pointer is off "
+                                                 "its element size)");
+      }
+      check_cuda(cudaMallocAsync(&m.scratch, static_cast<size_t>(bytes.value()), stream_),
                  "cudaMallocAsync (an aligned copy)");
       moved_.push_back(m);
       copy(m, true);
       // The same shape, row-major, at the scratch (cudaMallocAsync: 256-byte aligned).
-      t.data = m.scratch;
-      detail::make_row_major(t);
+      detail::move_to_dense(t, m.scratch);
     }
   }
 
@@ -138,14 +145,12 @@ class ElementAlignedCopies {
   std::vector<Moved> moved_;
 };
 
-/// run(a) unless the validator found a tensor off its element size (@p misaligned); then
-/// run(b) on a copy b of @p a whose such tensors (among named_of(b)) are dense aligned
-/// copies, and the outputs' elements written back.
+/// For a call the validator flagged (Problem::misaligned): run(b) on @p b, the call's own
+/// copy of its arguments, once its tensors off their element size (among named_of(b)) are
+/// dense aligned copies; then the outputs' elements written back.
 template <typename Args, typename NamedOf, typename Run>
-void with_aligned_tensors(const Args& a, bool misaligned, int device, Stream stream, NamedOf named_of, Run run) {
-  if (!misaligned) return run(a);
+void run_on_aligned_copies(Args b, int device, Stream stream, NamedOf named_of, Run run) {
   const DeviceGuard guard(device);
-  Args b = a;
   ElementAlignedCopies copies(stream);
   copies.move(named_of(b));
   run(b);

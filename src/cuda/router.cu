@@ -196,26 +196,18 @@ struct RouterCall {
   std::optional<StageArgs> s;
 };
 
-/// The router's tensors and, fused, the staging's (its top-k inputs are the router's
-/// outputs, not its own).
+/// A router call's tensors (detail::named_tensors).
 std::vector<detail::NamedTensor> call_tensors(const RouterCall& c) {
-  std::vector<detail::NamedTensor> all = detail::named_tensors(c.r);
-  if (c.s) {
-    for (const detail::NamedTensor& n : detail::named_tensors(*c.s)) {
-      if (n.t != &c.s->topk_ids && n.t != &c.s->topk_weights) all.push_back(n);
-    }
-  }
-  return all;
+  return detail::named_tensors(c.r, c.s ? &*c.s : nullptr);
 }
 
 }  // namespace
 
 void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream) {
   if (!p.misaligned) return route_aligned(r, s, p, stream);
-  const RouterCall call{r, s != nullptr ? std::optional<StageArgs>(*s) : std::nullopt};
-  with_aligned_tensors(call, true, r.router_logits.device.index, stream, call_tensors, [&](const RouterCall& c) {
-    route_aligned(c.r, c.s ? &*c.s : nullptr, p, stream);
-  });
+  run_on_aligned_copies(RouterCall{r, s != nullptr ? std::optional<StageArgs>(*s) : std::nullopt},
+                        r.router_logits.device.index, stream, call_tensors,
+                        [&](const RouterCall& c) { route_aligned(c.r, c.s ? &*c.s : nullptr, p, stream); });
 }
 
 }  // namespace cuda

@@ -102,8 +102,9 @@ void routing_aligned(const RoutingArgs& a, const detail::Problem& pr, Stream str
 }  // namespace
 
 void stage_routing(const RoutingArgs& a, const detail::Problem& pr, Stream stream) {
-  with_aligned_tensors(
-      a, pr.misaligned, a.topk_ids.device.index, stream, [](const RoutingArgs& x) { return detail::named_tensors(x); },
+  if (!pr.misaligned) return routing_aligned(a, pr, stream);
+  run_on_aligned_copies(
+      a, a.topk_ids.device.index, stream, [](const RoutingArgs& x) { return detail::named_tensors(x); },
       [&](const RoutingArgs& x) { routing_aligned(x, pr, stream); });
 }
 

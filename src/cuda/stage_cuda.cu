@@ -143,9 +143,12 @@ void prepare_aligned(const StageArgs& a, const detail::Problem& p, Stream stream
 }  // namespace
 
 void prepare_inputs(const StageArgs& a, const detail::Problem& p, Stream stream) {
-  with_aligned_tensors(
-      a, p.misaligned, a.hidden_states.device.index, stream, [](const StageArgs& x) { return detail::named_tensors(x); },
-      [&](const StageArgs& x) { prepare_aligned(x, p, stream); });
+  if (!p.misaligned) return prepare_aligned(a, p, stream);
+  detail::Problem q = p;
+  q.misaligned = false;  // what the copies are (the routing-only calls inside see it)
+  run_on_aligned_copies(
+      a, a.hidden_states.device.index, stream, [](const StageArgs& x) { return detail::named_tensors(x); },
+      [&](const StageArgs& x) { prepare_aligned(x, q, stream); });
 }
 
 }  // namespace cuda
