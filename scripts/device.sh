@@ -424,16 +424,20 @@ ab_wait() {  # the base build started by `build`, while time is left
   tail -3 "$WORK/ab_build.log"
 }
 
+# The base build's Python package (its sources and extension) in /tmp/pypkg-base; prints
+# the path.
+base_pkg() {
+  local d=/tmp/pypkg-base
+  rm -rf "$d" && mkdir -p "$d" && cp -r "$AB_DIR/src/python/megamoe" "$d/" &&
+    cp "$AB_DIR"/build/python/_C*.so "$d/megamoe/" && echo "$d"
+}
+
 step_ab() {
   [ -n "${AB_BASE:-}" ] || { echo "ab: set AB_BASE (scripts/ab_prepare.sh COMMIT makes the tarball)"; return 2; }
   pypkg || return 1
   ab_wait
-  local base_pkg=/tmp/pypkg-base
-  if ! { rm -rf "$base_pkg" && mkdir -p "$base_pkg" && cp -r "$AB_DIR/src/python/megamoe" "$base_pkg/" &&
-    cp "$AB_DIR"/build/python/_C*.so "$base_pkg/megamoe/"; }; then
-    echo "ab: no base extension"
-    return 1
-  fi
+  local base_pkg
+  base_pkg=$(base_pkg) || { echo "ab: no base extension"; return 1; }
   mkdir -p "$WORK/ab"
   local i lab pkg rc=0 each
   # Four runs share the box; this tree's bench_stage.py times both builds.
@@ -460,12 +464,8 @@ step_ab_formats() {
   [ -n "${AB_BASE:-}" ] || { echo "ab-formats: set AB_BASE"; return 2; }
   pypkg || return 1
   ab_wait
-  local base_pkg=/tmp/pypkg-base i lab pkg each
-  if ! { rm -rf "$base_pkg" && mkdir -p "$base_pkg" && cp -r "$AB_DIR/src/python/megamoe" "$base_pkg/" &&
-    cp "$AB_DIR"/build/python/_C*.so "$base_pkg/megamoe/"; }; then
-    echo "ab-formats: no base extension"
-    return 1
-  fi
+  local base_pkg i lab pkg each
+  base_pkg=$(base_pkg) || { echo "ab-formats: no base extension"; return 1; }
   each=$(($(limit ab-formats) / 4))
   for i in 1 2; do
     for lab in this base; do
