@@ -69,7 +69,8 @@ struct StageArgs {
   /// buffer is filled.
   bool full_buffer = false;
   /// Optional routed scaling factor alpha (finite): kept weights become fl(w * alpha);
-  /// padded and tail rows stay +0.0.
+  /// padded and tail rows stay +0.0. A NaN weight keeps its bits; the NaN a product makes
+  /// (+-Inf times 0) is 0x7FC00000 on every backend.
   std::optional<float> routed_scaling_factor;
   /// CUDA only: launch with programmatic dependent launch (overlaps the previous kernel's
   /// tail on sm_90+; ignored elsewhere). Safe inside CUDA graphs.

@@ -1540,7 +1540,9 @@ int fuzz_one(const uint8_t* data, size_t size) {
     }
   }
   // Top-k repack (SPEC "Top-k repack"), the same for every format: padded tokens and
-  // full-buffer tail rows -1 / +0.0, kept weights fl(w * alpha) with NaN bits kept.
+  // full-buffer tail rows -1 / +0.0, kept weights fl(w * alpha) with NaN bits kept; a NaN
+  // the product makes (+-Inf times 0) is 0x7FC00000 (include/megamoe/stage.h), not the
+  // host's default NaN (0xFFC00000 on x86).
   if (entry != kEntryRoute && aK > 0) {  // K == 0: no element, whatever M is
     [&]() MEGAMOE_FUZZ_BULK {
       for (int64_t t = 0; t < aM; ++t) {
@@ -1548,7 +1550,10 @@ int fuzz_one(const uint8_t* data, size_t size) {
         for (int64_t k = 0; k < aK; ++k) {
           const int64_t id = padded ? -1 : ids[static_cast<size_t>(t * aK + k)];
           float wt = padded ? 0.0f : w[static_cast<size_t>(t * aK + k)];
-          if (!padded && alpha && !std::isnan(wt)) wt = megamoe_router_ref::mul32(wt, *alpha);
+          if (!padded && alpha && !std::isnan(wt)) {
+            wt = megamoe_router_ref::mul32(wt, *alpha);
+            if (std::isnan(wt)) wt = megamoe_router_ref::nan_out();
+          }
           put(kIdxOut, t, k, &id);
           put(kWOut, t, k, &wt);
         }

@@ -290,6 +290,15 @@ def seeds():
         4, 128, 2, mode=PADDING, tensors=poison, payload=nan_payload,
         ext={"xflags": FULL | ALPHA, "max_tokens": 6, "alpha": 1.5})
     s["alpha_inf"] = make(2, 128, 2, ext={"xflags": ALPHA, "alpha": float("inf")})
+    # +-Inf kept weights times a zero factor: the NaN the product makes is 0x7FC00000 on
+    # every host (x86's own is 0xFFC00000). Payload: weights 4 x 2 fp32, ids, the mask.
+    inf_w = [float("inf"), -float("inf"), 1.0, -2.0, 0x7FC00001, -float("inf"), float("inf"), 0.0]
+    inf_payload = (b"".join(struct.pack("<I", v) if isinstance(v, int) else struct.pack("<f", v)
+                            for v in inf_w) +
+                   struct.pack("<8q", 0, 1, 2, 3, 4, 5, 6, 7) + bytes([0, 0, 0, 1]))
+    s["bug_inf_weight_times_zero_alpha"] = make(
+        4, 128, 2, mode=PADDING, tensors=poison, payload=inf_payload,
+        ext={"entry": "routing", "xflags": FULL | ALPHA, "max_tokens": 6, "alpha": 0.0})
     # stage_routing (routing only).
     s["routing_plain"] = make(6, 128, 2, ext={"entry": "routing"})
     s["routing_t0"] = make(0, 128, 3, ext={"entry": "routing"})
