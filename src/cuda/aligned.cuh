@@ -34,10 +34,9 @@ struct StridedBytes {
   int64_t es;
 };
 
-/// Bytes of n elements between a strided tensor and a dense buffer: gather (to_dense) or
-/// scatter, one byte a thread-step (any alignment).
-__global__ void strided_bytes_kernel(uint8_t* dense, StridedBytes t, int64_t n, bool to_dense) {
-  const int64_t bytes = n * t.es;
+/// The first @p bytes bytes of a strided tensor's elements (row-major) between it and a
+/// dense buffer: gather (to_dense) or scatter, one byte a thread-step (any alignment).
+__global__ void strided_bytes_kernel(uint8_t* dense, StridedBytes t, int64_t bytes, bool to_dense) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i / t.es, b = i - e * t.es;
@@ -70,17 +69,17 @@ class ElementAlignedCopies {
       TensorRef& t = *const_cast<TensorRef*>(n.t);
       Moved m;
       m.t = &t;
-      m.n = t.numel();
       m.from = strided(t);
       m.output = n.output;
       // Inputs may repeat elements (zero strides): their dense size can exceed their span.
-      const core::Checked bytes = core::Checked(m.n) * m.from.es;
+      const core::Checked bytes = core::Checked(t.numel()) * m.from.es;
       if (!bytes.ok()) {
         throw Error(ErrorCode::kUnsupported, std::string("megamoe: ") + n.name +
                                                  ": too many elements for an aligned copy (its data pointer is off "
                                                  "its element size)");
       }
-      check_cuda(cudaMallocAsync(&m.scratch, static_cast<size_t>(bytes.value()), stream_),
+      m.bytes = bytes.value();
+      check_cuda(cudaMallocAsync(&m.scratch, static_cast<size_t>(m.bytes), stream_),
                  "cudaMallocAsync (an aligned copy)");
       moved_.push_back(m);
       copy(m, true);
@@ -120,7 +119,7 @@ class ElementAlignedCopies {
     TensorRef* t = nullptr;
     void* scratch = nullptr;
     StridedBytes from{};
-    int64_t n = 0;
+    int64_t bytes = 0;  // the dense copy's size, checked in move()
     bool output = false;
   };
 
@@ -135,9 +134,8 @@ class ElementAlignedCopies {
   }
 
   void copy(const Moved& m, bool to_dense) {
-    const int64_t bytes = m.n * m.from.es;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((bytes + 255) / 256, 4096));
-    strided_bytes_kernel<<<blocks, 256, 0, stream_>>>(static_cast<uint8_t*>(m.scratch), m.from, m.n, to_dense);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((m.bytes + 255) / 256, 4096));
+    strided_bytes_kernel<<<blocks, 256, 0, stream_>>>(static_cast<uint8_t*>(m.scratch), m.from, m.bytes, to_dense);
     check_cuda(cudaGetLastError(), to_dense ? "an aligned copy in" : "an aligned copy back");
   }
 
