@@ -37,13 +37,8 @@ std::string describe(const StageArgs& args) {
     // aligned scratch (src/cuda/aligned.cuh): the plan of those (the address stands in for
     // the scratch; nothing is read from it).
     StageArgs b = args;
-    int moved = 0;
-    for (const detail::NamedTensor& n : detail::named_tensors(b)) {
-      if (!detail::element_misaligned(*n.t)) continue;
-      TensorRef& t = const_cast<TensorRef&>(*n.t);
-      detail::move_to_dense(t, reinterpret_cast<void*>(uintptr_t{1} << 40));
-      ++moved;
-    }
+    const int moved = detail::move_misaligned_to_dense(
+        detail::named_tensors(b), [](const detail::NamedTensor&) { return reinterpret_cast<void*>(uintptr_t{1} << 40); });
     return cuda::explain_plan(b, p) + " (" + scheme_name(p.scheme) + " " + sizes + "), on dense copies of " +
            std::to_string(moved) + " tensor(s) off their element size: gathered before, outputs scattered after";
   }

@@ -106,6 +106,20 @@ inline void move_to_dense(TensorRef& t, void* data) {
     t.strides[0] = 1;
   }
 }
+/// Every tensor of @p all off its element size redirected to a dense copy at place(n)
+/// (move_to_dense; place sees the tensor as it was). @p all lists members of an argument
+/// struct the caller owns and may change. Returns how many moved.
+template <typename Place>
+int move_misaligned_to_dense(const std::vector<NamedTensor>& all, Place place) {
+  int moved = 0;
+  for (const NamedTensor& n : all) {
+    if (!element_misaligned(*n.t)) continue;
+    void* at = place(n);
+    move_to_dense(*const_cast<TensorRef*>(n.t), at);
+    ++moved;
+  }
+  return moved;
+}
 
 std::vector<NamedTensor> named_tensors(const StageArgs& args);
 std::vector<NamedTensor> named_tensors(const RoutingArgs& args);

@@ -64,15 +64,12 @@ class ElementAlignedCopies {
 
   /// @p ts: tensors of the caller's copy of the arguments (validated: sizes fit).
   void move(const std::vector<detail::NamedTensor>& ts) {
-    for (const detail::NamedTensor& n : ts) {
-      if (!detail::element_misaligned(*n.t)) continue;
-      TensorRef& t = *const_cast<TensorRef*>(n.t);
+    detail::move_misaligned_to_dense(ts, [&](const detail::NamedTensor& n) {
       Moved m;
-      m.t = &t;
-      m.from = strided(t);
+      m.from = strided(*n.t);
       m.output = n.output;
       // Inputs may repeat elements (zero strides): their dense size can exceed their span.
-      const core::Checked bytes = core::Checked(t.numel()) * m.from.es;
+      const core::Checked bytes = core::Checked(n.t->numel()) * m.from.es;
       if (!bytes.ok()) {
         throw Error(ErrorCode::kUnsupported, std::string("megamoe: ") + n.name +
                                                  ": too many elements for an aligned copy (its data pointer is off "
@@ -83,9 +80,8 @@ class ElementAlignedCopies {
                  "cudaMallocAsync (an aligned copy)");
       moved_.push_back(m);
       copy(m, true);
-      // The same shape, row-major, at the scratch (cudaMallocAsync: 256-byte aligned).
-      detail::move_to_dense(t, m.scratch);
-    }
+      return m.scratch;  // the same shape, row-major (cudaMallocAsync: 256-byte aligned)
+    });
   }
 
   /// After the call's launches: the outputs' elements back to the caller's memory, then
@@ -116,7 +112,6 @@ class ElementAlignedCopies {
 
  private:
   struct Moved {
-    TensorRef* t = nullptr;
     void* scratch = nullptr;
     StridedBytes from{};
     int64_t bytes = 0;  // the dense copy's size, checked in move()
