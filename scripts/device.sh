@@ -57,7 +57,9 @@
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
-# PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
+# PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, NCU_KERNELS, NCU_COUNT, NCU_BIN (a build-dev binary, default
+# megamoe_bench_kernel; e.g. megamoe_bench_router), NCU_EXTRA (more ncu arguments, e.g. --page
+# source --print-source sass for stall samples by instruction), SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py),
 # CMAKE_EXTRA (more cmake -D arguments for the build, e.g. -DCMAKE_CUDA_FLAGS=...).
 set -uo pipefail
@@ -552,8 +554,8 @@ step_bench_kernel() {
 step_ncu() {
   # shellcheck disable=SC2086
   timeout -k 5 "$(limit ncu)" ncu --clock-control none ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum} \
-    -k regex:"${NCU_KERNELS:-stage_fast}" -c "${NCU_COUNT:-2}" \
-    ./build-dev/megamoe_bench_kernel ${NCU_ARGS:---one 16384 4096} >"$WORK/ncu.txt" 2>&1
+    -k regex:"${NCU_KERNELS:-stage_fast}" -c "${NCU_COUNT:-2}" ${NCU_EXTRA:-} \
+    "./build-dev/${NCU_BIN:-megamoe_bench_kernel}" ${NCU_ARGS:---one 16384 4096} >"$WORK/ncu.txt" 2>&1
   local rc=$?
   grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy" "$WORK/ncu.txt" | head -40
   return $rc
