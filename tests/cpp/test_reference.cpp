@@ -599,7 +599,9 @@ TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
     for (uint32_t sf = 1; sf <= 0x7Eu; ++sf, ++n) {
       const bool none = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(sf, gs)) == 0.0f;
       refused += none ? 1 : 0;
-      if (i < 31) EXPECT_FALSE(none) << "gs 2^" << i - 20 << " sf " << sf;
+      if (i < 31) {
+        EXPECT_FALSE(none) << "gs 2^" << i - 20 << " sf " << sf;
+      }
     }
   }
   EXPECT_LE(refused * 200, n) << refused << " of " << n;
