@@ -12,6 +12,7 @@
 // Nothing here flushes subnormals; builds must not use fast-math.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -82,6 +83,82 @@ MEGAMOE_HD float div_rn(float a, float b) {
 #else
   return a / b;
 #endif
+}
+
+/// fp32 fused multiply-add a * b + c, one rounding to nearest even (glibc's fmaf is exact).
+MEGAMOE_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Correctly rounded reciprocal and square root without the library's slow-path branch.
+// A GPU's IEEE division and square root (__fdiv_rn, __fsqrt_rn) are an approximation, a
+// refinement and a range test that branches to a slow path: a convergence region the
+// compiler schedules nothing across, so independent chains that each contain one run one
+// after another (the router's N scores "side by side" did, in route_kernel's sm_90 SASS).
+// Where the operand's range is known, the approximation (rcp.approx, rsqrt.approx: within
+// about an ulp, PTX ISA) and Newton steps give the same correctly rounded bits branch-free;
+// the host takes the seed from its own arithmetic and runs the same steps.
+
+/// RN(1 / y) from r0 within two ulps of it, for y a normal fp32 with a normal reciprocal:
+/// two Newton steps r + r (1 - y r) reach it (from up to four ulps away), but for an all-ones
+/// significand y = (2 - 2^-23) 2^e, whose steps stop at the power of two just below
+/// RN(1 / y) = (1 + 2^-23) 2^(-e-1): that case is lifted by one ulp. (One step is not
+/// enough: from the upper neighbour it misses 32 significands a binade.)
+MEGAMOE_HD float recip_refine(float y, float r0) {
+  const float r1 = fma_rn(fma_rn(-y, r0, 1.0f), r0, r0);
+  const float r2 = fma_rn(fma_rn(-y, r1, 1.0f), r1, r1);
+  const uint32_t b = float_bits(r2);
+  const bool stuck = (float_bits(y) & 0x7FFFFFu) == 0x7FFFFFu && (b & 0x7FFFFFu) == 0u;
+  return stuck ? bits_float(b + 1u) : r2;
+}
+
+/// The reciprocal 1 / y rounded to nearest even (y as for recip_refine), from the GPU's
+/// rcp.approx (documented within an ulp) or the host's division.
+MEGAMOE_HD float recip_nearest(float y) {
+#if defined(__CUDA_ARCH__)
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(y));
+  return recip_refine(y, r0);
+#else
+  return recip_refine(y, 1.0f / y);
+#endif
+}
+
+/// sqrt(x) rounded to nearest even from y0 within three ulps of RN(1 / sqrt(x)), for x a
+/// normal fp32 >= 2^-100: one Newton step on the reciprocal root, then the root and one
+/// correction by its exact residual (x - s^2, an fma). Without the first step the
+/// correction misses from some seeds two ulps away; below 2^-100 the residual is no longer
+/// exact (tests/cpp/test_reference.cpp: every significand of two binades, so of both
+/// exponent parities, from seven seeds each, and the ends of the range).
+MEGAMOE_HD float sqrt_refine(float x, float y0) {
+  const float h0 = mul_rn(0.5f, y0);
+  const float y1 = fma_rn(fma_rn(-mul_rn(x, y0), y0, 1.0f), h0, y0);
+  const float s = mul_rn(x, y1), h = mul_rn(0.5f, y1);
+  return fma_rn(fma_rn(-s, s, x), h, s);
+}
+
+/// sqrt(x) rounded to nearest even (IEEE) for x >= +0, +inf or NaN, branch-free: operands
+/// below 2^-100 (subnormals included) are scaled by 2^64 and the root by 2^-32, both exact;
+/// +-0, +inf and NaN are selected through. The seed: rsqrt.approx on the GPU, the host's
+/// double root rounded (within an ulp).
+MEGAMOE_HD float sqrt_nearest(float x) {
+  const bool tiny = x < 0x1p-100f;
+  const float xs = tiny ? mul_rn(x, 0x1p64f) : x;
+#if defined(__CUDA_ARCH__)
+  float y0;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y0) : "f"(xs));
+#else
+  const float y0 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(xs)));
+#endif
+  float r = sqrt_refine(xs, y0);
+  r = tiny ? mul_rn(r, 0x1p-32f) : r;
+  r = x == 0.0f || x == bits_float(0x7F800000u) ? x : r;
+  return x != x ? x : r;
 }
 
 /// NaN-ignoring maximum (fmaxf semantics: if one operand is NaN, the other).

@@ -11,7 +11,9 @@
 // no such input; log1p has the few listed in log1p_exception(), whose correct results are
 // substituted (only ever looked up when the double lies that close to a boundary). Both
 // functions are thereby correctly rounded for every fp32 input (docs/ROUTER.md).
-// sqrt is IEEE (correctly rounded on both sides: sqrtss, __fsqrt_rn).
+// sqrt is IEEE (correctly rounded on both sides: sqrtss, __fsqrt_rn; the fast score path's
+// sqrt_nearest and recip_nearest give the same bits without the device's slow-path
+// branches, so that router_scores' N chains can interleave).
 // The special cases are selects after the main path rather than early returns, so that
 // router_scores' N fast paths (below) are straight-line code a GPU thread runs side by side.
 #pragma once
@@ -341,13 +343,17 @@ MEGAMOE_HD double exp_fast(float x) {
 
 /// log(1 + y) in double for finite y >= 2^-29 (log1p_main, y < 2^53), error a few double
 /// ulps: log1p_core's reduction and formula, the quotient from a refined reciprocal.
+/// kBranchFree: the fp32 reciprocal by recip_nearest instead of the IEEE division (the same
+/// bits; see router_scores).
+template <bool kBranchFree = false>
 MEGAMOE_HD double log1p_fast(float y) {
   int k;
   const double f = log1p_reduce(y, k);
   const double d = dadd(2.0, f);
-  // 1/d: the fp32 IEEE reciprocal (to 2^-23 with the rounding of d), one Newton step
-  // (to 2^-46).
-  const double r0 = static_cast<double>(div_rn(1.0f, to_f32(d)));
+  // 1/d: the fp32 reciprocal rounded to nearest (to 2^-23 with the rounding of d), one
+  // Newton step (to 2^-46). d is in [1.7, 2.5], within recip_nearest's domain.
+  const float d32 = to_f32(d);
+  const double r0 = static_cast<double>(kBranchFree ? recip_nearest(d32) : div_rn(1.0f, d32));
   const double r1 = dfma(r0, dfma(-d, r0, 1.0), r0);
   const double s = dmul(f, r1);
   const double z = dmul(s, s), z2 = dmul(z, z), z4 = dmul(z2, z2), z8 = dmul(z4, z4);
@@ -367,18 +373,28 @@ MEGAMOE_HD double log1p_fast(float y) {
 
 /// The fast path of one score: returns false where it cannot decide (a double near an fp32
 /// midpoint, a logit below kExpFastMin), and then @p s is to be replaced by
-/// router_score_exact's; otherwise @p s is router_score_exact's result.
+/// router_score_exact's; otherwise @p s is router_score_exact's result. kBranchFree: the
+/// square root and log1p_fast's reciprocal without the device's slow-path branches (the same
+/// bits; see router_scores).
+template <bool kBranchFree = false>
 MEGAMOE_HD bool router_score_fast(float x, float& s) {
   const bool big = x > kSoftplusThreshold;
   const bool fast = x >= kExpFastMin && !big;  // false for NaN
   const double ev = exp_fast(fast ? x : 0.0f);
   const float y = to_f32(ev);
   const bool main = y >= 0x1p-29f;  // else log1p(y) = y (log1p_round)
-  const double lv = log1p_fast(main ? y : 1.0f);
+  const double lv = log1p_fast<kBranchFree>(main ? y : 1.0f);
   const float sp = big ? x : main ? to_f32(lv) : y;
-  const float r = sqrt_rn(sp);
+  const float r = kBranchFree ? sqrt_nearest(sp) : sqrt_rn(sp);  // sp >= +0, +inf or NaN
   s = x != x ? quiet_nan() : r;
-  return big || x != x || (fast && !near_fp32_midpoint(ev) && !(main && near_fp32_midpoint(lv)));
+  if constexpr (kBranchFree) {
+    // Bitwise, not short-circuit: nvcc compiles the latter to a branch, a convergence
+    // region per chain that router_scores' chains cannot interleave across.
+    const int ev_ok = near_fp32_midpoint(ev) ? 0 : 1, lv_ok = main && near_fp32_midpoint(lv) ? 0 : 1;
+    return ((big ? 1 : 0) | (x != x ? 1 : 0) | ((fast ? 1 : 0) & ev_ok & lv_ok)) != 0;
+  } else {
+    return big || x != x || (fast && !near_fp32_midpoint(ev) && !(main && near_fp32_midpoint(lv)));
+  }
 }
 
 /// router_score_exact out of line, for router_scores' fallback.
@@ -390,14 +406,20 @@ MEGAMOE_HD_COLD float router_score_cold(float logit) { return router_score_exact
 /// below kExpFastMin). kCold: the fallback as a call (router_score_cold), which keeps the
 /// fast chains' code together (on the H200 0.5-3.2% off a decode router launch at E = 384);
 /// inlined where registers are scarce (the fused kernel's 32-register router block, where
-/// the call cost 3-4% at T = 1024).
-template <int N, bool kCold = false>
+/// the call cost 3-4% at T = 1024). kBranchFree: the chains' square roots and reciprocals
+/// by sqrt_nearest and recip_nearest (core/numerics.h), the IEEE results without the
+/// device's slow-path branches. Each such branch is a convergence region that the compiler
+/// schedules nothing across, so with the IEEE forms the N chains ran one after another on
+/// sm_90 (route_kernel's SASS: each chain's reciprocal and root, then the next chain's
+/// first instruction); branch-free, their instructions interleave. It costs registers (a
+/// 32-register block spills more), so the register-capped router_block keeps the IEEE forms.
+template <int N, bool kCold = false, bool kBranchFree = false>
 MEGAMOE_HD void router_scores(const float (&logit)[N], float (&s)[N]) {
   bool ok[N];
   bool all = true;
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
-    ok[c] = router_score_fast(logit[c], s[c]);
+    ok[c] = router_score_fast<kBranchFree>(logit[c], s[c]);
     all = all && ok[c];
   }
   if (!all) {

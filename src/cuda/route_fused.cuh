@@ -51,9 +51,11 @@ constexpr int kFusedBlocksPerSm = In != kInF32 ? kFastBlocksPerSm16 : 4;
 /// SM (route() decides), where the quantizing blocks' occupancy does not matter and the
 /// router block is the launch's critical path. Its registers (64) hold the router inlined,
 /// every parameter a constant-bank operand as in route_kernel (no copy into shared memory,
-/// no spills), with kDecodeChains scores side by side. Only split-topk plans with 32-bit
-/// indices get it (the decode plans), which keeps the extra instantiations few.
-constexpr int kDecodeChains = 3;
+/// no spills), with kDecodeChains scores side by side: 2, what one token a block needs for
+/// E <= 512 with 256 threads (the branch-free chains interleave, and 3 of them spilled
+/// here). Only split-topk plans with 32-bit indices get it (the decode plans), which keeps
+/// the extra instantiations few.
+constexpr int kDecodeChains = 2;
 template <Mode M, Shape S>
 constexpr bool kHasDecodeVariant = M == Mode::kIdx32 && S == Shape::kSplitTopk;
 

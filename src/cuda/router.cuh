@@ -14,7 +14,10 @@
 //     or two scores a thread). A thread issues the loads of up to kChains of its entries
 //     (logit, bias, padding flag) before any arithmetic, then runs their scores side by
 //     side, and writes each key and score to shared memory. kChains is what the kernel's
-//     register budget holds.
+//     register budget holds. The inlined blocks (route_kernel, the fused decode variant)
+//     take the branch-free square root and reciprocal (core::router_scores' kBranchFree),
+//     so that their chains interleave; router_block's 32 registers keep the IEEE forms,
+//     whose slow-path branches put its chains one after another.
 //  2. Selection, G warps per token (router_group, computed on the host for full blocks: the
 //     block's warps shared among its tokens, at most one per 32-expert column and
 //     G * K <= 32): each warp finds the top K of its slice of the token's experts (whole
@@ -454,7 +457,7 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
   }
   if (r.flags & kRouteHash) return;
   float s[N];
-  core::router_scores<N, kCold>(x, s);
+  core::router_scores<N, kCold, kCold>(x, s);  // the inlined blocks' registers take the branch-free forms
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
     if (pad[c] == 0u) {

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/e2m1_f16.h"
@@ -730,6 +731,62 @@ TEST(CoreVsReference, Mxfp4PairsNanFlagAndPacking) {
   core::e2m1_pack_eight_pairs(p, w);
   EXPECT_EQ(w[0], 0x87654321u);
   EXPECT_EQ(w[1], 0x0FEDCBA9u);
+}
+
+// recip_refine from the correctly rounded reciprocal and the two nearest floats on either
+// side (the GPU's rcp.approx is documented within an ulp) gives the correctly rounded one,
+// for every significand at a small, a middle and a large exponent (its steps scale exactly
+// between them), the all-ones significand included.
+TEST(CoreNumerics, RecipRefineFromTwoUlpsEverySignificand) {
+  int64_t bad = 0;
+  for (uint32_t e : {15u, 127u, 233u}) {
+    for (uint32_t m = 0; m < (1u << 23); ++m) {
+      const float y = u2f((e << 23) | m);
+      const float rn = megamoe_ref::detail::div_f32(1.0f, y);
+      for (int d = -2; d <= 2; ++d) {
+        const float got = core::recip_refine(y, u2f(f2u(rn) + static_cast<uint32_t>(d)));
+        if (f2u(got) != f2u(rn) && ++bad <= 5) {
+          ADD_FAILURE() << "y " << y << " (bits " << f2u(y) << ") from neighbour " << d << ": " << got << " != " << rn;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(f2u(core::recip_nearest(u2f(0x3FFFFFFFu))), f2u(1.0f / u2f(0x3FFFFFFFu)));
+}
+
+// sqrt_refine from the correctly rounded reciprocal root and the three nearest floats on
+// either side (the GPU's rsqrt.approx is documented within 2^-22.9 relative, about two
+// ulps) gives the IEEE square root: every significand of [1, 4) (both exponent parities:
+// the steps scale exactly by powers of four between 2^-100 and the top), and of the ends
+// of its range, [2^-100, 2^-96) and [2^124, 2^128). sqrt_nearest (scaled below 2^-100,
+// special values selected) equals std::sqrt on every 61st bit pattern and the special
+// values.
+TEST(CoreNumerics, SqrtRefineFromThreeUlpsEverySignificand) {
+  int64_t bad = 0;
+  for (const auto& range : {std::pair<float, float>{1.0f, 4.0f}, {0x1p-100f, 0x1p-96f}, {0x1p124f, 0.0f}}) {
+    const uint32_t end = range.second == 0.0f ? 0x7F800000u : f2u(range.second);
+    for (uint32_t u = f2u(range.first); u < end; ++u) {
+      const float x = u2f(u);
+      const float want = static_cast<float>(std::sqrt(static_cast<double>(x)));  // correctly rounded
+      const float y = static_cast<float>(1.0 / std::sqrt(static_cast<double>(x)));
+      for (int d = -3; d <= 3; ++d) {
+        const float got = core::sqrt_refine(x, u2f(f2u(y) + static_cast<uint32_t>(d)));
+        if (f2u(got) != f2u(want) && ++bad <= 5) {
+          ADD_FAILURE() << "x " << x << " (bits " << u << ") from neighbour " << d << ": " << got << " != " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  for (uint64_t u = 0; u < 0x7F800000u; u += 61) {
+    const float x = u2f(static_cast<uint32_t>(u));
+    ASSERT_EQ(f2u(core::sqrt_nearest(x)), f2u(std::sqrt(x))) << "bits " << u;
+  }
+  for (float x : {0.0f, -0.0f, 0x1p-149f, 0x1p-126f, 0x1.fffffep-101f, 0x1p-100f, FLT_MAX, INFINITY}) {
+    EXPECT_EQ(f2u(core::sqrt_nearest(x)), f2u(std::sqrt(x))) << x;
+  }
+  EXPECT_TRUE(std::isnan(core::sqrt_nearest(NAN)));
 }
 
 }  // namespace

@@ -126,9 +126,14 @@ TEST(RouterNumerics, FastScoresEqualTheExactChain) {
     const float x = f32(b);
     const float e = megamoe::core::router_score_exact(x);
     ASSERT_EQ(hex(u32(megamoe::core::router_score(x))), hex(u32(e))) << "score(" << hex(b) << ")";
-    float fast;
-    if (megamoe::core::router_score_fast(x, fast)) {
+    float fast, branch_free;
+    const bool decided = megamoe::core::router_score_fast(x, fast);
+    // The branch-free form (sqrt_nearest, recip_nearest: the CUDA router's inlined blocks)
+    // decides the same inputs with the same bits.
+    ASSERT_EQ(megamoe::core::router_score_fast<true>(x, branch_free), decided) << "branch-free(" << hex(b) << ")";
+    if (decided) {
       ASSERT_EQ(hex(u32(fast)), hex(u32(e))) << "fast(" << hex(b) << ")";
+      ASSERT_EQ(hex(u32(branch_free)), hex(u32(e))) << "branch-free(" << hex(b) << ")";
     }
   }
   ASSERT_GT(std::size(kScoreFallbackLogits), 0u);
@@ -150,11 +155,13 @@ TEST(RouterNumerics, FastScoresEqualTheExactChain) {
 template <int N>
 void expect_scores_side_by_side(const std::vector<uint32_t>& in) {
   for (size_t i = 0; i + N <= in.size(); ++i) {
-    float x[N], s[N];
+    float x[N], s[N], sb[N];
     for (int c = 0; c < N; ++c) x[c] = f32(in[i + c]);
     megamoe::core::router_scores(x, s);
+    megamoe::core::router_scores<N, true, true>(x, sb);  // as the inlined CUDA router blocks
     for (int c = 0; c < N; ++c) {
       ASSERT_EQ(hex(u32(s[c])), hex(u32(ref::score(x[c])))) << "score(" << hex(in[i + c]) << ")";
+      ASSERT_EQ(hex(u32(sb[c])), hex(u32(ref::score(x[c])))) << "branch-free score(" << hex(in[i + c]) << ")";
     }
   }
 }

@@ -173,7 +173,9 @@ void check_fused(Spec spec, const StageCase& c, size_t skew = 0) {
 }
 
 /// Scores of the bit patterns i * stride (3 a thread, side by side as in the router
-/// kernels, core::router_scores<3> with the exact fallback inline and as a call) against
+/// kernels: core::router_scores<3> with the IEEE forms and the exact fallback inline, as
+/// router_block runs them, and branch-free with the fallback as a call, as the inlined
+/// router blocks do) against
 /// router_score_exact on the device; counts the differences and keeps the first, and writes
 /// the scores of @p sample.
 __global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* differ, uint32_t* first,
@@ -185,7 +187,7 @@ __global__ void score_sweep(uint64_t n, uint32_t stride, unsigned long long* dif
       x[c] = megamoe::core::bits_float(static_cast<uint32_t>((i + c) * stride));
     }
     megamoe::core::router_scores<3, false>(x, s);  // as router_block runs it
-    megamoe::core::router_scores<3, true>(x, sc);  // as the inlined router blocks run it
+    megamoe::core::router_scores<3, true, true>(x, sc);  // as the inlined router blocks run it
     for (int c = 0; c < 3; ++c) {
       const uint32_t e = megamoe::core::float_bits(megamoe::core::router_score_exact(x[c]));
       if (megamoe::core::float_bits(s[c]) != e || megamoe::core::float_bits(sc[c]) != e) {
