@@ -239,6 +239,12 @@ cmake_build() {  # src build_dir jobs seconds [targets...]
 AB_DIR=/tmp/ab-base
 ab_source() {  # the base tree into $AB_DIR/src, from a tarball or a commit
   rm -rf "$AB_DIR/src" && mkdir -p "$AB_DIR/src"
+  # An archive keeps its commit's file times, older than a previous base's objects: a new
+  # base gets a fresh build directory, or ninja would see nothing to rebuild.
+  local id
+  if [ -f "$AB_BASE" ]; then id=$(sha256sum "$AB_BASE" | cut -d' ' -f1); else id=$(git rev-parse "$AB_BASE"); fi
+  [ "$(cat "$AB_DIR/base.id" 2>/dev/null)" = "$id" ] || rm -rf "$AB_DIR/build"
+  echo "$id" >"$AB_DIR/base.id"
   if [ -f "$AB_BASE" ]; then
     tar xf "$AB_BASE" -C "$AB_DIR/src"
   else
