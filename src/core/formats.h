@@ -173,6 +173,77 @@ MEGAMOE_HD uint32_t nvfp4_static_sf(float amax, float gs) {
 /// NVFP4 static's divisor of scale byte sf under global scale gs: fl(sf * gs).
 MEGAMOE_HD float nvfp4_static_divisor(uint32_t sf, float gs) { return mul_rn(e4m3_to_float(sf), gs); }
 
+// ---------------------------------------------------------------------------------------
+// NVFP4 per-token's group parameters, e4m3(fl(amax / fl(6 pts))) and fl(1 / fl(sf pts)),
+// with the row's constants computed once a row. Both are IEEE divisions by definition; a
+// GPU's division is ~10 instructions with a branch to its slow path, two a group, a tenth
+// of the row kernel's work. Where the row's d6 = fl(6 pts) is finite and at least 2^-60
+// (every finite row at the floors the library offers) the quotient is amax times RN(1 / d6),
+// corrected twice by the exact residual (Markstein: a correctly rounded reciprocal and a
+// faithful quotient give the correctly rounded one; the first correction makes the
+// quotient faithful), and the multiplier a refined reciprocal (recip_nearest). Other rows
+// (infinite or NaN pts, extreme floors) divide. Both forms give the divisions' bits:
+// tests/cpp/test_reference.cpp checks them against the divisions on every f16 amax pattern
+// and large random sets, and recip_refine (core/numerics.h) from two ulps either side on
+// every significand.
+
+/// fl(a / b) from rb = RN(1 / b), for b in [2^-60, 2^120] and finite a >= 2^-78 (or 0):
+/// two corrections by the residual a - b q (exact once q is faithful, and a normal number
+/// for such a). Smaller dividends and quotients below 2^-126 may be an ulp or two off; in
+/// nvfp4_token_group they are quotients below 2^-11, which all map to scale byte 0
+/// (a >= 2^-11 d6 >= 2^-71 otherwise).
+MEGAMOE_HD float div_by_recip(float a, float b, float rb) {
+  const float q0 = mul_rn(a, rb);
+  const float q1 = fma_rn(fma_rn(-q0, b, a), rb, q0);
+  return fma_rn(fma_rn(-q1, b, a), rb, q1);
+}
+
+/// A row's constants for its groups' parameters (nvfp4_token_group).
+struct TokenRow {
+  float pts;   ///< the per-token scale
+  float d6;    ///< fl(6 pts)
+  float rd6;   ///< RN(1 / d6) when fast
+  bool fast;   ///< d6 in [2^-60, 2^120]: the division-free forms apply
+};
+
+MEGAMOE_HD TokenRow nvfp4_token_row(float pts) {
+  TokenRow r;
+  r.pts = pts;
+  r.d6 = mul_rn(6.0f, pts);
+  // From 2^-60: the residuals of quotients from 2^-11 up are normal. Every finite d6 is
+  // below 2^120 (pts <= FLT_MAX / 2688), and sf pts <= 448 pts < 2^126 keeps the
+  // multiplier normal. False for NaN and Inf.
+  r.fast = r.d6 >= 0x1p-60f && r.d6 <= 0x1p120f;
+  r.rd6 = r.fast ? recip_nearest(r.d6) : 0.0f;  // RN(1 / d6), without the division's branch
+  return r;
+}
+
+/// nvfp4_token_group's division-free form, for a row with r.fast (straight-line code: a
+/// row kernel can take this branch once a row, outside its groups).
+MEGAMOE_HD GroupParams nvfp4_token_group_fast(float amax, const TokenRow& r) {
+  GroupParams g;
+  g.sf = fp8_e4m3_from_float(div_by_recip(amax, r.d6, r.rd6));  // 0..0x7E: amax <= row max
+  // sf in [1, 0x7E] (2^-9 .. 448) times pts = d6 / 6: a normal product with a normal
+  // reciprocal.
+  const float m = recip_nearest(mul_rn(e4m3_to_float(g.sf), r.pts));
+  g.m = g.sf != 0u ? m : 0.0f;
+  return g;
+}
+
+/// The scale byte and multiplier of a group with NaN-ignoring max |x| = amax >= 0 under
+/// row r: the division-free forms where r.fast, the divisions otherwise.
+MEGAMOE_HD GroupParams nvfp4_token_group(float amax, const TokenRow& r) {
+  GroupParams g;
+  if (r.fast) {
+    g = nvfp4_token_group_fast(amax, r);
+  } else {
+    g.sf = fp8_e4m3_from_float(div_rn(amax, r.d6));
+    const float sf = e4m3_to_float(g.sf);
+    g.m = sf > 0.0f ? div_rn(1.0f, mul_rn(sf, r.pts)) : 0.0f;
+  }
+  return g;
+}
+
 /// Parameters of a group with NaN-ignoring max |x| = amax. s2: the static global scale
 /// (kNvfp4Static) or the token's per-token scale (kNvfp4PerToken); ignored otherwise.
 template <Format F>
@@ -196,9 +267,7 @@ MEGAMOE_HD GroupParams group_params(float amax, float floor, float s2) {
     g.m = nvfp4_static_divisor(g.sf, s2);
   } else {
     (void)floor;
-    g.sf = fp8_e4m3_from_float(div_rn(amax, mul_rn(6.0f, s2)));
-    const float sf = e4m3_to_float(g.sf);
-    g.m = sf > 0.0f ? div_rn(1.0f, mul_rn(sf, s2)) : 0.0f;
+    g = nvfp4_token_group(amax, nvfp4_token_row(s2));
   }
   return g;
 }

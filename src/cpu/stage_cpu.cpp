@@ -108,6 +108,8 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
       s2 = core::per_token_scale(row_amax, p.floor);
       store<float>(*a.x_scales, t, 0, s2, /*rank1=*/true);
     }
+    // NVFP4 per-token: the row's constants once (group_params would redo them a group).
+    const core::TokenRow row = core::nvfp4_token_row(s2);
     uint32_t word = 0;
     for (int64_t g = 0; g < groups; ++g) {
       load_span(a.hidden_states, t, g * G, G, x);
@@ -116,7 +118,8 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
       if (p.has_nonfinite) {
         for (int64_t i = 0; i < G; ++i) nonfinite += core::non_finite(x[i]) ? 1 : 0;
       }
-      const core::GroupParams gp = core::group_params<F>(amax, p.floor, s2);
+      const core::GroupParams gp = F == core::Format::kNvfp4PerToken ? core::nvfp4_token_group(amax, row)
+                                                                      : core::group_params<F>(amax, p.floor, s2);
       if constexpr (kFp4) {
         for (int64_t i = 0; i < G; i += 2) {
           const uint32_t b = core::encode<F>(x[i], gp) | (core::encode<F>(x[i + 1], gp) << 4);

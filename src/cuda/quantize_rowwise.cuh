@@ -14,6 +14,8 @@
 // warp reaches after reading it, so rows need one barrier each.
 #pragma once
 
+#include <type_traits>
+
 #include "core/formats.h"
 #include "cuda/chunk.cuh"
 #include "cuda/common.cuh"
@@ -94,13 +96,16 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
 }
 
 /// Group g of row t from chunk x (amax: its NaN-ignoring max |x|, NaN for an all-NaN chunk):
-/// its scale byte and nibbles.
-template <int In>
+/// its scale byte and nibbles, under the row's constants @p row (core::nvfp4_token_row).
+/// kFast: the row has row.fast (the caller's row-uniform branch), the division-free form
+/// without nvfp4_token_group's test.
+template <int In, bool kFast = false>
 __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64_t g, const RawChunk<In>& x, float amax,
-                                             float pts) {
+                                             const core::TokenRow& row) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   // From 0 like the CPU backend's fold: an all-NaN group has amax 0.
-  const core::GroupParams gp = core::group_params<F>(fmaxf(0.0f, amax), p.floor, pts);
+  const float m = fmaxf(0.0f, amax);
+  const core::GroupParams gp = kFast ? core::nvfp4_token_group_fast(m, row) : core::nvfp4_token_group(m, row);
   const Encoded<F> q = encode_chunk<F, In>(x, gp);
   store_words<false>(p.xq + t * p.xq_s0 + g * (kChunk / 2), q.w);
   store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
@@ -132,6 +137,7 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
   }
   const float pts = core::per_token_scale(block_max<kSplit>(row, buf), p.floor);
   if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = pts;
+  const core::TokenRow tr = core::nvfp4_token_row(pts);
   if constexpr (kSplit) {
     // The own chunk by selects (block-uniform part): one encode, the others' registers free.
     RawChunk<In> own = x[0];
@@ -144,13 +150,24 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
       }
     }
     const int64_t g = threadIdx.x + part * static_cast<int64_t>(blockDim.x);
-    if (g < groups) encode_group<In>(p, t, g, own, own_amax, pts);
-  } else {
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
-      if (g < groups) encode_group<In>(p, t, g, x[n], amax[n], pts);
+    if (g < groups) {
+      if (tr.fast) encode_group<In, true>(p, t, g, own, own_amax, tr);
+      else encode_group<In>(p, t, g, own, own_amax, tr);
     }
+  } else {
+    // Block-uniform branches around the groups where every thread has all N (the planned
+    // shapes at H = 4096 and 7168): the row's flag tested once, no per-thread test, so that
+    // no group is a convergence region of its own around its whole encode.
+    const auto encode = [&](auto fast, auto whole) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int64_t g = threadIdx.x + n * static_cast<int64_t>(blockDim.x);
+        if (decltype(whole)::value || g < groups) encode_group<In, decltype(fast)::value>(p, t, g, x[n], amax[n], tr);
+      }
+    };
+    if (!tr.fast) encode(std::false_type{}, std::false_type{});
+    else if (groups == N * static_cast<int64_t>(blockDim.x)) encode(std::true_type{}, std::true_type{});
+    else encode(std::true_type{}, std::false_type{});
   }
 }
 
@@ -214,17 +231,18 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
     }
     const float pts = core::per_token_scale(block_max<false>(amax, warp_max[parity]), p.floor);
     if (threadIdx.x == 0) p.x_scales[t * p.xs_s0] = pts;
+    const core::TokenRow tr = core::nvfp4_token_row(pts);
     // Pass 2: groups.
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
       uint32_t ignored = 0;
       if constexpr (kVec) {
         RawChunk<In> x;
         load_chunk<In>(hs + t * p.hs_s0 + g * kChunk, x);
-        encode_group<In>(p, t, g, x, chunk_amax<In>(x), pts);
+        encode_group<In>(p, t, g, x, chunk_amax<In>(x), tr);
       } else {
         float x[kChunk];
         load_group_strided<In>(p, t, g, x);
-        const core::GroupParams gp = core::group_params<F>(group_amax_strided<false>(x, ignored), p.floor, pts);
+        const core::GroupParams gp = core::nvfp4_token_group(group_amax_strided<false>(x, ignored), tr);
 #pragma unroll
         for (int i = 0; i < kChunk; i += 2) {
           const uint32_t byte = core::encode<F>(x[i], gp) | (core::encode<F>(x[i + 1], gp) << 4);

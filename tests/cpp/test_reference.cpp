@@ -789,4 +789,76 @@ TEST(CoreNumerics, SqrtRefineFromThreeUlpsEverySignificand) {
   EXPECT_TRUE(std::isnan(core::sqrt_nearest(NAN)));
 }
 
+// div_by_recip equals the IEEE division on every non-negative finite f16 amax (the row
+// kernel's f16 and bf16 groups have at most 11 significant bits) over divisors across the
+// fast range, and on random fp32 dividends with quotients from 2^-11 up; quotients below
+// 2^-126 are only required to stay below it (NVFP4 maps them all to scale byte 0).
+TEST(CoreNvfp4Token, DivByRecipEqualsDivision) {
+  std::mt19937 rng(20261205);
+  std::vector<float> divisors = {0x1p-60f, 0x1p120f, 1.0f, 1.5f, 6.0f / 2688.0f, u2f(0x3FFFFFFFu), u2f(0x21FFFFFFu),
+                                 u2f(0x7B7FFFFFu), u2f(0x21800001u), u2f(0x3F800001u)};
+  std::uniform_int_distribution<uint32_t> mant(0, 0x7FFFFFu), ex(127 - 60, 127 + 119);
+  while (divisors.size() < 160) divisors.push_back(u2f((ex(rng) << 23) | mant(rng)));
+  int64_t bad = 0;
+  auto check = [&](float a, float b) {
+    const float want = megamoe_ref::detail::div_f32(a, b);
+    const float got = core::div_by_recip(a, b, megamoe_ref::detail::div_f32(1.0f, b));
+    const bool ok = want < 0x1p-126f ? got < 0x1p-126f && got >= 0.0f : f2u(got) == f2u(want);
+    if (!ok && ++bad <= 5) ADD_FAILURE() << a << " / " << b << ": " << got << " != " << want;
+  };
+  for (float b : divisors) {
+    for (uint32_t h = 0; h < 0x7C00u; ++h) check(megamoe_ref::half_to_float(static_cast<uint16_t>(h)), b);
+  }
+  std::uniform_int_distribution<uint32_t> qex(127 - 11, 127 + 10);
+  for (int i = 0; i < 4000000; ++i) {
+    const float b = divisors[static_cast<size_t>(i) % divisors.size()];
+    // a dividend whose quotient by b lies within 2^-11 .. 2^11 (the scale bytes' range)
+    const float a = megamoe_ref::detail::mul_f32(u2f((qex(rng) << 23) | mant(rng)), b);
+    if (std::isfinite(a)) check(a, b);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// core::nvfp4_token_group (the division-free form on rows with d6 in the fast range, the
+// divisions elsewhere) against the reference's formula: the scale byte and the multiplier,
+// for rows at both floors, tiny and huge row maxima, and rows whose pts is infinite (an
+// Inf in the row) or subnormal (a floor far below the library's).
+TEST(CoreNvfp4Token, GroupParamsEqualTheReferenceFormula) {
+  namespace rd = megamoe_ref::detail;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<uint32_t> mant(0, 0x7FFFFFu), ex(1, 254);
+  int64_t bad = 0, fast = 0, rows = 0;
+  auto row = [&](float row_amax, float floor) {
+    const float pts = core::per_token_scale(row_amax, floor);
+    const core::TokenRow r = core::nvfp4_token_row(pts);
+    fast += r.fast ? 1 : 0;
+    ++rows;
+    std::vector<float> amaxes = {0.0f, row_amax, u2f(1u), 1e-30f, floor, rd::mul_f32(row_amax, 0x1p-10f)};
+    for (int i = 0; i < 400; ++i) amaxes.push_back(rd::mul_f32(row_amax, unit(rng)));
+    for (int i = 0; i < 100; ++i) amaxes.push_back(rd::mul_f32(row_amax, u2f(((127u - 1u - (mant(rng) % 14u)) << 23) | mant(rng))));
+    for (float a : amaxes) {
+      if (!(a <= row_amax) && std::isfinite(row_amax)) continue;
+      const core::GroupParams g = core::nvfp4_token_group(a, r);
+      const uint8_t sf = megamoe_ref::fp8_e4m3(rd::div_f32(a, rd::mul_f32(6.0f, pts)));
+      const float sfv = rd::fp8_decode(sf);
+      const float m = sfv > 0.0f ? rd::div_f32(1.0f, rd::mul_f32(sfv, pts)) : 0.0f;
+      if ((g.sf != sf || f2u(g.m) != f2u(m)) && ++bad <= 5) {
+        ADD_FAILURE() << "row_amax " << row_amax << " floor " << floor << " amax " << a << ": sf " << g.sf << " vs "
+                      << int{sf} << ", m " << g.m << " vs " << m;
+      }
+    }
+  };
+  for (float floor : {1e-4f, 1e-10f}) {
+    for (float ra : {0.0f, 1e-12f, 1e-5f, 1.0f, 3.0f, 448.0f, 65504.0f, 3.3895314e38f}) row(ra, floor);
+    for (int i = 0; i < 300; ++i) row(u2f((ex(rng) << 23) | mant(rng)), floor);
+  }
+  row(std::numeric_limits<float>::infinity(), 1e-4f);  // pts = inf: divisions
+  row(1e-30f, 1e-38f);                                 // d6 below 2^-60: divisions
+  EXPECT_EQ(bad, 0);
+  // Every finite row at the library's floors takes the division-free form; the two rows
+  // above (Inf, and a floor far below the library's) the divisions.
+  EXPECT_EQ(fast, rows - 2);
+}
+
 }  // namespace
