@@ -117,6 +117,20 @@ MEGAMOE_HD float e4m3_to_float(uint32_t c) {
 #endif
 }
 
+/// e4m3fn byte -> fp32 for a byte that is not NaN (c & 0x7F != 0x7F; the caller's range):
+/// e4m3_to_float without the NaN test (on the device the two exact conversions alone).
+MEGAMOE_HD float e4m3_to_float_finite(uint32_t c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c & 0xFFu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h2 & 0xFFFFu)));
+  return f;
+#else
+  return e4m3_to_float(c);
+#endif
+}
+
 /// The e2m1 magnitude code of |v| >= 1 (bits @p u, NaN excluded by the caller) from its
 /// fp32 bits: from 1 up, two e2m1 values per binade (1.0 and 1.5 times 2^e), so the code
 /// is the exponent and the top mantissa bit after rounding the mantissa to one bit:
@@ -225,7 +239,7 @@ MEGAMOE_HD GroupParams nvfp4_token_group_fast(float amax, const TokenRow& r) {
   g.sf = fp8_e4m3_from_float(div_by_recip(amax, r.d6, r.rd6));  // 0..0x7E: amax <= row max
   // sf in [1, 0x7E] (2^-9 .. 448) times pts = d6 / 6: a normal product with a normal
   // reciprocal.
-  const float m = recip_nearest(mul_rn(e4m3_to_float(g.sf), r.pts));
+  const float m = recip_nearest(mul_rn(e4m3_to_float_finite(g.sf), r.pts));
   g.m = g.sf != 0u ? m : 0.0f;
   return g;
 }
