@@ -31,6 +31,11 @@
 #                  nvfp4_static --T 1,16384") with this build's extension and the base's (AB_BASE,
 #                  AB_TARGETS=_C): this, base, this, base; medians and ratios (ab_formats.jsonl) (#10)
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
+#   ncu-ab         ncu of one format's staging kernel in this build and in the base (AB_BASE,
+#                  AB_TARGETS including megamoe_bench_kernel): instructions, issue-slot and DRAM
+#                  use, warp stall reasons, for each "T H" of $NCU_AB_SIZES (default
+#                  "16384 7168") and scheme $NCU_AB_SCHEME (nvfp4_per_token), kernels
+#                  matching $NCU_KERNELS (rowwise) (ncu_ab.txt)
 #   sass           bench/sass_mix.py over the built CUDA objects: opcode histograms of the kernels
 #                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
 #   pybench        the full side-by-side bench/bench_stage.py
@@ -121,7 +126,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | sass | pybench | multigpu) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -132,7 +137,7 @@ box() {
     info) echo 30 ;; build) echo 420 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
-    bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;;
+    bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
     pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
   esac
 }
@@ -565,6 +570,28 @@ step_ncu() {
   local rc=$?
   grep -E "dram__bytes|DRAM Throughput|Memory Throughput|Duration|L2 Hit|Mem Busy" "$WORK/ncu.txt" | head -40
   return $rc
+}
+
+step_ncu_ab() {
+  [ -n "${AB_BASE:-}" ] || { echo "ncu-ab: set AB_BASE (with AB_TARGETS including megamoe_bench_kernel)"; return 2; }
+  ab_wait
+  local m b s each sizes
+  m=smsp__inst_executed.sum,gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+  m=$m,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+  m=$m,launch__registers_per_thread,launch__grid_size,launch__block_size
+  sizes=${NCU_AB_SIZES:-16384 7168}
+  each=$(($(limit ncu-ab) / (2 * $(echo "$sizes" | tr ',' '\n' | wc -l))))
+  for b in "this:./build-dev" "base:$AB_DIR/build"; do
+    [ -x "${b#*:}/megamoe_bench_kernel" ] || { echo "ncu-ab: no ${b#*:}/megamoe_bench_kernel"; return 1; }
+    while IFS= read -r s; do
+      echo "== ${b%%:*} ${NCU_AB_SCHEME:-nvfp4_per_token} $s"
+      # shellcheck disable=SC2086
+      timeout -k 5 "$each" ncu --clock-control none --metrics "$m" --section WarpStateStats \
+        -k regex:"${NCU_KERNELS:-rowwise}" -c 1 "${b#*:}/megamoe_bench_kernel" --one-format \
+        "${NCU_AB_SCHEME:-nvfp4_per_token}" $s 2>&1
+    done < <(echo "$sizes" | tr ',' '\n')
+  done >"$WORK/ncu_ab.txt" 2>&1
+  grep -E "^== |inst_executed|duration|issue_active|dram__|Stall|Warp Cycles" "$WORK/ncu_ab.txt" | head -60
 }
 
 step_sass() {
