@@ -431,8 +431,8 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bo
 /// (entry w * E + e: token t0 + w, expert e; those from @p n on are stand-ins, neither
 /// counted nor stored). Every load is issued before the scores, which run side by side
 /// (core::router_scores); the key and the score go to shared memory unless the token is
-/// padded; hash layers only count.
-template <int N, bool kCold>
+/// padded; hash layers only count. kInlined: as for router_block_body.
+template <int N, bool kInlined>
 __device__ __forceinline__ void router_score_entries(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
                                                      uint32_t& nf, uint32_t* key, float* score) {
   const uint32_t E = static_cast<uint32_t>(r.E);
@@ -457,7 +457,7 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
   }
   if (r.flags & kRouteHash) return;
   float s[N];
-  core::router_scores<N, kCold, kCold>(x, s);  // the inlined blocks' registers take the branch-free forms
+  core::router_scores<N, kInlined, kInlined>(x, s);
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
     if (pad[c] == 0u) {
@@ -469,13 +469,13 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
 
 /// The thread's next entries from @p i: as many as the warp's first lane has @p rows left
 /// (warp-uniform), at most N side by side. Returns how many it took.
-template <int N, bool kCold>
+template <int N, bool kInlined>
 __device__ __forceinline__ uint32_t router_score_rows(const RouterParams& r, int64_t t0, uint32_t i, uint32_t n,
                                                       uint32_t rows, uint32_t& nf, uint32_t* key, float* score) {
   if constexpr (N > 1) {
-    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1, kCold>(r, t0, i, n, rows, nf, key, score);
+    if (rows < static_cast<uint32_t>(N)) return router_score_rows<N - 1, kInlined>(r, t0, i, n, rows, nf, key, score);
   }
-  router_score_entries<N, kCold>(r, t0, i, n, nf, key, score);
+  router_score_entries<N, kInlined>(r, t0, i, n, nf, key, score);
   return N;
 }
 
@@ -501,7 +501,8 @@ __device__ __forceinline__ void router_params_to_shared(const RouterParams& src,
 /// inlines this: every field a constant-bank operand) or a copy in shared memory
 /// (router_block). @p kInlined: the body is inlined into its kernel (route_kernel, the
 /// fused decode variant), whose register budget takes the exact score fallback as a call
-/// (core::router_scores' kCold); false in router_block.
+/// and the branch-free square root and reciprocal (core::router_scores' kCold and
+/// kBranchFree); false in router_block.
 template <int kChains, bool kInlined>
 __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_t rb) {
   static_assert(kChains >= 1 && kChains <= 4, "1 to 4 scores side by side");
