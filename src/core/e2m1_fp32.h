@@ -132,27 +132,38 @@ MEGAMOE_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
+/// The chunk's two words of x_q (element 2j in the low nibble of byte j) from its e5m2
+/// bytes 0x40 | code (0 for a NaN under nearest even): c[q] holds, low byte to high, those
+/// of elements 4q+1, 4q, 4q+3, 4q+2; the sign of element 2i + h is bit 15 + 16h of w[i].
+template <bool kEven>
+MEGAMOE_HD void e2m1_pack_e5m2_codes(const uint32_t (&c)[4], const uint32_t (&w)[8], uint32_t (&out)[2]) {
+  uint32_t p[4];
+  MEGAMOE_UNROLL
+  for (int q = 0; q < 4; ++q) {
+    // The same elements' signs: 0xFF or 0x00 bytes (bytes 3, 1 of w[2q], 3, 1 of w[2q+1]).
+    const uint32_t s = prmt(w[2 * q], w[2 * q + 1], 0xDF9Bu);
+    const uint32_t s8 = kEven ? s & 0x08080808u : s & (c[q] + 0x07070707u) & 0x08080808u;
+    const uint32_t n = (c[q] & 0x07070707u) | s8;  // one nibble a byte
+    p[q] = n * 4097u;                              // bytes 1, 3: elements (4q, 4q+1), (4q+2, 4q+3)
+  }
+  out[0] = prmt(p[0], p[1], 0x7531u);
+  out[1] = prmt(p[2], p[3], 0x7531u);
+}
+
 /// The nibbles of the chunk whose element 2i + h has magnitude source v[2i + h] (a bf16
 /// value widened, any sign: z reads |v|) and sign bit 15 + 16h of w[i], as its two words of
 /// x_q (element 2j in the low nibble of byte j), for a group with keys k.
 template <bool kEven>
 MEGAMOE_HD void e2m1_fp32_nibbles(const float (&v)[16], const uint32_t (&w)[8], const E2m1Fp32Keys& k,
                                   uint32_t (&out)[2]) {
-  uint32_t p[4];
+  uint32_t c[4];
   MEGAMOE_UNROLL
   for (int q = 0; q < 4; ++q) {
-    // Bytes (low to high): elements 4q+1, 4q, 4q+3, 4q+2, each 0x40 | code (0 for NaN).
     const uint32_t c01 = e5m2x2_of_z(e2m1_fp32_z<kEven>(v[4 * q], k), e2m1_fp32_z<kEven>(v[4 * q + 1], k));
     const uint32_t c23 = e5m2x2_of_z(e2m1_fp32_z<kEven>(v[4 * q + 2], k), e2m1_fp32_z<kEven>(v[4 * q + 3], k));
-    const uint32_t c = c01 | (c23 << 16);
-    // The same elements' signs: 0xFF or 0x00 bytes (bytes 3, 1 of w[2q], 3, 1 of w[2q+1]).
-    const uint32_t s = prmt(w[2 * q], w[2 * q + 1], 0xDF9Bu);
-    const uint32_t s8 = kEven ? s & 0x08080808u : s & (c + 0x07070707u) & 0x08080808u;
-    const uint32_t n = (c & 0x07070707u) | s8;  // one nibble a byte
-    p[q] = n * 4097u;                           // bytes 1, 3: elements (4q, 4q+1), (4q+2, 4q+3)
+    c[q] = c01 | (c23 << 16);
   }
-  out[0] = prmt(p[0], p[1], 0x7531u);
-  out[1] = prmt(p[2], p[3], 0x7531u);
+  e2m1_pack_e5m2_codes<kEven>(c, w, out);
 }
 
 /// The MXFP4 nibbles of the 16 bf16 values in w (element 2i in the low half of w[i]) as

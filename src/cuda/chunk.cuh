@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/e2m1_f16.h"
+#include "core/e2m1_f16mul.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
@@ -121,9 +122,9 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else if constexpr (In == kInBF16 && F == core::Format::kNvfp4PerToken && kHasE5m2) {
-    // NVFP4 per-token of bf16 on sm_89+: the products rounded up to bf16, then the fp32 form
-    // at multiplier 1 (core/e2m1_fp32.h); exact for every multiplier.
-    core::e2m1_fp32_mul_chunk(x.w, gp.m, out.w);
+    // NVFP4 per-token of bf16 on sm_89+: the z map on f16 pairs (core/e2m1_f16mul.h); exact
+    // for every multiplier (below the form's range, the fp32 one).
+    core::e2m1_mul_chunk(x.w, gp.m, out.w);
   } else {
     if constexpr (In == kInBF16 && F == core::Format::kNvfp4Static) {
       // NVFP4 static of bf16: seven saturating f16x2 adds a pair (core/e2m1_f16.h) unless

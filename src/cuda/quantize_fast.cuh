@@ -75,7 +75,7 @@ constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
 /// The loop shape of NVFP4 static of bf16 on sm_89+ builds, once a block, the multiply
 /// form's multiplier of each scale byte (core::nvfp4_static_multiplier: 0 where the byte's
 /// divisor has none) in shared memory; a group then costs one table read instead of its
-/// divisor and seven thresholds, and its codes the multiply form (core/e2m1_fp32.h) instead
+/// divisor and seven thresholds, and its codes the multiply form (core/e2m1_f16mul.h) instead
 /// of the threshold count (core/e2m1_f16.h). The other shapes run a chunk or a few a thread,
 /// too few to pay for the table.
 template <int In, core::Format F, Shape kShape>
@@ -135,7 +135,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     gp.sf = core::nvfp4_static_sf(amax, s2);
     const float r = recip[gp.sf];
     if (r != 0.0f) {
-      core::e2m1_fp32_mul_chunk(x.w, r, q.w);
+      core::e2m1_f16_mul_chunk(x.w, r, q.w);  // r >= 2^-100 (kPairsMaxDivisor)
     } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
       gp.m = core::nvfp4_static_divisor(gp.sf, s2);
       encode_fp4_per_value<F, In>(x, gp, q.w);

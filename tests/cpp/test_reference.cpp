@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/e2m1_f16.h"
+#include "core/e2m1_f16mul.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/fastdiv.h"
@@ -521,7 +522,7 @@ TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
 }
 
 // NVFP4 static through the multiply form (core::nvfp4_static_multiplier, then
-// core::e2m1_fp32_mul_chunk; the loop shape's table): for every divisor of
+// core::e2m1_f16_mul_chunk; the loop shape's table): for every divisor of
 // static_divisors() that has a multiplier, every bf16 (NaN included) against the reference's
 // e2m1 of fl(x / d) and core::encode. For those without one (the check fired), the form
 // with r = rd(1 / d) forced is wrong on some bf16: the check refuses exactly the divisors
@@ -549,7 +550,7 @@ TEST(CoreVsReference, Nvfp4StaticMulChunksEveryBf16AndManyDivisors) {
         for (uint32_t b = 0; b < 0x10000u && !wrong; ++b) {
           uint32_t w[8], out[2];
           for (uint32_t& v : w) v = b | (b << 16);
-          core::e2m1_fp32_mul_chunk(w, rz, out);
+          core::e2m1_f16_mul_chunk(w, rz, out);
           wrong = (out[0] & 0xFu) != want(megamoe_ref::bf16_to_float(static_cast<uint16_t>(b)));
         }
         forced_wrong += wrong ? 1 : 0;
@@ -557,9 +558,10 @@ TEST(CoreVsReference, Nvfp4StaticMulChunksEveryBf16AndManyDivisors) {
       continue;
     }
     EXPECT_EQ(core::float_bits(r), core::float_bits(core::recip_rz(d)));
+    EXPECT_GE(r, core::kF16MulMinMultiplier);  // the kernels take the f16 form unchecked
     const core::GroupParams gp{0u, d};
     const auto have = [&](float x) { return core::encode<core::Format::kNvfp4Static>(x, gp); };
-    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_fp32_mul_chunk(w, r, out); };
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_f16_mul_chunk(w, r, out); };
     std::ostringstream what;
     what << "d=" << std::hexfloat << d << " r=" << r;
     bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
@@ -610,17 +612,19 @@ TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
               static_cast<long long>(n));
 }
 
-// NVFP4 per-token's chunk codec of fl(x * m) (core::e2m1_fp32_mul_chunk, its host form)
-// against the reference's e2m1 of fl(x * m) and core::encode, every bf16 (NaN included) at
-// a position that moves with the multiplier: 0, powers of two and their neighbours, the
-// fp32 ends, the multipliers the per-token path forms (1 / (sf * pts) for e4m3 scales and
-// typical row maxima), log-uniform random ones, and ones that put x * m within a few ulps
-// of a midpoint.
+// NVFP4 per-token's chunk codec of fl(x * m) (core::e2m1_mul_chunk, its host form: the f16
+// form of core/e2m1_f16mul.h, below its range the fp32 one of core/e2m1_fp32.h) against the
+// reference's e2m1 of fl(x * m) and core::encode, every bf16 (NaN included) at a position
+// that moves with the multiplier: 0, powers of two and their neighbours, the fp32 ends
+// and Inf, both sides of the f16 form's least multiplier, the multipliers the per-token
+// path forms (1 / (sf * pts) for e4m3 scales and typical row maxima), log-uniform random
+// ones, and ones that put x * m within a few ulps of a midpoint.
 TEST(CoreVsReference, Nvfp4PerTokenMulChunksEveryBf16AndManyMultipliers) {
   using megamoe_ref::detail::div_f32;
   using megamoe_ref::detail::mul_f32;
-  std::vector<float> ms = {0.0f, 1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 0x1p-149f, 0x1p-126f, 0x1.fffffep127f};
-  for (float p2 : {0x1p-100f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p60f}) {
+  std::vector<float> ms = {0.0f, 1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 0x1p-149f, 0x1p-126f, 0x1.fffffep127f,
+                           std::numeric_limits<float>::infinity(), 0x1.3p-124f, 0x1.7p-140f};
+  for (float p2 : {core::kF16MulMinMultiplier, 0x1p-100f, 0x1p-3f, 1.0f, 0x1p7f, 0x1p60f}) {
     ms.push_back(std::nextafter(p2, 0.0f));
     ms.push_back(p2);
     ms.push_back(std::nextafter(p2, 1e30f));
@@ -641,18 +645,21 @@ TEST(CoreVsReference, Nvfp4PerTokenMulChunksEveryBf16AndManyMultipliers) {
     }
   }
   const std::vector<uint32_t> pats = bf16_patterns(true);
-  int64_t bad = 0, checked = 0, used = 0;
+  int64_t bad = 0, checked = 0, used = 0, f16 = 0, fp32 = 0;
   for (const float m : ms) {
     const core::GroupParams gp{0u, m};
     const auto want = [&](float x) { return megamoe_ref::fp4_e2m1(mul_f32(x, m), megamoe_ref::Fp4Ties::kTowardZero); };
     const auto have = [&](float x) { return core::encode<core::Format::kNvfp4PerToken>(x, gp); };
-    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_fp32_mul_chunk(w, m, out); };
+    const auto encode = [&](const uint32_t (&w)[8], uint32_t (&out)[2]) { core::e2m1_mul_chunk(w, m, out); };
+    (m >= core::kF16MulMinMultiplier ? f16 : fp32) += 1;
     std::ostringstream what;
     what << "m=" << std::hexfloat << m;
     bad += sweep_bf16_chunks(pats, static_cast<uint32_t>(used++ % 16), encode, want, have, what.str(), checked);
   }
   EXPECT_EQ(bad, 0);
   EXPECT_GT(used, 500);
+  EXPECT_GT(f16, 400);
+  EXPECT_GE(fp32, 6);
   EXPECT_EQ(checked, used * 65536);
 }
 

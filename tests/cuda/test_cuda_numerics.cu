@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/e2m1_f16.h"
+#include "core/e2m1_f16mul.h"
 #include "core/e2m1_fp32.h"
 #include "core/e2m1_pairs.h"
 #include "core/formats.h"
@@ -440,10 +441,11 @@ TEST(CudaNumerics, Mxfp4Fp32ChunksMatchTheCoreRules) {
   check_fp32_chunks<true>();
 }
 
-// core::e2m1_fp32_mul_chunk (NVFP4 per-token's codec) with the device's instructions
-// against core::encode: every bf16 pattern (NaN included) for multipliers of 254 binades
-// (a pseudo-random significand each; binade 0 is m = 0), at a position that moves, the
-// other 15 values pseudo-random ones whose products land near the e2m1 grid.
+// core::e2m1_mul_chunk (NVFP4 per-token's codec: the f16 form, below 2^-123 the fp32 one)
+// with the device's instructions against core::encode: every bf16 pattern (NaN included)
+// for multipliers of 254 binades (a pseudo-random significand each; binade 0 is m = 0), at
+// a position that moves, the other 15 values pseudo-random ones whose products land near
+// the e2m1 grid.
 __global__ void mul_chunks_exhaustive(unsigned long long* mismatches, uint32_t* first) {
   namespace core = megamoe::core;
   const uint64_t n = uint64_t{254} << 16;
@@ -461,7 +463,7 @@ __global__ void mul_chunks_exhaustive(unsigned long long* mismatches, uint32_t* 
     }
     uint32_t w[8], out[2];
     for (int k = 0; k < 8; ++k) w[k] = v[2 * k] | (static_cast<uint32_t>(v[2 * k + 1]) << 16);
-    core::e2m1_fp32_mul_chunk(w, m, out);
+    core::e2m1_mul_chunk(w, m, out);
     const core::GroupParams gp{0u, m};
     bool ok = true;
     for (int k = 0; k < 16; ++k) {
@@ -500,7 +502,7 @@ __global__ void static_mul_chunks_exhaustive(const float* ds, const uint32_t* ho
       uint16_t v[16];
       uint32_t w[8], out[2];
       static_sweep_chunk(i, j, bits, d, v, w);
-      core::e2m1_fp32_mul_chunk(w, r, out);
+      core::e2m1_f16_mul_chunk(w, r, out);
       ok = static_codes_match(v, out, d);
     }
     if (!ok && atomicAdd(mismatches, 1ull) == 0) *first = static_cast<uint32_t>(i);
