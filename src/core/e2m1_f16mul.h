@@ -8,7 +8,7 @@
 // pairs, 6 instructions a value, and the kernel of these formats is bound by issue slots.
 //
 // How, per value: a = sat(|x| * m/8) (one multiply, rounded to nearest: fl(|x| m) / 8
-// exactly while m/8 is normal, the precondition; the clamp at 1 stands for v >= 8 and Inf,
+// exactly while m/8 is normal or 0, the precondition; the clamp at 1 stands for v >= 8 and Inf,
 // the .sat maps NaN to 0, the code of NaN under ties toward zero). Its magnitude rounded up
 // to four significant bits, u, keeps its count of the midpoints M/8 below it (every e2m1
 // midpoint 0.25 .. 5 has at most three significant bits; e2m1_fp32_mul_chunk gives the
@@ -121,7 +121,7 @@ MEGAMOE_HD uint32_t e2m1_f16mul_pair(uint32_t w, float m8) {
 
 /// The ties-toward-zero e2m1 nibbles of v = fl(x * m) for the 16 bf16 values x in w
 /// (element 2i in the low half of w[i]) as the chunk's two words of x_q (element 2j in the
-/// low nibble of byte j), for m >= kF16MulMinMultiplier (Inf included).
+/// low nibble of byte j), for m = +0 or m >= kF16MulMinMultiplier (Inf included).
 MEGAMOE_HD void e2m1_f16_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&out)[2]) {
   const float m8 = mul_rn(m, 0.125f);
   uint32_t c[4];
@@ -130,9 +130,13 @@ MEGAMOE_HD void e2m1_f16_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&o
   e2m1_pack_e5m2_codes<false>(c, w, out);
 }
 
-/// The same codes for any multiplier m >= +0: the f16 form, or below its range the fp32 one.
+/// The f16 form applies to multiplier m (m / 8 is +0 or normal).
+MEGAMOE_HD bool f16_mul_applies(float m) { return m >= kF16MulMinMultiplier || m == 0.0f; }
+
+/// The same codes for any multiplier m >= +0: the f16 form, or where it does not apply the
+/// fp32 one.
 MEGAMOE_HD void e2m1_mul_chunk(const uint32_t (&w)[8], float m, uint32_t (&out)[2]) {
-  if (m >= kF16MulMinMultiplier) e2m1_f16_mul_chunk(w, m, out);
+  if (f16_mul_applies(m)) e2m1_f16_mul_chunk(w, m, out);
   else e2m1_fp32_mul_chunk(w, m, out);
 }
 

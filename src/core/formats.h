@@ -217,17 +217,18 @@ struct TokenRow {
   float pts;   ///< the per-token scale
   float d6;    ///< fl(6 pts)
   float rd6;   ///< RN(1 / d6) when fast
-  bool fast;   ///< d6 in [2^-60, 2^120]: the division-free forms apply
+  bool fast;   ///< d6 in [2^-60, 2^116]: the division-free forms apply, multipliers 0 or >= 2^-123
 };
 
 MEGAMOE_HD TokenRow nvfp4_token_row(float pts) {
   TokenRow r;
   r.pts = pts;
   r.d6 = mul_rn(6.0f, pts);
-  // From 2^-60: the residuals of quotients from 2^-11 up are normal. Every finite d6 is
-  // below 2^120 (pts <= FLT_MAX / 2688), and sf pts <= 448 pts < 2^126 keeps the
-  // multiplier normal. False for NaN and Inf.
-  r.fast = r.d6 >= 0x1p-60f && r.d6 <= 0x1p120f;
+  // From 2^-60: the residuals of quotients from 2^-11 up are normal. Up to 2^116 (finite
+  // d6 reach 2^120 at most: pts <= FLT_MAX / 2688): sf pts <= 448 pts < 2^123, so every
+  // nonzero multiplier is at least 2^-123, the f16 multiply form's range
+  // (core/e2m1_f16mul.h), with no test a group. False for NaN and Inf.
+  r.fast = r.d6 >= 0x1p-60f && r.d6 <= 0x1p116f;
   r.rd6 = r.fast ? recip_nearest(r.d6) : 0.0f;  // RN(1 / d6), without the division's branch
   return r;
 }

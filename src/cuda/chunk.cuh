@@ -109,7 +109,10 @@ __device__ __forceinline__ void encode_fp4_per_value(const RawChunk<In>& x, cons
   }
 }
 
-template <core::Format F, int In>
+/// The codes of chunk x in a group with parameters gp. kF16Mul: the caller knows that the
+/// f16 multiply form applies to gp.m (core::f16_mul_applies: a fast row's NVFP4 per-token
+/// groups), which then runs without its test.
+template <core::Format F, int In, bool kF16Mul = false>
 __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const core::GroupParams& gp) {
   Encoded<F> out;
   if constexpr (core::values_per_byte(F) == 1) {
@@ -123,8 +126,9 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
     }
   } else if constexpr (In == kInBF16 && F == core::Format::kNvfp4PerToken && kHasE5m2) {
     // NVFP4 per-token of bf16 on sm_89+: the z map on f16 pairs (core/e2m1_f16mul.h); exact
-    // for every multiplier (below the form's range, the fp32 one).
-    core::e2m1_mul_chunk(x.w, gp.m, out.w);
+    // for every multiplier (outside the form's range, the fp32 one).
+    if constexpr (kF16Mul) core::e2m1_f16_mul_chunk(x.w, gp.m, out.w);
+    else core::e2m1_mul_chunk(x.w, gp.m, out.w);
   } else {
     if constexpr (In == kInBF16 && F == core::Format::kNvfp4Static) {
       // NVFP4 static of bf16: seven saturating f16x2 adds a pair (core/e2m1_f16.h) unless

@@ -98,7 +98,7 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
 /// Group g of row t from chunk x (amax: its NaN-ignoring max |x|, NaN for an all-NaN chunk):
 /// its scale byte and nibbles, under the row's constants @p row (core::nvfp4_token_row).
 /// kFast: the row has row.fast (the caller's row-uniform branch), the division-free form
-/// without nvfp4_token_group's test.
+/// without nvfp4_token_group's test and the f16 multiply form without its own.
 template <int In, bool kFast = false>
 __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64_t g, const RawChunk<In>& x, float amax,
                                              const core::TokenRow& row) {
@@ -106,7 +106,7 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
   // From 0 like the CPU backend's fold: an all-NaN group has amax 0.
   const float m = fmaxf(0.0f, amax);
   const core::GroupParams gp = kFast ? core::nvfp4_token_group_fast(m, row) : core::nvfp4_token_group(m, row);
-  const Encoded<F> q = encode_chunk<F, In>(x, gp);
+  const Encoded<F> q = encode_chunk<F, In, kFast>(x, gp);  // a fast row's multipliers: 0 or >= 2^-123
   store_words<false>(p.xq + t * p.xq_s0 + g * (kChunk / 2), q.w);
   store_word_byte<int64_t>(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
 }
