@@ -68,7 +68,9 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
   }
 }
 
-/// The block's max of v >= 0 (every thread gets it; all threads call it: a barrier).
+/// The block's max of v >= 0, never NaN (every thread gets it; all threads call it: a
+/// barrier). The warp's max is one redux.sync on v's bits (non-negative floats order as
+/// their bits do) instead of five shuffle and max pairs on the row's dependent chain.
 /// kVector (the split kernel; absent warps' entries zeroed by zero_absent_warps): the
 /// warps' maxima read as two (up to 8 warps) or four 16-byte loads issued together instead
 /// of a shared-memory round trip a warp. The full kernel keeps the loop: a 16-entry vector
@@ -77,7 +79,7 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
 template <bool kVector>
 __device__ __forceinline__ float block_max(float v, float* buf) {
 #pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  v = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
   if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
   __syncthreads();
   float r = 0.0f;
