@@ -78,7 +78,6 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
 /// (33e4847 against 3c5bfa2, docs/PERFORMANCE.md).
 template <bool kVector>
 __device__ __forceinline__ float block_max(float v, float* buf) {
-#pragma unroll
   v = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
   if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
   __syncthreads();
