@@ -29,7 +29,9 @@
 #                  per row the fused and route times of both (ab_router.jsonl) (#12)
 #   ab-formats     bench/bench_formats.py --parts formats $AB_FORMATS_ARGS (e.g. "--formats
 #                  nvfp4_static --T 1,16384") with this build's extension and the base's (AB_BASE,
-#                  AB_TARGETS=_C): this, base, this, base; medians and ratios (ab_formats.jsonl) (#10)
+#                  AB_TARGETS=_C), and each extra build's of AB_MORE ("name:tarball ...",
+#                  scripts/ab_prepare.sh BRANCH NAME makes them): every build once, then again;
+#                  medians and ratios to the base (bench/ab_formats_merge.py, ab_formats.jsonl)
 #   bench-kernel   build-dev/megamoe_bench_kernel $BENCH_ARGS;  ncu: ncu on one staging size;
 #   ncu-ab         ncu of one format's staging kernel in this build and in the base (AB_BASE,
 #                  AB_TARGETS including megamoe_bench_kernel): instructions, issue-slot and DRAM
@@ -58,7 +60,7 @@
 # $OUT/results.tgz and the step table into $OUT/summary.txt (two files: the device returns at
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
-# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_JOBS (6), AB_TARGETS (_C), ROUTER_ARGS,
+# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_MORE, AB_JOBS (6), AB_TARGETS (_C), ROUTER_ARGS,
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
@@ -242,34 +244,58 @@ cmake_build() {  # src build_dir jobs seconds [targets...]
 }
 
 AB_DIR=/tmp/ab-base
-ab_source() {  # the base tree into $AB_DIR/src, from a tarball or a commit
-  rm -rf "$AB_DIR/src" && mkdir -p "$AB_DIR/src"
+ab_source() {  # [tarball-or-commit dir]: a tree (default: the base, AB_BASE) into dir/src
+  local src=${1:-$AB_BASE} dir=${2:-$AB_DIR}
+  rm -rf "$dir/src" && mkdir -p "$dir/src"
   # An archive keeps its commit's file times, older than a previous base's objects: a new
   # base gets a fresh build directory, or ninja would see nothing to rebuild.
   local id
-  if [ -f "$AB_BASE" ]; then id=$(sha256sum "$AB_BASE" | cut -d' ' -f1); else id=$(git rev-parse "$AB_BASE"); fi
-  [ "$(cat "$AB_DIR/base.id" 2>/dev/null)" = "$id" ] || rm -rf "$AB_DIR/build"
-  echo "$id" >"$AB_DIR/base.id"
-  if [ -f "$AB_BASE" ]; then
-    tar xf "$AB_BASE" -C "$AB_DIR/src"
+  if [ -f "$src" ]; then id=$(sha256sum "$src" | cut -d' ' -f1); else id=$(git rev-parse "$src"); fi
+  [ "$(cat "$dir/base.id" 2>/dev/null)" = "$id" ] || rm -rf "$dir/build"
+  echo "$id" >"$dir/base.id"
+  if [ -f "$src" ]; then
+    tar xf "$src" -C "$dir/src"
   else
-    git archive "$AB_BASE" | tar x -C "$AB_DIR/src"
+    git archive "$src" | tar x -C "$dir/src"
   fi
   # an archive may hold the tree under one top folder
   local inner
-  inner=$(find "$AB_DIR/src" -mindepth 1 -maxdepth 2 -name CMakeLists.txt -printf '%h\n' | sort | head -1)
-  [ -n "$inner" ] && [ "$inner" != "$AB_DIR/src" ] && mv "$inner" "$AB_DIR/tree" && rm -rf "$AB_DIR/src" &&
-    mv "$AB_DIR/tree" "$AB_DIR/src"
-  [ -f "$AB_DIR/src/CMakeLists.txt" ] && [ -d "$AB_DIR/src/python/megamoe" ]
+  inner=$(find "$dir/src" -mindepth 1 -maxdepth 2 -name CMakeLists.txt -printf '%h\n' | sort | head -1)
+  [ -n "$inner" ] && [ "$inner" != "$dir/src" ] && mv "$inner" "$dir/tree" && rm -rf "$dir/src" &&
+    mv "$dir/tree" "$dir/src"
+  [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/python/megamoe" ]
+}
+
+# AB_MORE: extra builds for ab-formats beside this and the base, "name:tarball ..." (name:
+# lower-case letters, digits and _, not ending in a digit, which numbers the runs; tarball
+# as AB_BASE's), each built into /tmp/ab-<name>.
+ab_more() {  # prints "name tarball" lines; fails on a malformed entry
+  local v
+  for v in ${AB_MORE:-}; do
+    [[ "$v" =~ ^([a-z]([a-z0-9_]*[a-z_])?):(.+)$ ]] || { echo "AB_MORE: '$v' is not name:tarball" >&2; return 1; }
+    [ "${BASH_REMATCH[1]}" != this ] && [ "${BASH_REMATCH[1]}" != base ] ||
+      { echo "AB_MORE: '${BASH_REMATCH[1]}' is taken" >&2; return 1; }
+    echo "${BASH_REMATCH[1]} ${BASH_REMATCH[3]}"
+  done
 }
 
 step_build() {
   deps
   if [ -n "${AB_BASE:-}" ]; then
-    # The base's extension only (its library and _C), beside the main build.
+    # The base's extension only (its library and _C), beside the main build, and side by
+    # side with it each AB_MORE build's, all in one background job (ab_wait waits for it).
+    local more
+    more=$(ab_more) || return 2
     # shellcheck disable=SC2086
-    (ab_source && cmake_build "$AB_DIR/src" "$AB_DIR/build" "${AB_JOBS:-6}" $(($(left) - 90)) ${AB_TARGETS:-_C}
-      echo "ab-build rc=$?") >"$WORK/ab_build.log" 2>&1 &
+    ( (ab_source && cmake_build "$AB_DIR/src" "$AB_DIR/build" "${AB_JOBS:-6}" $(($(left) - 90)) ${AB_TARGETS:-_C}
+        echo "ab-build rc=$?") &
+      while read -r name tb; do
+        [ -n "$name" ] || continue
+        (ab_source "$tb" "/tmp/ab-$name" &&
+          cmake_build "/tmp/ab-$name/src" "/tmp/ab-$name/build" "${AB_JOBS:-6}" $(($(left) - 90)) ${AB_TARGETS:-_C}
+          echo "ab-build $name rc=$?") >"$WORK/ab_build_$name.log" 2>&1 &
+      done <<<"$more"
+      wait) >"$WORK/ab_build.log" 2>&1 &
     echo $! >"$WORK/ab_build.pid"
   fi
   [ -f tests/CMakeLists.txt ] || printf 'find_package(GTest REQUIRED)\ninclude(GoogleTest)\nadd_subdirectory(cuda)\n' >tests/CMakeLists.txt
@@ -437,12 +463,14 @@ ab_wait() {  # the base build started by `build`, while time is left
   tail -3 "$WORK/ab_build.log"
 }
 
-# The base build's Python package (its sources and extension) in /tmp/pypkg-base; prints
-# the path.
+# The base build's Python package (its sources and extension) in /tmp/pypkg-base, or with
+# a name that of the AB_MORE build in /tmp/pypkg-<name>; prints the path.
 base_pkg() {
-  local d=/tmp/pypkg-base
-  rm -rf "$d" && mkdir -p "$d" && cp -r "$AB_DIR/src/python/megamoe" "$d/" &&
-    cp "$AB_DIR"/build/python/_C*.so "$d/megamoe/" && echo "$d"
+  local name=${1:-base} dir=${1:+/tmp/ab-$1}
+  dir=${dir:-$AB_DIR}
+  local d=/tmp/pypkg-$name
+  rm -rf "$d" && mkdir -p "$d" && cp -r "$dir/src/python/megamoe" "$d/" &&
+    cp "$dir"/build/python/_C*.so "$d/megamoe/" && echo "$d"
 }
 
 step_ab() {
@@ -477,39 +505,25 @@ step_ab_formats() {
   [ -n "${AB_BASE:-}" ] || { echo "ab-formats: set AB_BASE"; return 2; }
   pypkg || return 1
   ab_wait
-  local base_pkg i lab pkg each
-  base_pkg=$(base_pkg) || { echo "ab-formats: no base extension"; return 1; }
-  each=$(($(limit ab-formats) / 4))
+  local i lab each names more
+  declare -A pkgs=([this]=$PYPKG)
+  pkgs[base]=$(base_pkg) || { echo "ab-formats: no base extension"; return 1; }
+  names=(this base)
+  more=$(ab_more) || return 2
+  while read -r name _; do
+    [ -n "$name" ] || continue
+    pkgs[$name]=$(base_pkg "$name") || { echo "ab-formats: no extension of $name"; continue; }
+    names+=("$name")
+  done <<<"$more"
+  each=$(($(limit ab-formats) / (2 * ${#names[@]})))
   for i in 1 2; do
-    for lab in this base; do
-      [ $lab = this ] && pkg=$PYPKG || pkg=$base_pkg
+    for lab in "${names[@]}"; do
       # shellcheck disable=SC2086
-      PYTHONPATH="$pkg" timeout -k 5 "$each" python3 bench/bench_formats.py --parts formats ${AB_FORMATS_ARGS:-} \
+      PYTHONPATH="${pkgs[$lab]}" timeout -k 5 "$each" python3 bench/bench_formats.py --parts formats ${AB_FORMATS_ARGS:-} \
         --out "$WORK/ab-formats/$lab$i" >"$WORK/ab-formats-$lab$i.log" 2>&1 || echo "ab-formats: $lab run $i rc=$?"
     done
   done
-  python3 - "$WORK/ab-formats" "$WORK/ab_formats.jsonl" <<'PYEOF'
-import glob, json, os, statistics, sys
-d, out = sys.argv[1:]
-rows = {}
-for f in sorted(glob.glob(os.path.join(d, "*", "formats.jsonl"))):
-    lab = os.path.basename(os.path.dirname(f))[:4]
-    for line in open(f):
-        r = json.loads(line)
-        k = (r["format"], r["H"], r["T"])
-        e = rows.setdefault(k, {"this": [], "base": [], "copy": []})
-        e[lab].append(r["megamoe_us"])
-        e["copy"].append(r["copy_us"])
-with open(out, "w") as o:
-    for (fmt, H, T), e in sorted(rows.items()):
-        if not e["this"] or not e["base"]:
-            continue
-        t, b, c = statistics.median(e["this"]), statistics.median(e["base"]), statistics.median(e["copy"])
-        row = dict(format=fmt, H=H, T=T, this_us=t, base_us=b, copy_us=c, ratio=round(t / b, 4),
-                   this_frac_copy=round(c / t, 4), base_frac_copy=round(c / b, 4), this_runs=e["this"], base_runs=e["base"])
-        o.write(json.dumps(row) + "\n")
-        print(json.dumps(row))
-PYEOF
+  python3 bench/ab_formats_merge.py "$WORK/ab-formats" "$WORK/ab_formats.jsonl"
 }
 
 step_ab_router() {

@@ -97,6 +97,42 @@ def test_ab_compare(tmp_path):
     assert ab.main(["--this", *this[:1], "--base", *this[1:]]) == 0
 
 
+def _formats_run(d, label, times, copy=1.0):
+    (d / label).mkdir(parents=True)
+    with open(d / label / "formats.jsonl", "w") as f:
+        for T, us in times.items():
+            f.write(json.dumps(dict(format="nvfp4_static", H=4096, T=T, megamoe_us=us, copy_us=copy)) + "\n")
+
+
+def test_ab_formats_merge(tmp_path):
+    m = _module("ab_formats_merge")
+    d = tmp_path / "ab-formats"
+    _formats_run(d, "this1", {1: 1.2, 16384: 60.0})
+    _formats_run(d, "base1", {1: 1.3, 16384: 66.0})
+    _formats_run(d, "f16_mul1", {1: 1.1, 16384: 63.0})
+    _formats_run(d, "this2", {1: 1.4, 16384: 62.0})
+    _formats_run(d, "base2", {1: 1.5, 16384: 64.0})
+    _formats_run(d, "f16_mul2", {1: 1.3, 16384: 61.0})
+    out = tmp_path / "ab_formats.jsonl"
+    assert m.main([str(d), str(out)]) == 0
+    rows = {r["T"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows[16384]["this_us"] == 61.0 and rows[16384]["base_us"] == 65.0
+    assert rows[16384]["ratio"] == round(61.0 / 65.0, 4)
+    assert rows[16384]["f16_mul_us"] == 62.0 and rows[16384]["f16_mul_ratio"] == round(62.0 / 65.0, 4)
+    assert rows[1]["f16_mul_runs"] == [1.1, 1.3] and rows[1]["base_runs"] == [1.3, 1.5]
+    assert "f16_mul1_us" not in rows[1]
+    assert m.main([str(tmp_path / "none"), str(out)]) == 1  # no run of both builds
+
+
+def test_device_sh_ab_more_names():
+    fn = "eval \"$(sed -n '/^ab_more() {/,/^}/p' scripts/device.sh)\"; ab_more"
+    rc, out, _ = _run(["bash", "-c", fn], env={"AB_MORE": "f16_mul:.ab/f16_mul.tar.gz two:x"})
+    assert rc == 0 and out.split("\n")[:2] == ["f16_mul .ab/f16_mul.tar.gz", "two x"]
+    for bad in ("v1:x", "this:x", "base:x", "Up:x", "name"):
+        rc, _, err = _run(["bash", "-c", fn], env={"AB_MORE": bad})
+        assert rc == 1 and "AB_MORE" in err, bad
+
+
 def test_router_reference_rules():
     tr = _module("triton_router")
     inf, nan = np.float32(np.inf), np.float32(np.nan)
