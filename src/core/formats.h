@@ -97,38 +97,28 @@ constexpr uint32_t kInv6Bits = 0x3E2AAAABu;
 // ---------------------------------------------------------------------------------------
 // Element codecs.
 
-/// e4m3fn byte -> fp32 (exact; 0x7F / 0xFF -> NaN).
-MEGAMOE_HD float e4m3_to_float(uint32_t c) {
-  const uint32_t sign = (c & 0x80u) << 24;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  // Branch-free on the device (it sits between a group's amax and its codes): e4m3 to f16
-  // and f16 to fp32 are exact; the NaN's bits are chosen as on the host.
-  uint32_t h2;
-  float f;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c & 0xFFu)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h2 & 0xFFFFu)));
-  return (c & 0x7Fu) == 0x7Fu ? bits_float(0x7FC00000u | sign) : f;
-#else
-  const uint32_t e = (c >> 3) & 0xFu, m = c & 7u;
-  if ((c & 0x7Fu) == 0x7Fu) return bits_float(0x7FC00000u | sign);
-  // normal: (1 + m/8) 2^(e-7) -> fp32 exponent e + 120; subnormal: m 2^-9, exact by mul
-  if (e != 0) return bits_float(sign | ((e + 120u) << 23) | (m << 20));
-  return bits_float(float_bits(mul_rn(static_cast<float>(m), kE4M3MinSubnormal)) | sign);
-#endif
-}
-
-/// e4m3fn byte -> fp32 for a byte that is not NaN (c & 0x7F != 0x7F; the caller's range):
-/// e4m3_to_float without the NaN test (on the device the two exact conversions alone).
+/// e4m3fn byte -> fp32 for a byte that is not NaN (c & 0x7F != 0x7F; the caller's range),
+/// exact.
 MEGAMOE_HD float e4m3_to_float_finite(uint32_t c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Branch-free on the device (it sits between a group's amax and its codes): e4m3 to f16
+  // and f16 to fp32 are exact.
   uint32_t h2;
   float f;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c & 0xFFu)));
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h2 & 0xFFFFu)));
   return f;
 #else
-  return e4m3_to_float(c);
+  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
+  // normal: (1 + m/8) 2^(e-7) -> fp32 exponent e + 120; subnormal: m 2^-9, exact by mul
+  if (e != 0) return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  return bits_float(float_bits(mul_rn(static_cast<float>(m), kE4M3MinSubnormal)) | sign);
 #endif
+}
+
+/// e4m3fn byte -> fp32 (exact; 0x7F / 0xFF -> NaN, with the same bits on host and device).
+MEGAMOE_HD float e4m3_to_float(uint32_t c) {
+  return (c & 0x7Fu) == 0x7Fu ? bits_float(0x7FC00000u | ((c & 0x80u) << 24)) : e4m3_to_float_finite(c);
 }
 
 /// The e2m1 magnitude code of |v| >= 1 (bits @p u, NaN excluded by the caller) from its
