@@ -81,6 +81,27 @@ MEGAMOE_HD uint32_t f16x2_scaled_abs(float hi, float lo, float p) {
 #endif
 }
 
+/// Host form of f16x2_fma and f16x2_add: per lane a * b + c rounded to nearest even,
+/// saturated to [0, 1] when kSat (NaN -> +0), for b a power of two. Exact: a * b is an f16
+/// times a power of two, and two such values (exponents -24 .. 19) sum within 53 bits.
+template <bool kSat>
+inline uint32_t f16x2_fma_host(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const auto value = [h](uint32_t x) {
+      return static_cast<double>(half_to_float(static_cast<uint16_t>(x >> (16 * h))));
+    };
+    const double s = value(a) * value(b) + value(c);
+    uint32_t v = f16_bits_of(s, false);
+    if (kSat) {
+      const double f = static_cast<double>(half_to_float(static_cast<uint16_t>(v)));
+      v = s != s || f <= 0.0 ? 0u : (f >= 1.0 ? 0x3C00u : v);
+    }
+    r |= v << (16 * h);
+  }
+  return r;
+}
+
 /// Per lane of f16 pairs: a + b rounded to nearest even, saturated to [0, 1] when kSat
 /// (PTX add{.sat}.f16x2; .sat maps NaN to +0).
 template <bool kSat>
@@ -91,17 +112,33 @@ MEGAMOE_HD uint32_t f16x2_add(uint32_t a, uint32_t b) {
   else asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 #else
-  uint32_t r = 0;
-  for (int h = 0; h < 2; ++h) {
-    const auto value = [](uint32_t x, int half) {
-      return static_cast<double>(half_to_float(static_cast<uint16_t>(x >> (16 * half))));
-    };
-    const double s = value(a, h) + value(b, h);  // exact
-    uint32_t v = f16_bits_of(s, false);
-    if (kSat) v = s != s || value(v, 0) <= 0.0 ? 0u : (value(v, 0) >= 1.0 ? 0x3C00u : v);
-    r |= v << (16 * h);
-  }
+  return f16x2_fma_host<kSat>(a, 0x3C003C00u, b);  // a * 1 + b
+#endif
+}
+
+/// Per lane of f16 pairs: a * b + c rounded to nearest even, saturated to [0, 1] when kSat
+/// (fma.rn{.sat}.f16x2; .sat maps NaN to +0), for b a power of two in both lanes.
+template <bool kSat>
+MEGAMOE_HD uint32_t f16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if constexpr (kSat) asm("fma.rn.sat.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  else asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
+#else
+  return f16x2_fma_host<kSat>(a, b, c);
+#endif
+}
+
+/// Per lane of an f16 pair: -a (neg.f16x2, which the device folds into the instruction
+/// that reads it).
+MEGAMOE_HD uint32_t f16x2_neg(uint32_t a) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("neg.f16x2 %0, %1;" : "=r"(r) : "r"(a));
+  return r;
+#else
+  return a ^ 0x80008000u;
 #endif
 }
 
