@@ -466,8 +466,8 @@ ab_wait() {  # the base build started by `build`, while time is left
 # The base build's Python package (its sources and extension) in /tmp/pypkg-base, or with
 # a name that of the AB_MORE build in /tmp/pypkg-<name>; prints the path.
 base_pkg() {
-  local name=${1:-base} dir=${1:+/tmp/ab-$1}
-  dir=${dir:-$AB_DIR}
+  local name=${1:-base} dir=$AB_DIR
+  [ -n "${1:-}" ] && dir=/tmp/ab-$1
   local d=/tmp/pypkg-$name
   rm -rf "$d" && mkdir -p "$d" && cp -r "$dir/src/python/megamoe" "$d/" &&
     cp "$dir"/build/python/_C*.so "$d/megamoe/" && echo "$d"
