@@ -25,7 +25,7 @@ enum class Role : uint8_t {
 
 /// How the grid covers the work.
 enum class Shape : uint8_t {
-  kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by each row's first threads
+  kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by a grid-stride pass before them
   kSplitTopk,  ///< fast, 32-bit: one chunk per thread; top-k in blocks of their own after the quantizing ones
   kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
   kRowwise,    ///< row kernel: block-stride loop over token rows

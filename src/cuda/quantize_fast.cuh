@@ -100,13 +100,12 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 }
 
 /// Quantize chunk j of row t (a no-op unless active, but every lane must call it:
-/// shuffles). s2: the format's second-level scale (static_scale2). kTopk: the row's first
-/// threads also repack its top-k entries. kTile: the group's scale goes to this warp's row
+/// shuffles). s2: the format's second-level scale (static_scale2). kTile: the group's scale goes to this warp's row
 /// of the block's shared-memory tile (a scale byte or an fp32's bits, at the group's index
 /// within the warp's 32 chunks) instead of global memory. X: the floor's source, and
 /// whether the chunk's non-finite elements are added to nf. kRecip: @p recip is the block's
 /// table of kRecipTable.
-template <int In, core::Format F, int G, bool kStream, bool kTopk, bool kTile, Extras X, bool kRecip, typename Idx>
+template <int In, core::Format F, int G, bool kStream, bool kTile, Extras X, bool kRecip, typename Idx>
 __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
                                          uint32_t& nf, const float* recip) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
@@ -115,11 +114,6 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   RawChunk<In> x;
   if (active) {
     load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
-    // Top-k entries of row t go while the chunk's loads are in flight: their loads overlap,
-    // and their registers are free again before the quantization needs them.
-    if constexpr (kTopk) {
-      if (j < p.K) repack_topk(p, t, j, p.cpr);
-    }
   } else {
     zero_chunk<In>(x);
   }
@@ -163,12 +157,12 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
 }
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
-template <int In, core::Format F, int G, bool kStream, bool kTopk, Extras X, bool kRecip, typename Idx>
+template <int In, core::Format F, int G, bool kStream, Extras X, bool kRecip, typename Idx>
 __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf,
                                             const float* recip) {
   Idx t, j;
   row_and_chunk(p, c, t, j);
-  stage_at<In, F, G, kStream, kTopk, false, X, kRecip>(p, t, j, c < p.n_chunks, s2, nullptr, nf, recip);
+  stage_at<In, F, G, kStream, false, X, kRecip>(p, t, j, c < p.n_chunks, s2, nullptr, nf, recip);
 }
 
 /// Tile i of the tile shape: warp w quantizes token kTileTokens * (i / segments) + w,
@@ -182,7 +176,7 @@ __device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float 
   __shared__ uint32_t tile[kTileTokens][kItems];
   const uint32_t tg = core::fastdiv(i, p.seg_div), seg = i - tg * p.seg_div.divisor;
   const uint32_t warp = threadIdx.x / 32u, t = tg * kTileTokens + warp, j = seg * 32u + threadIdx.x % 32u;
-  stage_at<In, F, G, kStream, false, true, X, false>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf, nullptr);
+  stage_at<In, F, G, kStream, true, X, false>(p, t, j, t < p.T && j < p.cpr, s2, tile[warp], nf, nullptr);
   __syncthreads();
   if (threadIdx.x < kTileTokens * kItems) {
     const uint32_t k = threadIdx.x % kTileTokens, item = threadIdx.x / kTileTokens;
@@ -208,6 +202,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   uint32_t nf = 0;
   if constexpr (kShape == Shape::kLoop) {
+    repack_dense(p);  // first: its loads' latency hides behind the other warps' chunks
     const float s2 = static_scale2<F>(p);
     constexpr bool kRecip = kRecipTable<In, F, kShape>;
     __shared__ float recip[kRecip ? kRecipEntries : 1u];
@@ -220,7 +215,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     // 32-bit modes: the host checked n + gridDim.x * blockDim.x < 2^32 (no wrap-around).
     for (Idx base = static_cast<Idx>(blockIdx.x) * blockDim.x; base < p.n_chunks;
          base += static_cast<Idx>(gridDim.x) * blockDim.x) {
-      stage_chunk<In, F, G, kStream, true, X, kRecip>(p, base + threadIdx.x, s2, nf, recip);
+      stage_chunk<In, F, G, kStream, X, kRecip>(p, base + threadIdx.x, s2, nf, recip);
     }
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
@@ -231,7 +226,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     if constexpr (kShape == Shape::kTile) {
       for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
     } else {
-      stage_chunk<In, F, G, kStream, false, X, false>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf, nullptr);
+      stage_chunk<In, F, G, kStream, X, false>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf, nullptr);
     }
   }
   if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);

@@ -88,13 +88,13 @@ __global__ void __launch_bounds__(256, kDecode ? kFusedDecodeBlocksPerSm : kFuse
   if constexpr (kShape == Shape::kTile) {
     for (uint32_t i = qb; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
   } else if constexpr (kShape == Shape::kSplitTopk) {
-    stage_chunk<In, F, G, kStream, false, X, false>(p, qb * blockDim.x + threadIdx.x, s2, nf, nullptr);
+    stage_chunk<In, F, G, kStream, X, false>(p, qb * blockDim.x + threadIdx.x, s2, nf, nullptr);
   } else {
     // The loop shape's grid-stride loop over the quantizing blocks only (32-bit modes: the
     // plan's n_chunks + grid threads < 2^32 covers this smaller stride).
     const Idx step = static_cast<Idx>(p.quant_blocks) * blockDim.x;
     for (Idx base = static_cast<Idx>(qb) * blockDim.x; base < p.n_chunks; base += step) {
-      stage_chunk<In, F, G, kStream, false, X, false>(p, base + threadIdx.x, s2, nf, nullptr);
+      stage_chunk<In, F, G, kStream, X, false>(p, base + threadIdx.x, s2, nf, nullptr);
     }
   }
   if constexpr (X == Extras::kCount) flush_nonfinite(p.nonfinite, nf);

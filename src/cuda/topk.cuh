@@ -1,7 +1,7 @@
 // topk.cuh: the router top-k repack (SPEC "Top-k repack"), entry by entry, shared by
 // every kernel: the split-topk and tile shapes give it blocks of their own (one entry per
-// thread), the loop shape and the general and row kernels give each row's entries to the
-// row's first threads.
+// thread), the loop shape a grid-stride pass before its chunks, the general and row kernels
+// give each row's entries to the row's first threads.
 #pragma once
 
 #include "cuda/common.cuh"
@@ -38,6 +38,22 @@ __device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k
 template <typename Idx>
 __device__ __forceinline__ void repack_topk(const ParamsT<Idx>& p, Idx t, Idx first, Idx step) {
   for (Idx k = first; k < p.K; k += step) repack_entry(p, t, k);
+}
+
+/// The loop shape's top-k entries: a grid-stride pass over the flattened [T, K] (n_topk),
+/// whole warps on consecutive entries. Inside the chunk loop a row's first K chunk threads
+/// took them, and the warp holding those lanes ran the repack path for all 32: one warp a
+/// row (an eighth of the warps at H = 4096). 32-bit modes: n_topk < 2^31 and the loop grid
+/// has at most kMaxGridThreads, so e never wraps.
+template <typename Idx>
+__device__ __forceinline__ void repack_dense(const ParamsT<Idx>& p) {
+  const Idx step = static_cast<Idx>(gridDim.x) * blockDim.x;
+  for (Idx e = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x; e < p.n_topk; e += step) {
+    Idx t;
+    if constexpr (sizeof(Idx) == 4) t = core::fastdiv(e, p.k_div);
+    else t = e / p.K;
+    repack_entry(p, t, e - t * p.K);
+  }
 }
 
 /// The split-topk and tile shapes' top-k blocks (32-bit modes; plan.h topk_block_count):
