@@ -96,6 +96,25 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
   return r;
 }
 
+/// The row's constants (core::nvfp4_token_row of its per-token scale) from each thread's
+/// part v of the row max, computed by warp 0 alone and read by every thread from @p sh (all
+/// threads call it: two barriers). Against block_max: a second barrier a row, but the other
+/// warps skip the maxima's reads, the division and the reciprocal (about 40 instructions a
+/// thread a row), which bound the row kernel at prefill. The split kernel's decode rows
+/// keep block_max, one barrier shorter.
+__device__ __forceinline__ core::TokenRow row_constants_by_warp0(float v, float* buf, core::TokenRow* sh, float floor) {
+  v = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
+  if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
+  __syncthreads();
+  if (threadIdx.x < 32u) {  // warp 0, whole
+    const float w = threadIdx.x < blockDim.x / 32u ? buf[threadIdx.x] : 0.0f;
+    const float m = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(w)));
+    if (threadIdx.x == 0) *sh = core::nvfp4_token_row(core::per_token_scale(m, floor));
+  }
+  __syncthreads();
+  return *sh;
+}
+
 /// Group g of row t from chunk x (amax: its NaN-ignoring max |x|, NaN for an all-NaN chunk):
 /// its scale byte and nibbles, under the row's constants @p row (core::nvfp4_token_row).
 /// kFast: the row has row.fast (the caller's row-uniform branch), the division-free form
@@ -118,7 +137,7 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
 /// stores only its own, n == part (part 0 also the top-k entries and the per-token scale).
 template <int In, bool kCount, int N, bool kSplit>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf,
-                                                 int part) {
+                                                 int part, core::TokenRow* sh = nullptr) {
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
   RawChunk<In> x[N];
 #pragma unroll
@@ -136,9 +155,9 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     row = fmaxf(row, amax[n]);
     if constexpr (kCount) nf += !kSplit || n == part ? chunk_nonfinite<In>(x[n]) : 0u;
   }
-  const float pts = core::per_token_scale(block_max<kSplit>(row, buf), p.floor);
-  if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = pts;
-  const core::TokenRow tr = core::nvfp4_token_row(pts);
+  const core::TokenRow tr = kSplit ? core::nvfp4_token_row(core::per_token_scale(block_max<true>(row, buf), p.floor))
+                                   : row_constants_by_warp0(row, buf, sh, p.floor);
+  if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = tr.pts;
   if constexpr (kSplit) {
     // The own chunk by selects (block-uniform part): one encode, the others' registers free.
     RawChunk<In> own = x[0];
@@ -200,6 +219,7 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   constexpr core::Format F = core::Format::kNvfp4PerToken;
   static_assert(core::fixed_group_of(F) == kChunk, "one thread per 16-element group");
   __shared__ float warp_max[2][kRowMaxWarps];
+  __shared__ alignas(16) core::TokenRow row_sh;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   const int64_t groups = p.H / kChunk;
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
@@ -210,8 +230,8 @@ __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
     if constexpr (kVec) {
       if (in_registers) {
-        if (one_group) row_in_registers<In, kCount, 1, false>(p, t, groups, warp_max[parity], nf, 0);
-        else row_in_registers<In, kCount, 2, false>(p, t, groups, warp_max[parity], nf, 0);
+        if (one_group) row_in_registers<In, kCount, 1, false>(p, t, groups, warp_max[parity], nf, 0, &row_sh);
+        else row_in_registers<In, kCount, 2, false>(p, t, groups, warp_max[parity], nf, 0, &row_sh);
         continue;
       }
     }
