@@ -11,7 +11,10 @@
 // rows contiguous and 16-byte aligned, x_q rows 8-byte aligned (16-byte loads, 8-byte
 // stores); else strided scalars. The block's max goes through one of two shared buffers by
 // row parity: a warp can only reuse a buffer after the next row's barrier, which every
-// warp reaches after reading it, so rows need one barrier each.
+// warp reaches after reading it, so rows need one barrier each. Register rows of the full
+// kernel take a second: warp 0 alone turns the maxima into the row's constants and every
+// thread reads them from one shared TokenRow (row_constants_by_warp0), which warp 0
+// rewrites only after the next row's first barrier, when every thread has read it.
 #pragma once
 
 #include <type_traits>
