@@ -99,6 +99,7 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
   if (simd_rows(a, p, t0, t1, &nonfinite)) return nonfinite;
   float x[128];
   for (int64_t t = t0; t < t1; ++t) {
+    core::TokenRow row{};  // NVFP4 per-token: the row's constants, once a row
     if constexpr (F == core::Format::kNvfp4PerToken) {
       float row_amax = 0.0f;
       for (int64_t h0 = 0; h0 < p.H; h0 += G) {
@@ -107,9 +108,8 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
       }
       s2 = core::per_token_scale(row_amax, p.floor);
       store<float>(*a.x_scales, t, 0, s2, /*rank1=*/true);
+      row = core::nvfp4_token_row(s2);  // (group_params would redo them a group)
     }
-    // NVFP4 per-token: the row's constants once (group_params would redo them a group).
-    const core::TokenRow row = core::nvfp4_token_row(s2);
     uint32_t word = 0;
     for (int64_t g = 0; g < groups; ++g) {
       load_span(a.hidden_states, t, g * G, G, x);
