@@ -102,9 +102,9 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 /// Quantize chunk j of row t (a no-op unless active, but every lane must call it:
 /// shuffles). s2: the format's second-level scale (static_scale2). kTile: the group's scale
 /// goes to this warp's row of the block's shared-memory tile (a scale byte or an fp32's
-/// bits, at the group's index within the warp's 32 chunks) instead of global memory. X: the floor's source, and
-/// whether the chunk's non-finite elements are added to nf. kRecip: @p recip is the block's
-/// table of kRecipTable.
+/// bits, at the group's index within the warp's 32 chunks) instead of global memory. X: the
+/// floor's source, and whether the chunk's non-finite elements are added to nf. kRecip:
+/// @p recip is the block's table of kRecipTable.
 template <int In, core::Format F, int G, bool kStream, bool kTile, Extras X, bool kRecip, typename Idx>
 __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
                                          uint32_t& nf, const float* recip) {

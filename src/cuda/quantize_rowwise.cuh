@@ -71,9 +71,23 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
   }
 }
 
+/// The warp's max of v >= 0, never NaN, in every lane: one redux.sync on v's bits
+/// (non-negative floats order as their bits do) instead of five shuffle and max pairs on the
+/// row's dependent chain.
+__device__ __forceinline__ float warp_max_nonneg(float v) {
+  return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
+}
+
+/// Each warp's max of v (>= 0, never NaN) into buf[warp], then a block barrier (all threads
+/// call it).
+__device__ __forceinline__ void publish_warp_maxima(float v, float* buf) {
+  v = warp_max_nonneg(v);
+  if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
+  __syncthreads();
+}
+
 /// The block's max of v >= 0, never NaN (every thread gets it; all threads call it: a
-/// barrier). The warp's max is one redux.sync on v's bits (non-negative floats order as
-/// their bits do) instead of five shuffle and max pairs on the row's dependent chain.
+/// barrier).
 /// kVector (the split kernel; absent warps' entries zeroed by zero_absent_warps): the
 /// warps' maxima read as two (up to 8 warps) or four 16-byte loads issued together instead
 /// of a shared-memory round trip a warp. The full kernel keeps the loop: a 16-entry vector
@@ -81,9 +95,7 @@ __device__ __forceinline__ void zero_absent_warps(float (&buf)[2][kRowMaxWarps])
 /// (33e4847 against 3c5bfa2, docs/PERFORMANCE.md).
 template <bool kVector>
 __device__ __forceinline__ float block_max(float v, float* buf) {
-  v = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
-  if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
-  __syncthreads();
+  publish_warp_maxima(v, buf);
   float r = 0.0f;
   if constexpr (kVector) {
     const float4* q = reinterpret_cast<const float4*>(buf);
@@ -106,12 +118,9 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
 /// thread a row), which bound the row kernel at prefill. The split kernel's decode rows
 /// keep block_max, one barrier shorter.
 __device__ __forceinline__ core::TokenRow row_constants_by_warp0(float v, float* buf, core::TokenRow* sh, float floor) {
-  v = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
-  if (threadIdx.x % 32u == 0) buf[threadIdx.x / 32u] = v;
-  __syncthreads();
+  publish_warp_maxima(v, buf);
   if (threadIdx.x < 32u) {  // warp 0, whole
-    const float w = threadIdx.x < blockDim.x / 32u ? buf[threadIdx.x] : 0.0f;
-    const float m = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(w)));
+    const float m = warp_max_nonneg(threadIdx.x < blockDim.x / 32u ? buf[threadIdx.x] : 0.0f);
     if (threadIdx.x == 0) *sh = core::nvfp4_token_row(core::per_token_scale(m, floor));
   }
   __syncthreads();
