@@ -26,7 +26,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import Rows, dry_run, header, timer  # noqa: E402
+from benchutil import Rows, copy_len, dry_run, header, timer  # noqa: E402
 
 K = 8
 FORMAT_NAMES = ("mxfp8", "fp8_fp32_g128", "mxfp4", "nvfp4_static", "nvfp4_per_token")
@@ -71,7 +71,7 @@ def nbytes(T, H, o):
 
 
 def copy_us(nb, T):
-    src = torch.empty(max(nb // 2, 1), device=DEV, dtype=torch.uint8)
+    src = torch.empty(copy_len(nb), device=DEV, dtype=torch.uint8)
     dst = torch.empty_like(src)
     return bench(lambda: dst.copy_(src), T)
 

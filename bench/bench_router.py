@@ -38,7 +38,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import Rows, dry_run, header, timer  # noqa: E402
+from benchutil import Rows, copy_len, dry_run, header, timer  # noqa: E402
 
 LAYERS = {"E256_K6_H4096": (256, 6, 4096), "E384_K6_H7168": (384, 6, 7168)}
 TS = [1, 8, 64, 256, 1024, 4096]
@@ -241,7 +241,7 @@ def run_case(torch, megamoe, tr, stage_triton, c, bench, timing, binding):
         return row
     nb = (c.logits.numel() * c.logits.element_size() + c.E * 4 + c.hs.numel() * 2 + ob["xq"].numel()
           * ob["xq"].element_size() + ob["sf"].numel() * ob["sf"].element_size() + c.T * K * (4 + 4 + 8 + 4))
-    src = torch.empty(max(nb // 2, 1), device=c.dev, dtype=torch.uint8)
+    src = torch.empty(copy_len(nb), device=c.dev, dtype=torch.uint8)
     dst = torch.empty_like(src)
     fns["copy_us"] = lambda: dst.copy_(src)
     row["bytes"] = nb

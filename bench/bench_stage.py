@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import dry_run, timer  # noqa: E402
+from benchutil import copy_len, dry_run, timer  # noqa: E402
 from perfdoc import markdown, plot, update_doc  # noqa: E402
 
 K = 8
@@ -125,7 +125,7 @@ def run(args):
                 match_eager = None if megamoe_only else all(torch.equal(a, b) for a, b in zip(om, oe))
                 match_triton = all(torch.equal(a, b) for a, b in zip(om, ot)) if with_triton else None
                 nb = nbytes(T, H, scheme)
-                src = torch.empty(nb // 2, device=DEV, dtype=torch.uint8)
+                src = torch.empty(copy_len(nb), device=DEV, dtype=torch.uint8)
                 dst = torch.empty_like(src)
                 timing = not args.cpu_check
                 r = dict(H=H, scheme=scheme, T=T, bytes=nb, label=args.label,

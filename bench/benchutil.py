@@ -43,6 +43,14 @@ def timer(device):
     return bench
 
 
+def copy_len(nb):
+    """Bytes the same-run copy baseline copies for a call that moves @p nb bytes: half of
+    them (each byte is read and written), rounded up to a multiple of 16. torch's copy of a
+    length that is not one ran at ~1.5 us instead of ~1.05 at T = 1 on the H200 (2026-12-05),
+    a baseline slower than the copy it stands for."""
+    return max((nb // 2 + 15) // 16 * 16, 16)
+
+
 def header(**extra):
     """One JSON object naming the device and the versions (the first row of every output)."""
     import torch
