@@ -3,7 +3,8 @@
 // producer->staging pair. Prints one JSON object per line.
 //   usage: bench_kernel [--quick | --probes (shared-copy and probe rows) | --shared (shared-copy rows)
 //                        | --formats (one row per activation format and size, with its plan)
-//                        | --one-format SCHEME T H (three calls, for ncu)]
+//                        | --one-format SCHEME T H [CALLS [graph]] (three calls, for ncu; a trace
+//                          build's CALLS calls, a sync after each or one graph of them)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -370,8 +371,29 @@ int main(int argc, char** argv) {
     if (q == nullptr) return std::fprintf(stderr, "unknown scheme %s\n", argv[2]), 2;
     const StageArgs a = format_args(std::atoll(argv[3]), std::atoll(argv[4]), *q);
     std::printf("%s\n", explain(a).c_str());
-    for (int i = 0; i < 3; ++i) prepare_inputs(a, s);
-    CK(cudaStreamSynchronize(s));
+    // [CALLS [graph]]: CALLS calls, each followed by a synchronization, or captured into one
+    // CUDA graph replayed once, back to back as the benchmarks time them (a trace build,
+    // scripts/device.sh trace: its device printf buffer holds ~1 MB of lines a sync).
+    const int calls = argc > 5 ? std::atoi(argv[5]) : 3;
+    if (argc > 6 && std::strcmp(argv[6], "graph") == 0) {
+      prepare_inputs(a, s);
+      CK(cudaStreamSynchronize(s));
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < calls; ++i) prepare_inputs(a, s);
+      CK(cudaStreamEndCapture(s, &g));
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphLaunch(ge, s));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+      return 0;
+    }
+    for (int i = 0; i < calls; ++i) {
+      prepare_inputs(a, s);
+      CK(cudaStreamSynchronize(s));
+    }
     return 0;
   }
   const bool probes_only = argc > 1 && std::strcmp(argv[1], "--probes") == 0;

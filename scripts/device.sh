@@ -41,6 +41,8 @@
 #   sass           bench/sass_mix.py over the built CUDA objects: opcode histograms of the kernels
 #                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
 #   pybench        the full side-by-side bench/bench_stage.py
+#   trace          the decode kernels' clock64 phase trace (a -DMEGAMOE_TRACE=ON build in
+#                  build-trace; TRACE_CONFIGS, TRACE_CALLS; src/cuda/trace.cuh), trace.jsonl
 #   multigpu       tests/multigpu/stage_symmetric.py under torchrun, one process per GPU
 #                  (NVLink multicast off), --timing; and pytest of tests/multigpu (#14; on a
 #                  machine of two or more GPUs; not in call1/call2)
@@ -128,7 +130,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu | trace) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -140,7 +142,7 @@ box() {
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
-    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo 200 ;; multigpu) echo 300 ;; *) echo 60 ;;
+    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo 200 ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
   esac
 }
 
@@ -586,6 +588,29 @@ PYEOF
 step_bench_kernel() {
   # shellcheck disable=SC2086
   timeout -k 5 "$(limit bench-kernel)" ./build-dev/megamoe_bench_kernel ${BENCH_ARGS:-} | tee "$WORK/bench-kernel.jsonl"
+}
+
+# The decode kernels' phase trace: a build of megamoe_bench_kernel with -DMEGAMOE_TRACE=ON
+# in build-trace (its own directory: the option stays in a CMake cache, and build-dev must
+# not time a trace build), then each "SCHEME T H" of TRACE_CONFIGS ("a;b;..."), TRACE_CALLS
+# calls replayed as one CUDA graph (as the benchmarks time them) and again with a sync after
+# each call; bench/trace_summary.py's medians into trace.jsonl, the lines under trace/.
+step_trace() {
+  deps
+  mkdir -p "$WORK/trace"
+  # shellcheck disable=SC2086  # CMAKE_EXTRA is a list of arguments
+  CMAKE_EXTRA="${CMAKE_EXTRA:-} -DMEGAMOE_TRACE=ON" cmake_build "$PWD" build-trace "$JOBS" $(($(limit trace) - 45)) \
+    megamoe_bench_kernel >"$WORK/trace/build.log" 2>&1 || { tail -5 "$WORK/trace/build.log"; return 1; }
+  local cfg mode cfgs
+  IFS=';' read -ra cfgs <<<"${TRACE_CONFIGS:-mxfp8 1 7168;mxfp4 1 7168;nvfp4_static 1 7168;nvfp4_per_token 1 7168;nvfp4_per_token 64 7168}"
+  for cfg in "${cfgs[@]}"; do
+    for mode in graph sync; do
+      # shellcheck disable=SC2086  # cfg is "SCHEME T H"
+      timeout -k 5 20 ./build-trace/megamoe_bench_kernel --one-format $cfg "${TRACE_CALLS:-200}" $mode \
+        >"$WORK/trace/${cfg// /_}_$mode.txt" 2>&1 || echo "trace: $cfg $mode rc=$?"
+    done
+  done
+  python3 bench/trace_summary.py "$WORK"/trace/*_graph.txt "$WORK"/trace/*_sync.txt | tee "$WORK/trace.jsonl"
 }
 
 step_ncu() {

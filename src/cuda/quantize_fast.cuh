@@ -18,6 +18,7 @@
 #include "cuda/chunk.cuh"
 #include "cuda/common.cuh"
 #include "cuda/plan.h"
+#include "cuda/trace.cuh"
 #include "cuda/topk.cuh"
 
 namespace megamoe {
@@ -111,6 +112,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;                                 // threads per group
   constexpr int kOutBytes = kChunk / core::values_per_byte(F);    // x_q bytes per chunk
+  MM_TRACE_DECL
   RawChunk<In> x;
   if (active) {
     load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
@@ -121,6 +123,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   float amax = chunk_amax<In>(x);
 #pragma unroll
   for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  MM_TRACE_AFTER(1, amax);
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
   core::GroupParams gp;
@@ -136,9 +139,14 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     }
   } else {
     gp = core::group_params<F>(amax, floor, s2);
+    MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
     q = encode_chunk<F, In>(x, gp);
   }
+  MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * kOutBytes, Idx{1}), q.w);
+  MM_TRACE_AT(4);
+  // (one-pass grids only: a looping thread would print every chunk)
+  MM_TRACE_PRINT("fast", !kTile && static_cast<uint64_t>(gridDim.x) * blockDim.x >= static_cast<uint64_t>(p.n_chunks));
   // The group's first thread stores its scale: an fp32, or its byte into the packed word
   // and the shared-expert copy.
   if (j % kTPG != 0) return;
@@ -219,7 +227,9 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     }
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
+      MM_TRACE_DECL
       repack_block(p);
+      MM_TRACE_PRINT("topk", true);
       return;
     }
     const float s2 = static_scale2<F>(p);

@@ -319,3 +319,24 @@ def test_sass_mix_counts_opcodes_per_kernel(tmp_path):
     rc, out, err = _run([sys.executable, str(BENCH / "sass_mix.py"), "--sass-file", str(sass), "--match", "bar"])
     assert rc == 0, err
     assert "HADD2:1" in out and "foo" not in out
+
+
+def test_trace_summary_medians(tmp_path):
+    """bench/trace_summary.py: the first tenth of each key's lines dropped, medians of the
+    rest, unreached points as None, block numbers above 7 as the grid's last block."""
+    lines = ["cuda backend: kernel=rowwise (a plan line, ignored)"]
+    for i in range(20):
+        for b in (0, 131):
+            lines.append(f"TRACE row-split b={b} t=0 sm=3 g0={1000 + i} g1={2000 + i + (5 if i >= 2 else 10**6)} "
+                         f"d={100 + i} -1 {300 + b} 400 500 -1 {600 + i}")
+    f = tmp_path / "x_graph.txt"
+    f.write_text("\n".join(lines) + "\n")
+    rc, out, err = _run([sys.executable, str(BENCH / "trace_summary.py"), str(f)])
+    assert rc == 0, err
+    rows = [json.loads(r) for r in out.splitlines()]
+    assert [(r["kernel"], r["block"], r["thread"], r["n"]) for r in rows] == [("row-split", 0, 0, 18), ("row-split", "last", 0, 18)]
+    # i = 2..19: medians 110.5 -> 110 (int), the dropped first two calls' huge spans gone
+    assert rows[0]["points"] == [110, None, 300, 400, 500, None] and rows[0]["end"] == 610 and rows[0]["span_ns"] == 1005
+    assert rows[1]["points"][2] == 431
+    rc, _, err = _run([sys.executable, str(BENCH / "trace_summary.py")])
+    assert rc == 2 and "Medians" in err

@@ -1,0 +1,70 @@
+// trace.cuh: a development aid, compiled in only with the CMake option MEGAMOE_TRACE
+// (scripts/device.sh trace builds it in a directory of its own): clock64 phase points in the
+// decode kernels, printed from the device by threads 0 and 32 of the first eight blocks and
+// of the last block; bench/trace_summary.py turns the lines into medians. Without the option
+// every macro is empty and the kernels compile to the same instructions.
+//
+// A point records the SM clock; MM_TRACE_AFTER(k, v) first waits for @p v (the phase's
+// result: an asm input operand), so that it marks when that value exists rather than when
+// the instructions producing it were issued.
+#pragma once
+
+#ifdef MEGAMOE_TRACE
+#include <cstdio>
+
+namespace megamoe {
+namespace cuda {
+
+struct TraceBuf {
+  long long c[8];          ///< c[0] the start; c[k] point k (0: not reached)
+  unsigned long long g0;   ///< globaltimer (ns) at the start
+};
+
+__device__ __forceinline__ long long trace_clock() {
+  long long c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  return c;
+}
+__device__ __forceinline__ long long trace_clock_after(float dep) {
+  long long c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "f"(dep) : "memory");
+  return c;
+}
+__device__ __forceinline__ unsigned long long trace_gtimer() {
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g)::"memory");
+  return g;
+}
+
+/// One line per tracing thread: kernel name, block, thread, SM, the globaltimer at the start
+/// and at the end, the points as cycles from the start (-1: not reached), the end.
+__device__ __forceinline__ void trace_print(const char* name, TraceBuf& b, bool print) {
+  const long long end = trace_clock();
+  const unsigned long long g1 = trace_gtimer();
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const bool who = (blockIdx.x < 8u || blockIdx.x + 1u == gridDim.x) && (threadIdx.x == 0u || threadIdx.x == 32u);
+  if (!print || !who) return;
+  long long d[6];
+#pragma unroll
+  for (int k = 0; k < 6; ++k) d[k] = b.c[k + 1] != 0 ? b.c[k + 1] - b.c[0] : -1;
+  printf("TRACE %s b=%u t=%u sm=%u g0=%llu g1=%llu d=%lld %lld %lld %lld %lld %lld %lld\n", name, blockIdx.x,
+         threadIdx.x, smid, b.g0, g1, d[0], d[1], d[2], d[3], d[4], d[5], end - b.c[0]);
+}
+
+}  // namespace cuda
+}  // namespace megamoe
+
+#define MM_TRACE_DECL                                  \
+  ::megamoe::cuda::TraceBuf mm_trace_ = {};            \
+  mm_trace_.g0 = ::megamoe::cuda::trace_gtimer();      \
+  mm_trace_.c[0] = ::megamoe::cuda::trace_clock();
+#define MM_TRACE_AT(k) (mm_trace_.c[k] = ::megamoe::cuda::trace_clock())
+#define MM_TRACE_AFTER(k, dep) (mm_trace_.c[k] = ::megamoe::cuda::trace_clock_after(dep))
+#define MM_TRACE_PRINT(name, print) ::megamoe::cuda::trace_print(name, mm_trace_, print)
+#else
+#define MM_TRACE_DECL
+#define MM_TRACE_AT(k)
+#define MM_TRACE_AFTER(k, dep)
+#define MM_TRACE_PRINT(name, print)
+#endif
