@@ -49,6 +49,7 @@
 #include "core/router.h"
 #include "cuda/common.cuh"
 #include "cuda/plan.h"
+#include "cuda/trace.cuh"
 
 namespace megamoe {
 namespace cuda {
@@ -510,6 +511,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
   __shared__ SingleScratch sh_single;
+  MM_TRACE_DECL
   const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
   const uint32_t ntok = static_cast<uint32_t>(t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0);
@@ -553,8 +555,10 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       i += router_score_rows<kChains, kInlined>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
+  MM_TRACE_AT(1);
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
   __syncthreads();
+  MM_TRACE_AT(2);
   const bool padded = pad_byte != 0u, rec = rec_word != 0;
   // 2. Selection: each warp the top K of its slice of its token, then (G > 1) the token's
   // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
@@ -563,7 +567,9 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   } else if (single && padded) {
     if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
   } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
+    MM_TRACE_AT(3);
     if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
+    MM_TRACE_AT(4);
   } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
     if (single) G = group_of_block();
     const uint32_t tok = warp / G, slice = warp % G;
@@ -595,6 +601,8 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
     }
   }
+  // (points 3 and 4: the single-token selection and the weights and stores after it)
+  MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-fused" : "router", true);
 }
 
 /// router_block_body not inlined, for the fused kernel: it has one instantiation per

@@ -1,6 +1,6 @@
 // trace.cuh: a development aid, compiled in only with the CMake option MEGAMOE_TRACE
 // (scripts/device.sh trace builds it in a directory of its own): clock64 phase points in the
-// decode kernels, printed from the device by threads 0 and 32 of the first eight blocks and
+// decode kernels (the fast kernel's stage_at, the row kernel, the router block), printed from the device by threads 0 and 32 of the first eight blocks and
 // of the last block; bench/trace_summary.py turns the lines into medians. Without the option
 // every macro is empty and the kernels compile to the same instructions.
 //
