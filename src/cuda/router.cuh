@@ -369,7 +369,7 @@ struct SingleScratch {
 /// keys in shared memory; @p Wh: the warps holding experts (>= K); @p out: K candidates,
 /// written by warp 0.
 __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32_t E, uint32_t K, uint32_t Wh,
-                                                     SingleScratch& s, uint64_t* out) {
+                                                     SingleScratch& s, uint64_t* out MM_TRACE_PARAM) {
   const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
   uint32_t m = 0;
   for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) m = max(m, key[e]);
@@ -377,6 +377,7 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
   if (lane == 0u) s.wmax[warp] = m;
   if (threadIdx.x == 0u) s.n = 0u;
   __syncthreads();
+  MM_TRACE_AT(5);
   const uint32_t mj = lane < Wh ? s.wmax[lane] : 0u;
   uint32_t ge = 0;
   MEGAMOE_UNROLL
@@ -392,6 +393,7 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
     }
   }
   __syncthreads();
+  MM_TRACE_AT(6);
   const uint32_t n = s.n;
   if (n > 32u) return false;
   if (warp == 0u) router_rank(s.sel, n, K, out);
@@ -566,7 +568,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     if (warp < ntok) router_hash(r, t0 + warp, rec);
   } else if (single && padded) {
     if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
-  } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
+  } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand MM_TRACE_ARG)) {
     MM_TRACE_AT(3);
     if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
     MM_TRACE_AT(4);
@@ -601,7 +603,8 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
     }
   }
-  // (points 3 and 4: the single-token selection and the weights and stores after it)
+  // (points 5 and 6: the single-token selection's two barriers, 3: its ranking done, 4:
+  // the weights and stores after it)
   MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-fused" : "router", true);
 }
 

@@ -62,9 +62,15 @@ __device__ __forceinline__ void trace_print(const char* name, TraceBuf& b, bool 
 #define MM_TRACE_AT(k) (mm_trace_.c[k] = ::megamoe::cuda::trace_clock())
 #define MM_TRACE_AFTER(k, dep) (mm_trace_.c[k] = ::megamoe::cuda::trace_clock_after(dep))
 #define MM_TRACE_PRINT(name, print) ::megamoe::cuda::trace_print(name, mm_trace_, print)
+// A callee's points: its parameter list ends with MM_TRACE_PARAM, the call's arguments
+// with MM_TRACE_ARG (the caller's buffer).
+#define MM_TRACE_PARAM , ::megamoe::cuda::TraceBuf& mm_trace_
+#define MM_TRACE_ARG , mm_trace_
 #else
 #define MM_TRACE_DECL
 #define MM_TRACE_AT(k)
 #define MM_TRACE_AFTER(k, dep)
 #define MM_TRACE_PRINT(name, print)
+#define MM_TRACE_PARAM
+#define MM_TRACE_ARG
 #endif
