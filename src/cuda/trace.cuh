@@ -1,8 +1,9 @@
 // trace.cuh: a development aid, compiled in only with the CMake option MEGAMOE_TRACE
 // (scripts/device.sh trace builds it in a directory of its own): clock64 phase points in the
-// decode kernels (the fast kernel's stage_at, the row kernel, the router block), printed from the device by threads 0 and 32 of the first eight blocks and
-// of the last block; bench/trace_summary.py turns the lines into medians. Without the option
-// every macro is empty and the kernels compile to the same instructions.
+// decode kernels (the fast kernel's stage_at, the row kernel, the router block), printed
+// from the device by threads 0 and 32 of the first eight blocks and of the last block;
+// bench/trace_summary.py turns the lines into medians. Without the option every macro is
+// empty and the kernels compile to the same instructions.
 //
 // A point records the SM clock; MM_TRACE_AFTER(k, v) first waits for @p v (the phase's
 // result: an asm input operand), so that it marks when that value exists rather than when
@@ -40,11 +41,11 @@ __device__ __forceinline__ unsigned long long trace_gtimer() {
 /// and at the end, the points as cycles from the start (-1: not reached), the end.
 __device__ __forceinline__ void trace_print(const char* name, TraceBuf& b, bool print) {
   const long long end = trace_clock();
+  const bool who = (blockIdx.x < 8u || blockIdx.x + 1u == gridDim.x) && (threadIdx.x == 0u || threadIdx.x == 32u);
+  if (!print || !who) return;  // (the other threads read no timer)
   const unsigned long long g1 = trace_gtimer();
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  const bool who = (blockIdx.x < 8u || blockIdx.x + 1u == gridDim.x) && (threadIdx.x == 0u || threadIdx.x == 32u);
-  if (!print || !who) return;
   long long d[6];
 #pragma unroll
   for (int k = 0; k < 6; ++k) d[k] = b.c[k + 1] != 0 ? b.c[k + 1] - b.c[0] : -1;
