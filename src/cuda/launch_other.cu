@@ -40,6 +40,12 @@ void rowwise_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, 
     if (plan.count_nonfinite) return rowwise_split_go<In, true>(plan, prm, stream);
     return rowwise_split_go<In, false>(plan, prm, stream);
   }
+  if constexpr (kVec && In != kInF32) {
+    if (plan.row_wide) {
+      if (plan.count_nonfinite) return launch_kernel(stage_rowwise_wide_kernel<In, true>, prm, plan, stream);
+      return launch_kernel(stage_rowwise_wide_kernel<In, false>, prm, plan, stream);
+    }
+  }
   if (plan.count_nonfinite) return launch_kernel(stage_rowwise_kernel<In, kVec, true>, prm, plan, stream);
   launch_kernel(stage_rowwise_kernel<In, kVec, false>, prm, plan, stream);
 }

@@ -94,6 +94,15 @@ int rowwise_threads(int64_t T, int64_t H, int split, const DeviceInfo& dev) {
   return static_cast<int>(std::min<int64_t>(kRowwiseMaxThreads, std::max<int64_t>(32, ceil_div(per, 32) * 32)));
 }
 
+/// The wide row kernel (Plan::row_wide) for rows of 16-bit inputs at prefill (T > SMs, as
+/// the full kernel's two groups a thread), kRowWideMinGroups..kRowWideGroups *
+/// kRowWideMaxThreads groups, vectorized and unsplit.
+bool rowwise_wide(int64_t T, int64_t H, DType in, bool vectorized, int split, const DeviceInfo& dev) {
+  const int64_t groups = H / kChunkElems;
+  return vectorized && split == 1 && in != DType::kFloat32 && T > std::max(1, dev.sm_count) &&
+         groups >= kRowWideMinGroups && groups <= int64_t{kRowWideGroups} * kRowWideMaxThreads;
+}
+
 [[noreturn]] void reject(const Plan& plan, const std::string& why) {
   throw Error(ErrorCode::kInvalidArgument, "megamoe: plan: " + why + " (" + to_string(plan) + ")");
 }
@@ -181,7 +190,9 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
     pl.row_split = rowwise_split(p.T, p.H, pl.vectorized, dev);
-    pl.threads = rowwise_threads(p.T, p.H, pl.row_split, dev);
+    pl.row_wide = rowwise_wide(p.T, p.H, pl.in, pl.vectorized, pl.row_split, dev);
+    pl.threads = pl.row_wide ? static_cast<int>(ceil_div(ceil_div(p.H / kChunkElems, kRowWideGroups), 32) * 32)
+                             : rowwise_threads(p.T, p.H, pl.row_split, dev);
   } else if (pl.vectorized && fast_variant(p.fmt, p.G)) {
     pl.role = Role::kFast;
     const int64_t chunks = p.T * (p.H / kChunkElems);
@@ -283,6 +294,14 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
         reject(pl, "vectorized rows need contiguous, aligned hidden_states and x_q rows");
       }
       if (pl.threads > kRowwiseMaxThreads) reject(pl, "row kernel blocks have at most kRowwiseMaxThreads threads");
+      if (pl.row_wide) {
+        if (!pl.vectorized || pl.row_split != 1 || pl.in == DType::kFloat32) {
+          reject(pl, "the wide row kernel takes vectorized, unsplit rows of 16-bit inputs");
+        }
+        if (pl.threads > kRowWideMaxThreads || int64_t{pl.threads} * kRowWideGroups < p.H / kChunkElems) {
+          reject(pl, "wide row kernel blocks have at most kRowWideMaxThreads threads, kRowWideGroups groups each");
+        }
+      }
       if (pl.row_split != 1) {
         if (pl.row_split != 2 && pl.row_split != 4) reject(pl, "row_split is 1, 2 or 4");
         if (!pl.vectorized) reject(pl, "a split row kernel needs vectorized rows");
@@ -295,6 +314,7 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
     default: reject(pl, "unknown kernel role");
   }
   if (pl.role != Role::kRowwise && pl.row_split != 1) reject(pl, "only the row kernel splits rows");
+  if (pl.role != Role::kRowwise && pl.row_wide) reject(pl, "only the row kernel has the wide variant");
 }
 
 std::string to_string(const Plan& pl) {
@@ -317,6 +337,7 @@ std::string to_string(const Plan& pl) {
   s += pl.vectorized ? " vectorized=on" : " vectorized=off";
   s += pl.fused_tail ? " fused_tail=on" : " fused_tail=off";
   s += " row_split=" + std::to_string(pl.row_split);
+  s += pl.row_wide ? " row_wide=on" : " row_wide=off";
   return s;
 }
 

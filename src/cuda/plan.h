@@ -69,6 +69,11 @@ struct Plan {
   /// work than one SM issues quickly; split, each block loads the whole row for its max and
   /// encodes a part of it (threads * row_split >= the row's groups).
   int row_split = 1;
+  /// Row kernel at prefill: kRowWideGroups groups a thread in blocks of at most
+  /// kRowWideMaxThreads (16-bit inputs, vectorized rows of 128..512 groups, no split): the
+  /// row's barriers and constants shared by four groups a thread instead of two, and more
+  /// of each SM's loads in flight (stage_rowwise_wide_kernel).
+  bool row_wide = false;
 };
 
 /// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
@@ -89,6 +94,12 @@ constexpr int kTileTokens = 8;
 constexpr int kRowwiseMaxThreads = 512;
 /// Threads of a split row kernel's blocks at most (Plan::row_split > 1).
 constexpr int kRowSplitMaxThreads = 256;
+/// The wide row kernel (Plan::row_wide): groups a thread, threads a block at most (its
+/// launch bounds: 8 such blocks an SM, 64 registers a thread for four chunks in flight), and
+/// the fewest groups a row it takes (H = 2048; shorter rows keep two groups a thread).
+constexpr int kRowWideGroups = 4;
+constexpr int kRowWideMaxThreads = 128;
+constexpr int64_t kRowWideMinGroups = 128;
 /// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
 /// call is most of its top-k entries (M * K against T * K), and four per thread keep its
 /// blocks within one wave where one per thread took four.

@@ -240,6 +240,23 @@ __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
   if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
 }
 
+/// The wide row kernel (plan.h row_wide): kRowWideGroups groups a thread in registers, rows
+/// of 16-bit inputs (fp32's four chunks would not fit its 64 registers).
+template <int In, bool kCount>
+__global__ void __launch_bounds__(kRowWideMaxThreads, 65536 / (64 * kRowWideMaxThreads))
+    stage_rowwise_wide_kernel(const Params64 p) {
+  static_assert(In != kInF32, "16-bit inputs");
+  __shared__ float warp_max[2][kRowMaxWarps];
+  __shared__ alignas(16) core::TokenRow row_sh;
+  if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  const int64_t groups = p.H / kChunk;
+  uint32_t nf = 0, parity = 0;
+  for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x, parity ^= 1u) {
+    row_in_registers<In, kCount, kRowWideGroups, false>(p, t, groups, warp_max[parity], nf, 0, &row_sh);
+  }
+  if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
+}
+
 template <int In, bool kVec, bool kCount>
 __global__ void __launch_bounds__(kRowwiseMaxThreads, kRowBlocksPerSm<In, kCount>) stage_rowwise_kernel(const Params64 p) {
   constexpr core::Format F = core::Format::kNvfp4PerToken;

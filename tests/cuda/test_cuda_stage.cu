@@ -49,6 +49,7 @@ std::vector<Forced> shapes_for(const QuantScheme& q) {
         p.threads = threads;
         p.vectorized = vectorized;
         p.row_split = 1;
+        p.row_wide = false;
       };
     };
     return {{"library", {}}, {"rowwise_t32", row(32, true)}, {"rowwise_t256", row(256, true)},
@@ -112,7 +113,7 @@ TEST(CudaStage, EveryFormatEveryShape) {
 TEST(CudaStage, RowKernelBlocksTakeManyRows) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Force same = [](mc::Plan&) {};
-  const Force t32 = [](mc::Plan& p) { p.threads = 32; };
+  const Force t32 = [](mc::Plan& p) { p.threads = 32, p.row_wide = false; };
   for (int64_t H : {128, 7168, 20480}) {
     for (DType in : {DType::kBFloat16, DType::kFloat32}) {
       for (const Force* f : {&same, &t32}) {
@@ -184,6 +185,7 @@ TEST(CudaStage, RowKernelSplitRows) {
     for (int split : {0, 2, 4}) {
       const Force f = split == 0 ? Force{} : Force([=](mc::Plan& p) {
         p.row_split = split;
+        p.row_wide = false;
         p.vectorized = true;
         p.threads = static_cast<int>((H / 16 / split + 31) / 32 * 32);
       });
@@ -199,6 +201,47 @@ TEST(CudaStage, RowKernelSplitRows) {
         SCOPED_TRACE("split " + std::to_string(split));
         run_case(c, false, false, f);
         if (!HasFailure() && T == 1) run_case(c, true, true, f);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// The wide row kernel (Plan::row_wide, the prefill plan of 16-bit rows): the library's
+// choice and forced wide plans, bf16 and f16, the counter on and off, rows of 128 to 512
+// groups (whole and partial last warps: H = 2176, 7168), grids of one SM's wave where blocks
+// take many rows in turn, and decode sizes forced wide; eager and in a graph.
+TEST(CudaStage, RowKernelWide) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t H : {2048, 2176, 4096, 7168, 8192}) {
+    for (bool forced : {false, true}) {
+      const int threads = static_cast<int>((H / 16 / mc::kRowWideGroups + 31) / 32 * 32);
+      const Force f = !forced ? Force{} : Force([=](mc::Plan& p) {
+        p.row_wide = true;
+        p.row_split = 1;
+        p.vectorized = true;
+        p.threads = threads;
+      });
+      for (int64_t T : {1, 67, 300}) {
+        if (!forced && T != 300) continue;  // the library's wide plans: T > SMs
+        Case c;
+        c.T = T;
+        c.H = H;
+        c.K = T == 67 ? 16 : 8;
+        c.q = QuantScheme::nvfp4_per_token();
+        c.in = T == 67 ? DType::kFloat16 : DType::kBFloat16;
+        c.count = T != 1;
+        c.one_sm_waves = T == 300 && forced ? 1 : 0;
+        SCOPED_TRACE(std::string(forced ? "forced" : "library") + " T " + std::to_string(T));
+        if (!forced) {  // the library's plan for these tensors is the wide one
+          Staged s(c);
+          ASSERT_TRUE(s.ok()) << "cudaMalloc";
+          const StageArgs a = s.args(true, false);
+          const mc::Plan lib = mc::plan(megamoe::detail::validate_args(a), a, mc::device_info(0));
+          EXPECT_TRUE(lib.row_wide) << mc::to_string(lib);
+        }
+        run_case(c, false, false, f);
+        if (!HasFailure() && T != 67) run_case(c, true, true, f);
         if (HasFailure()) return;
       }
     }

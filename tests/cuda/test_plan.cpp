@@ -236,22 +236,40 @@ TEST(CudaPlan, EveryFormat) {
       EXPECT_EQ(p.count_nonfinite, o.nonfinite);
       EXPECT_TRUE(p.vectorized);
       if (p.role == mc::Role::kRowwise) {
-        EXPECT_EQ(p.threads, 128);  // 256 groups of 16, two per thread
+        // 256 groups of 16: four a thread for 16-bit inputs (the wide kernel), two for fp32
+        EXPECT_EQ(p.threads, in == DType::kFloat32 ? 128 : 64);
+        EXPECT_EQ(p.row_wide, in != DType::kFloat32);
         EXPECT_EQ(p.grid, 135);     // one block per row
       }
     }
   }
 }
 
-// The row kernel: one group a thread while T <= SMs, two beyond, whole warps, at most
-// kRowwiseMaxThreads (rows beyond 2 * kRowwiseMaxThreads groups take the two-pass loop).
+/// The library's plan of @p c changed by @p change (its grid recomputed) is refused by
+/// check_plan.
+bool changed_plan_rejected(const FakeCall& c, void (*change)(mc::Plan&)) {
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  mc::Plan p = c.plan();
+  change(p);
+  mc::fill_grid(p, pr, kH200);
+  try {
+    mc::check_plan(p, pr, c.a);
+  } catch (const megamoe::Error&) {
+    return true;
+  }
+  return false;
+}
+
+// The row kernel: one group a thread while T <= SMs, two beyond (four in the wide kernel:
+// RowKernelWide), whole warps, at most kRowwiseMaxThreads (rows beyond 2 *
+// kRowwiseMaxThreads groups take the two-pass loop).
 TEST(CudaPlan, RowKernelThreads) {
   const QuantScheme q = QuantScheme::nvfp4_per_token();
   EXPECT_EQ(FakeCall(1, 7168, q).plan().threads, 128);  // split in 4 (RowKernelSplitsRowsAtDecode)
   EXPECT_EQ(FakeCall(132, 7168, q).plan().threads, 448);
-  EXPECT_EQ(FakeCall(133, 7168, q).plan().threads, 224);
-  EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 128);  // split in 2
-  EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 128);
+  EXPECT_EQ(FakeCall(133, 7168, q).plan().threads, 128);  // wide
+  EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 128);   // split in 2
+  EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 64);  // wide
   EXPECT_EQ(FakeCall(64, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(4096, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(64, 256, q).plan().threads, 32);  // 16 groups
@@ -284,18 +302,7 @@ TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
   EXPECT_EQ(FakeCall(1, 7168, q, strided).plan().row_split, 1);
   EXPECT_EQ(FakeCall(1, 7168, QuantScheme::mxfp4()).plan().row_split, 1);
   FakeCall c(1, 7168, q);
-  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
-  auto rejected = [&](void (*change)(mc::Plan&)) {
-    mc::Plan p = c.plan();
-    change(p);
-    mc::fill_grid(p, pr, kH200);
-    try {
-      mc::check_plan(p, pr, c.a);
-    } catch (const megamoe::Error&) {
-      return true;
-    }
-    return false;
-  };
+  auto rejected = [&](void (*change)(mc::Plan&)) { return changed_plan_rejected(c, change); };
   EXPECT_FALSE(rejected([](mc::Plan&) {}));
   EXPECT_TRUE(rejected([](mc::Plan& p) { p.row_split = 3; }));
   EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 64; }));  // 4 x 64 < 448 groups
@@ -307,6 +314,55 @@ TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
   mc::Plan f = m.plan();
   f.row_split = 2;
   EXPECT_THROW(mc::check_plan(f, pm, m.a), megamoe::Error);
+}
+
+// Prefill rows of 16-bit inputs (T > SMs, 128..512 groups, vectorized) take the wide row
+// kernel, four groups a thread in whole warps; fp32 inputs, strided rows, longer and shorter
+// rows and decode sizes the others; check_plan refuses wide plans the kernel cannot run.
+TEST(CudaPlan, RowKernelWide) {
+  const QuantScheme q = QuantScheme::nvfp4_per_token();
+  struct Want {
+    int64_t T, H;
+    bool wide;
+    int threads;
+  };
+  for (const Want& w : {Want{133, 7168, true, 128}, Want{16384, 7168, true, 128}, Want{16384, 8192, true, 128},
+                        Want{16384, 4096, true, 64}, Want{16384, 2048, true, 32}, Want{16384, 2176, true, 64},
+                        Want{132, 7168, false, 448}, Want{16384, 1024, false, 32}, Want{16384, 8320, false, 288},
+                        Want{16384, 16384, false, 512}}) {
+    const mc::Plan p = FakeCall(w.T, w.H, q).plan();
+    SCOPED_TRACE(mc::to_string(p));
+    EXPECT_EQ(p.row_wide, w.wide);
+    EXPECT_EQ(p.threads, w.threads);
+    if (w.wide) EXPECT_EQ(p.grid, w.T);  // one block a row (within 16 waves of 128-thread blocks)
+    EXPECT_NE(mc::to_string(p).find(w.wide ? "row_wide=on" : "row_wide=off"), std::string::npos);
+  }
+  Opts f32;
+  f32.in = DType::kFloat32;
+  EXPECT_FALSE(FakeCall(16384, 7168, q, f32).plan().row_wide);
+  Opts strided;
+  strided.hidden_col_stride = true;
+  EXPECT_FALSE(FakeCall(16384, 7168, q, strided).plan().row_wide);
+  EXPECT_FALSE(FakeCall(16384, 7168, QuantScheme::mxfp4()).plan().row_wide);
+  FakeCall c(16384, 7168, q);
+  auto rejected = [&](void (*change)(mc::Plan&)) { return changed_plan_rejected(c, change); };
+  EXPECT_FALSE(rejected([](mc::Plan&) {}));
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 96; }));   // 4 x 96 < 448 groups
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 160; }));  // beyond kRowWideMaxThreads
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.vectorized = false; }));
+  EXPECT_TRUE(rejected([](mc::Plan& p) { p.row_split = 4, p.threads = 128; }));  // a valid split otherwise
+  EXPECT_FALSE(rejected([](mc::Plan& p) { p.row_wide = false, p.threads = 224; }));
+  FakeCall m(16384, 7168, QuantScheme::mxfp4());
+  const megamoe::detail::Problem pm = megamoe::detail::validate_args(m.a);
+  mc::Plan f = m.plan();
+  f.row_wide = true;
+  EXPECT_THROW(mc::check_plan(f, pm, m.a), megamoe::Error);
+  FakeCall c32(16384, 7168, q, f32);
+  const megamoe::detail::Problem p32 = megamoe::detail::validate_args(c32.a);
+  mc::Plan w32 = c32.plan();
+  w32.row_wide = true, w32.threads = 128;
+  mc::fill_grid(w32, p32, kH200);
+  EXPECT_THROW(mc::check_plan(w32, p32, c32.a), megamoe::Error);
 }
 
 TEST(CudaPlan, Fp4XqNeedsOnly8ByteRows) {
@@ -354,7 +410,7 @@ TEST(CudaPlan, ToStringNamesEveryField) {
   const std::string s = mc::to_string(p);
   for (const char* want : {"kernel=fast", "format=nvfp4_static", "in=bfloat16", "G=16", "index=32",
                            "shape=split_topk", "threads=128", "grid=", "quant_blocks=", "stores=default",
-                           "pdl=on", "nonfinite=on", "vectorized=on", "row_split=1"}) {
+                           "pdl=on", "nonfinite=on", "vectorized=on", "row_split=1", "row_wide=off"}) {
     EXPECT_NE(s.find(want), std::string::npos) << want << " not in: " << s;
   }
   for (mc::Shape sh : {mc::Shape::kLoop, mc::Shape::kSplitTopk, mc::Shape::kTile, mc::Shape::kRowwise, mc::Shape::kGeneric}) {
