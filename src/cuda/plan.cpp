@@ -96,7 +96,7 @@ int rowwise_threads(int64_t T, int64_t H, int split, const DeviceInfo& dev) {
 
 /// The wide row kernel (Plan::row_wide) for rows of 16-bit inputs at prefill (T > SMs, as
 /// the full kernel's two groups a thread), kRowWideMinGroups..kRowWideGroups *
-/// kRowWideMaxThreads groups, vectorized and unsplit.
+/// kRowWideMaxThreads groups (4096 < H <= 8192), vectorized and unsplit.
 bool rowwise_wide(int64_t T, int64_t H, DType in, bool vectorized, int split, const DeviceInfo& dev) {
   const int64_t groups = H / kChunkElems;
   return vectorized && split == 1 && in != DType::kFloat32 && T > std::max(1, dev.sm_count) &&

@@ -236,9 +236,8 @@ TEST(CudaPlan, EveryFormat) {
       EXPECT_EQ(p.count_nonfinite, o.nonfinite);
       EXPECT_TRUE(p.vectorized);
       if (p.role == mc::Role::kRowwise) {
-        // 256 groups of 16: four a thread for 16-bit inputs (the wide kernel), two for fp32
-        EXPECT_EQ(p.threads, in == DType::kFloat32 ? 128 : 64);
-        EXPECT_EQ(p.row_wide, in != DType::kFloat32);
+        EXPECT_EQ(p.threads, 128);  // 256 groups of 16, two per thread
+        EXPECT_FALSE(p.row_wide);
         EXPECT_EQ(p.grid, 135);     // one block per row
       }
     }
@@ -269,7 +268,7 @@ TEST(CudaPlan, RowKernelThreads) {
   EXPECT_EQ(FakeCall(132, 7168, q).plan().threads, 448);
   EXPECT_EQ(FakeCall(133, 7168, q).plan().threads, 128);  // wide
   EXPECT_EQ(FakeCall(64, 4096, q).plan().threads, 128);   // split in 2
-  EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 64);  // wide
+  EXPECT_EQ(FakeCall(4096, 4096, q).plan().threads, 128);
   EXPECT_EQ(FakeCall(64, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(4096, 16384, q).plan().threads, mc::kRowwiseMaxThreads);
   EXPECT_EQ(FakeCall(64, 256, q).plan().threads, 32);  // 16 groups
@@ -316,7 +315,7 @@ TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
   EXPECT_THROW(mc::check_plan(f, pm, m.a), megamoe::Error);
 }
 
-// Prefill rows of 16-bit inputs (T > SMs, 128..512 groups, vectorized) take the wide row
+// Prefill rows of 16-bit inputs (T > SMs, 257..512 groups, vectorized) take the wide row
 // kernel, four groups a thread in whole warps; fp32 inputs, strided rows, longer and shorter
 // rows and decode sizes the others; check_plan refuses wide plans the kernel cannot run.
 TEST(CudaPlan, RowKernelWide) {
@@ -327,7 +326,7 @@ TEST(CudaPlan, RowKernelWide) {
     int threads;
   };
   for (const Want& w : {Want{133, 7168, true, 128}, Want{16384, 7168, true, 128}, Want{16384, 8192, true, 128},
-                        Want{16384, 4096, true, 64}, Want{16384, 2048, true, 32}, Want{16384, 2176, true, 64},
+                        Want{16384, 4224, true, 96}, Want{16384, 4096, false, 128}, Want{16384, 2048, false, 64},
                         Want{132, 7168, false, 448}, Want{16384, 1024, false, 32}, Want{16384, 8320, false, 288},
                         Want{16384, 16384, false, 512}}) {
     const mc::Plan p = FakeCall(w.T, w.H, q).plan();
