@@ -2,8 +2,9 @@
 // token row (NVFP4 per-token: the per-token scale max(row_amax, floor) / 2688 comes
 // first). One block per token row (block-stride loop over rows), one thread per 16-element
 // group. When the row has at most two groups a thread (the planned shape up to H = 16384,
-// rowwise_threads: one group a thread at decode sizes, two beyond) and is vectorizable,
-// the thread loads its groups once, keeps them in registers across the block's max and
+// rowwise_threads: one group a thread at decode sizes, two beyond), or four in the wide
+// kernel (prefill rows of 16-bit inputs, 4096 < H <= 8192), and is vectorizable, the
+// thread loads its groups once, keeps them in registers across the block's max and
 // encodes them from there: one DRAM round trip a row, the top-k entries' loads in flight
 // with it (decode is that latency). Otherwise two passes over the row: (1) the row's
 // amax; (2) each group's amax again, its e4m3 scale byte and its 16 nibbles; the second
