@@ -146,12 +146,27 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
   }
 }
 
-/// The format's second-level scale as the group math takes it: the static gs (read once
-/// per thread from the device scalar, after the PDL wait), else unused.
+/// The format's second-level scale as the group math takes it: NVFP4 static's gs (read once
+/// per thread from the device scalar, after the PDL wait) with its division-free constants
+/// (core::nvfp4_static_scale), else unused.
 template <core::Format F, typename Idx>
-__device__ __forceinline__ float static_scale2(const ParamsT<Idx>& p) {
-  if constexpr (F == core::Format::kNvfp4Static) return __ldg(p.gscale);
-  else return 0.0f;
+__device__ __forceinline__ core::StaticScale static_scale2(const ParamsT<Idx>& p) {
+  if constexpr (F == core::Format::kNvfp4Static) return core::nvfp4_static_scale(__ldg(p.gscale));
+  else return core::StaticScale{};
+}
+
+/// A group's parameters under the second-level scale s2 (static_scale2): NVFP4 static's
+/// scale byte without a division where s2 allows it, the same bits either way.
+template <core::Format F>
+__device__ __forceinline__ core::GroupParams group_params_of(float amax, float floor, const core::StaticScale& s2) {
+  if constexpr (F == core::Format::kNvfp4Static) {
+    core::GroupParams g;
+    g.sf = core::nvfp4_static_sf_of(amax, s2);
+    g.m = core::nvfp4_static_divisor(g.sf, s2.gs);
+    return g;
+  } else {
+    return core::group_params<F>(amax, floor, s2.gs);
+  }
 }
 
 /// Add the warp's non-finite counts to the counter: one atomic per warp, none when the warp
