@@ -202,10 +202,9 @@ MEGAMOE_HD float div_by_recip(float a, float b, float rb) {
   return fma_rn(fma_rn(-q1, b, a), rb, q1);
 }
 
-/// NVFP4 static's constants of one global scale for nvfp4_static_sf_of: a kernel computes
-/// them once, then each group's scale byte costs a multiply and two corrections instead of
-/// an IEEE division (~10 instructions and a branch to its slow path, about a tenth of a
-/// 16-element chunk's work in the fast kernel).
+/// NVFP4 static's constants of one global scale for nvfp4_static_sf_of: computed once a
+/// thread (a loop hoists them), each group's scale byte then costs a multiply and two
+/// corrections instead of an IEEE division (~10 instructions and a branch to its slow path).
 struct StaticScale {
   float gs = 0.0f;    ///< the global scale
   float d6 = 0.0f;    ///< fl(6 gs), the divisor of nvfp4_static_sf
@@ -218,7 +217,9 @@ MEGAMOE_HD StaticScale nvfp4_static_scale(float gs) {
   s.gs = gs;
   s.d6 = mul_rn(6.0f, gs);
   s.fast = s.d6 >= 0x1p-60f && s.d6 <= 0x1p120f;
-  s.rd6 = s.fast ? recip_nearest(s.d6) : 0.0f;
+  // A select, not a branch: a branch on gs, which a kernel loads, would hold back the
+  // loads behind it until gs arrives.
+  s.rd6 = recip_nearest(s.fast ? s.d6 : 1.0f);
   return s;
 }
 

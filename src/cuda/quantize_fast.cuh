@@ -107,7 +107,7 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 /// floor's source, and whether the chunk's non-finite elements are added to nf. kRecip:
 /// @p recip is the block's table of kRecipTable.
 template <int In, core::Format F, int G, bool kStream, bool kTile, Extras X, bool kRecip, typename Idx>
-__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, const core::StaticScale& s2, uint32_t* tile,
+__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
                                          uint32_t& nf, const float* recip) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;                                 // threads per group
@@ -129,12 +129,12 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   core::GroupParams gp;
   Encoded<F> q;
   if constexpr (kRecip) {
-    gp.sf = core::nvfp4_static_sf_of(amax, s2);
+    gp.sf = static_sf(amax, s2);
     const float r = recip[gp.sf];
     if (r != 0.0f) {
       core::e2m1_f16_mul_chunk(x.w, r, q.w);  // r >= 2^-100 (kPairsMaxDivisor)
     } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
-      gp.m = core::nvfp4_static_divisor(gp.sf, s2.gs);
+      gp.m = core::nvfp4_static_divisor(gp.sf, s2);
       encode_fp4_per_value<F, In>(x, gp, q.w);
     }
   } else {
@@ -166,7 +166,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
 template <int In, core::Format F, int G, bool kStream, Extras X, bool kRecip, typename Idx>
-__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, const core::StaticScale& s2, uint32_t& nf,
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf,
                                             const float* recip) {
   Idx t, j;
   row_and_chunk(p, c, t, j);
@@ -178,7 +178,7 @@ __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, const 
 /// consecutive threads on consecutive tokens (packed scales: whole words, to x_sf and the
 /// shared copy). Every thread of the block must call it (barriers).
 template <int In, core::Format F, int G, bool kStream, Extras X>
-__device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, const core::StaticScale& s2, uint32_t& nf) {
+__device__ __forceinline__ void stage_tile(const Params32& p, uint32_t i, float s2, uint32_t& nf) {
   constexpr uint32_t kItems = kPackedSf<F> ? 512u / (4u * G) : 512u / G;  // words or groups per segment
   constexpr uint32_t kChunksPerItem = kPackedSf<F> ? 4u * G / kChunk : G / kChunk;
   __shared__ uint32_t tile[kTileTokens][kItems];
@@ -211,12 +211,12 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
   uint32_t nf = 0;
   if constexpr (kShape == Shape::kLoop) {
     repack_dense(p);  // first: its loads' latency hides behind the other warps' chunks
-    const core::StaticScale s2 = static_scale2<F>(p);
+    const float s2 = static_scale2<F>(p);
     constexpr bool kRecip = kRecipTable<In, F, kShape>;
     __shared__ float recip[kRecip ? kRecipEntries : 1u];
     if constexpr (kRecip) {
       for (uint32_t i = threadIdx.x; i < kRecipEntries; i += blockDim.x) {
-        recip[i] = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(i, s2.gs));
+        recip[i] = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(i, s2));
       }
       __syncthreads();
     }
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
       MM_TRACE_PRINT("topk", true);
       return;
     }
-    const core::StaticScale s2 = static_scale2<F>(p);
+    const float s2 = static_scale2<F>(p);
     if constexpr (kShape == Shape::kTile) {
       for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
     } else {

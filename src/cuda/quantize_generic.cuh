@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(256) stage_generic_kernel(const Params64 p) {
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   using Tr = InTraits<In>;
   const auto* hs = static_cast<const typename Tr::T*>(p.hs);
-  const core::StaticScale s2 = static_scale2<F>(p);
+  const float s2 = static_scale2<F>(p);
   const int64_t groups = kPacked ? 4 : 1;     // groups per unit
   const int64_t span = groups * p.G;          // elements per unit
   const int64_t upr = p.H / span;             // units per row

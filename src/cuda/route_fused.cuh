@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256, kDecode ? kFusedDecodeBlocksPerSm : kFuse
     return;
   }
   const uint32_t qb = blockIdx.x - fp.r.blocks;  // the quantizing block's index
-  const core::StaticScale s2 = static_scale2<F>(p);
+  const float s2 = static_scale2<F>(p);
   uint32_t nf = 0;
   if constexpr (kShape == Shape::kTile) {
     for (uint32_t i = qb; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
