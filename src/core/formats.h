@@ -203,7 +203,7 @@ MEGAMOE_HD float div_by_recip(float a, float b, float rb) {
 }
 
 /// NVFP4 static's constants of one global scale for nvfp4_static_sf_of: computed once a
-/// thread (a loop hoists them), each group's scale byte then costs a multiply and two
+/// thread of a looping kernel, each group's scale byte then costs a multiply and two
 /// corrections instead of an IEEE division (~10 instructions and a branch to its slow path).
 struct StaticScale {
   float gs = 0.0f;    ///< the global scale
