@@ -202,6 +202,39 @@ MEGAMOE_HD float div_by_recip(float a, float b, float rb) {
   return fma_rn(fma_rn(-q1, b, a), rb, q1);
 }
 
+/// NVFP4 static's constants of one global scale for nvfp4_static_sf_of: computed once a
+/// thread of a looping kernel, each group's scale byte then costs a multiply and two
+/// corrections instead of an IEEE division (~10 instructions and a branch to its slow path).
+struct StaticScale {
+  float gs = 0.0f;    ///< the global scale
+  float d6 = 0.0f;    ///< fl(6 gs), the divisor of nvfp4_static_sf
+  float rd6 = 0.0f;   ///< RN(1 / d6) when fast
+  bool fast = false;  ///< d6 in [2^-60, 2^120] (div_by_recip's range); false for NaN, Inf, 0, negative
+};
+
+MEGAMOE_HD StaticScale nvfp4_static_scale(float gs) {
+  StaticScale s;
+  s.gs = gs;
+  s.d6 = mul_rn(6.0f, gs);
+  s.fast = s.d6 >= 0x1p-60f && s.d6 <= 0x1p120f;
+  // A select, not a branch: a branch on gs, which a kernel loads, would hold back the
+  // loads behind it until gs arrives.
+  s.rd6 = recip_nearest(s.fast ? s.d6 : 1.0f);
+  return s;
+}
+
+/// nvfp4_static_sf(amax, s.gs), division-free where s.fast. The quotient div_by_recip
+/// returns is the division's wherever the clamp does not decide alone: a dividend below
+/// 2^-78 has a quotient below 2^-18 either way (clamped to 2^-9), and q0 = RN(amax RN(1/d6))
+/// >= 512 means amax / d6 > 448 (two roundings of 2^-24 each), Inf included, where the
+/// corrections would produce NaN. A NaN amax stays NaN and goes to the lower end, as the
+/// division's quotient does.
+MEGAMOE_HD uint32_t nvfp4_static_sf_of(float amax, const StaticScale& s) {
+  if (!s.fast) return nvfp4_static_sf(amax, s.gs);
+  const float q = mul_rn(amax, s.rd6) >= 512.0f ? 448.0f : div_by_recip(amax, s.d6, s.rd6);
+  return fp8_e4m3_from_float(fminf_nan_ignoring(fmax_nan_ignoring(q, kE4M3MinSubnormal), 448.0f));
+}
+
 /// A row's constants for its groups' parameters (nvfp4_token_group).
 struct TokenRow {
   float pts;   ///< the per-token scale

@@ -154,6 +154,42 @@ __device__ __forceinline__ float static_scale2(const ParamsT<Idx>& p) {
   else return 0.0f;
 }
 
+/// NVFP4 static's scale byte of a group (the same bits either way): from gs alone (the
+/// one-pass shapes, one group a thread) by the division; from the constants of
+/// core::StaticScale (the loop shape, once a thread: static_scale2_once) without it. A
+/// one-pass thread would spend more on the constants than on the division, and computed
+/// before the chunk's loads they held those loads back until gs arrived (0.2 us a decode
+/// call on an H100).
+__device__ __forceinline__ uint32_t static_sf(float amax, float gs) { return core::nvfp4_static_sf(amax, gs); }
+__device__ __forceinline__ uint32_t static_sf(float amax, const core::StaticScale& s) {
+  return core::nvfp4_static_sf_of(amax, s);
+}
+__device__ __forceinline__ float gs_of(float gs) { return gs; }
+__device__ __forceinline__ float gs_of(const core::StaticScale& s) { return s.gs; }
+
+/// The loop shape's second-level scale: NVFP4 static's constants once a thread (the loop's
+/// first loads wait for gs; the multiplier table's loop shape waits for it anyway), else as
+/// static_scale2.
+template <core::Format F, typename Idx>
+__device__ __forceinline__ auto static_scale2_once(const ParamsT<Idx>& p) {
+  if constexpr (F == core::Format::kNvfp4Static) return core::nvfp4_static_scale(static_scale2<F>(p));
+  else return static_scale2<F>(p);
+}
+
+/// A group's parameters under the second-level scale s2 (static_scale2 or
+/// static_scale2_once), NVFP4 static's through static_sf.
+template <core::Format F, typename S2>
+__device__ __forceinline__ core::GroupParams group_params_of(float amax, float floor, const S2& s2) {
+  if constexpr (F == core::Format::kNvfp4Static) {
+    core::GroupParams g;
+    g.sf = static_sf(amax, s2);
+    g.m = core::nvfp4_static_divisor(g.sf, gs_of(s2));
+    return g;
+  } else {
+    return core::group_params<F>(amax, floor, gs_of(s2));
+  }
+}
+
 /// Add the warp's non-finite counts to the counter: one atomic per warp, none when the warp
 /// saw none. Every lane of the warp must call it (shuffles). 64-bit sums: a thread's count
 /// is below 2^32, a warp's need not be.

@@ -106,8 +106,8 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
 /// bits, at the group's index within the warp's 32 chunks) instead of global memory. X: the
 /// floor's source, and whether the chunk's non-finite elements are added to nf. kRecip:
 /// @p recip is the block's table of kRecipTable.
-template <int In, core::Format F, int G, bool kStream, bool kTile, Extras X, bool kRecip, typename Idx>
-__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, float s2, uint32_t* tile,
+template <int In, core::Format F, int G, bool kStream, bool kTile, Extras X, bool kRecip, typename Idx, typename S2>
+__device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bool active, const S2& s2, uint32_t* tile,
                                          uint32_t& nf, const float* recip) {
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;                                 // threads per group
@@ -129,16 +129,16 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   core::GroupParams gp;
   Encoded<F> q;
   if constexpr (kRecip) {
-    gp.sf = core::nvfp4_static_sf(amax, s2);
+    gp.sf = static_sf(amax, s2);
     const float r = recip[gp.sf];
     if (r != 0.0f) {
       core::e2m1_f16_mul_chunk(x.w, r, q.w);  // r >= 2^-100 (kPairsMaxDivisor)
     } else {  // rare (see the table's tests): per value, which holds no thresholds in registers
-      gp.m = core::nvfp4_static_divisor(gp.sf, s2);
+      gp.m = core::nvfp4_static_divisor(gp.sf, gs_of(s2));
       encode_fp4_per_value<F, In>(x, gp, q.w);
     }
   } else {
-    gp = core::group_params<F>(amax, floor, s2);
+    gp = group_params_of<F>(amax, floor, s2);
     MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
     q = encode_chunk<F, In>(x, gp);
   }
@@ -165,8 +165,8 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
 }
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
-template <int In, core::Format F, int G, bool kStream, Extras X, bool kRecip, typename Idx>
-__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, float s2, uint32_t& nf,
+template <int In, core::Format F, int G, bool kStream, Extras X, bool kRecip, typename Idx, typename S2>
+__device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, const S2& s2, uint32_t& nf,
                                             const float* recip) {
   Idx t, j;
   row_and_chunk(p, c, t, j);
@@ -211,12 +211,12 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
   uint32_t nf = 0;
   if constexpr (kShape == Shape::kLoop) {
     repack_dense(p);  // first: its loads' latency hides behind the other warps' chunks
-    const float s2 = static_scale2<F>(p);
+    const auto s2 = static_scale2_once<F>(p);
     constexpr bool kRecip = kRecipTable<In, F, kShape>;
     __shared__ float recip[kRecip ? kRecipEntries : 1u];
     if constexpr (kRecip) {
       for (uint32_t i = threadIdx.x; i < kRecipEntries; i += blockDim.x) {
-        recip[i] = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(i, s2));
+        recip[i] = core::nvfp4_static_multiplier(core::nvfp4_static_divisor(i, gs_of(s2)));
       }
       __syncthreads();
     }

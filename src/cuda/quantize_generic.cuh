@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(256) stage_generic_kernel(const Params64 p) {
         amax = fmaxf(amax, core::abs_bits(x));
         if constexpr (kCount) nf += core::non_finite(x) ? 1u : 0u;
       }
-      const core::GroupParams gp = core::group_params<F>(amax, p.floor, s2);
+      const core::GroupParams gp = group_params_of<F>(amax, p.floor, s2);
       if constexpr (kFp4) {  // G is even: values pair up into bytes, low nibble first
         for (int64_t i = 0; i < p.G; i += 2) {
           const float a = Tr::to_float(hs[t * p.hs_s0 + (h0 + i) * p.hs_s1]);

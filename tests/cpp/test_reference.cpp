@@ -826,6 +826,64 @@ TEST(CoreNvfp4Token, DivByRecipEqualsDivision) {
   EXPECT_EQ(bad, 0);
 }
 
+// NVFP4 static's scale byte without a division (core::nvfp4_static_sf_of) against the
+// reference's formula (the IEEE quotient, its NaN to the lower end, clamped, to e4m3): every
+// non-negative bf16 and f16 pattern (Inf and NaN included) and random fp32 dividends around
+// both clamp ends, under global scales across and beyond the fast range (its two ends exact,
+// 0, negative, subnormal, NaN, Inf, FLT_MAX), so that both forms run.
+TEST(CoreNvfp4Static, ScaleByteWithoutDivisionEqualsTheReference) {
+  namespace rd = megamoe_ref::detail;
+  std::mt19937 rng(20261205);
+  std::vector<float> scales = {1.0f,     rd::div_f32(1.0f, 2688.0f), rd::div_f32(0x1p-60f, 6.0f), rd::div_f32(0x1p120f, 6.0f),
+                               0x1p-63f, 0x1p118f, 0.0f, -1.0f, u2f(1u), FLT_MAX, std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(), u2f(0x3FFFFFFFu), 1e-4f, 3.0e-3f};
+  std::uniform_int_distribution<uint32_t> mant(0, 0x7FFFFFu), ex(127 - 70, 127 + 125);
+  while (scales.size() < 80) scales.push_back(u2f((ex(rng) << 23) | mant(rng)));
+  auto want_sf = [](float a, float gs) {
+    const float q = rd::div_f32(a, rd::mul_f32(6.0f, gs));
+    const float clamped = std::isnan(q) ? 0x1p-9f : std::min(448.0f, std::max(0x1p-9f, q));
+    return static_cast<uint32_t>(megamoe_ref::fp8_e4m3(clamped));
+  };
+  int64_t bad = 0, fast = 0;
+  auto check = [&](float a, const core::StaticScale& s) {
+    const uint32_t got = core::nvfp4_static_sf_of(a, s), want = want_sf(a, s.gs);
+    if (got != want && ++bad <= 5) ADD_FAILURE() << "amax " << a << " gs " << s.gs << ": " << got << " != " << want;
+  };
+  std::uniform_int_distribution<uint32_t> qex(127 - 12, 127 + 11);
+  for (float gs : scales) {
+    const core::StaticScale s = core::nvfp4_static_scale(gs);
+    fast += s.fast ? 1 : 0;
+    EXPECT_EQ(s.fast, std::isfinite(gs) && rd::mul_f32(6.0f, gs) >= 0x1p-60f && rd::mul_f32(6.0f, gs) <= 0x1p120f) << gs;
+    for (uint32_t h = 0; h < 0x8000u; ++h) {
+      check(megamoe_ref::bf16_to_float(static_cast<uint16_t>(h)), s);
+      check(megamoe_ref::half_to_float(static_cast<uint16_t>(h)), s);
+    }
+    for (int i = 0; i < 20000; ++i) {
+      // quotients 2^-12 .. 2^12 (both clamp ends), and their neighbours
+      const float a = rd::mul_f32(u2f((qex(rng) << 23) | mant(rng)), rd::mul_f32(6.0f, gs));
+      if (!std::isfinite(a) || a < 0.0f) continue;
+      for (int d = -1; d <= 1; ++d) check(u2f(f2u(a) + static_cast<uint32_t>(d)), s);
+    }
+    // Dividends whose quotients sit on or next to every e4m3 rounding midpoint (and the
+    // clamp ends): where a quotient one ulp off would change the byte.
+    for (uint32_t c = 0; c < 0x7Fu; ++c) {
+      const float lo = rd::fp8_decode(static_cast<uint8_t>(c)), hi = c < 0x7Eu ? rd::fp8_decode(static_cast<uint8_t>(c + 1)) : 464.0f;
+      for (float m : {rd::mul_f32(0.5f, lo + hi), lo}) {
+        const float a = rd::mul_f32(m, s.d6);
+        if (!std::isfinite(a) || !(a > 0.0f)) continue;
+        for (int d = -2; d <= 2; ++d) check(u2f(f2u(a) + static_cast<uint32_t>(d)), s);
+      }
+    }
+    for (float a : {0.0f, FLT_MAX, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                    u2f(1u), 0x1p-78f, 0x1p-79f}) {
+      check(a, s);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GE(fast, 60);                                   // the random scales, most in range
+  EXPECT_LE(fast, static_cast<int64_t>(scales.size()) - 8);  // 0, -1, subnormal, FLT_MAX, Inf, NaN, 2^-63, 2^118
+}
+
 // core::nvfp4_token_group (the division-free form on rows with d6 in the fast range, the
 // divisions elsewhere) against the reference's formula: the scale byte and the multiplier,
 // for rows at both floors, tiny and huge row maxima, and rows whose pts is infinite (an
