@@ -70,7 +70,7 @@ struct Plan {
   /// encodes a part of it (threads * row_split >= the row's groups).
   int row_split = 1;
   /// Row kernel at prefill: kRowWideGroups groups a thread in blocks of at most
-  /// kRowWideMaxThreads (16-bit inputs, vectorized rows of 128..512 groups, no split): the
+  /// kRowWideMaxThreads (16-bit inputs, vectorized rows of 257..512 groups, no split): the
   /// row's barriers and constants shared by four groups a thread instead of two, and more
   /// of each SM's loads in flight (stage_rowwise_wide_kernel).
   bool row_wide = false;

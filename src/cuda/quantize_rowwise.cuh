@@ -241,10 +241,14 @@ __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
   if constexpr (kCount) flush_nonfinite(p.nonfinite, nf);
 }
 
+/// Resident blocks per SM of the wide row kernel: 64 registers a thread (four chunks of
+/// 16-bit inputs in flight and their encode).
+constexpr int kRowWideBlocksPerSm = 8;
+
 /// The wide row kernel (plan.h row_wide): kRowWideGroups groups a thread in registers, rows
 /// of 16-bit inputs (fp32's four chunks would not fit its 64 registers).
 template <int In, bool kCount>
-__global__ void __launch_bounds__(kRowWideMaxThreads, 65536 / (64 * kRowWideMaxThreads))
+__global__ void __launch_bounds__(kRowWideMaxThreads, kRowWideBlocksPerSm)
     stage_rowwise_wide_kernel(const Params64 p) {
   static_assert(In != kInF32, "16-bit inputs");
   __shared__ float warp_max[2][kRowMaxWarps];
