@@ -27,6 +27,7 @@ enum class Role : uint8_t {
 enum class Shape : uint8_t {
   kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by a grid-stride pass before them
   kSplitTopk,  ///< fast, 32-bit: one chunk per thread; top-k in blocks of their own after the quantizing ones
+  kSplitHalf,  ///< as kSplitTopk with half a chunk (8 elements) per thread: FP4 formats of 16-bit inputs at decode
   kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
   kRowwise,    ///< row kernel: block-stride loop over token rows
   kGeneric,    ///< general kernel: grid-stride loop over scale units
@@ -75,6 +76,11 @@ struct Plan {
   /// of each SM's loads in flight (stage_rowwise_wide_kernel).
   bool row_wide = false;
 };
+
+/// Half chunks (Shape::kSplitHalf): the fast kernel's FP4 formats of 16-bit inputs, one
+/// 8-element half chunk a thread, while the grid is one pass of 128-thread blocks. At decode
+/// the launch is the latency of one warp's chain, and an FP4 chunk's encode is most of it.
+bool split_half_applies(core::Format fmt, DType in);
 
 /// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
 /// sm_86/87/89) in blocks of the plan's threads.
