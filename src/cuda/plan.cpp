@@ -224,9 +224,9 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
         pl.shape = Shape::kTile;
         pl.threads = kTileThreads;
       } else {
-        pl.shape = !one_pass ? Shape::kLoop
-                   : split_half_applies(p.fmt, pl.in) ? Shape::kSplitHalf
-                                                      : Shape::kSplitTopk;
+        const bool half = p.fmt == core::Format::kMxfp4 && split_half_applies(p.fmt, pl.in) &&
+                          chunks <= kSplitHalfChunksPerSm * std::max(1, dev.sm_count);
+        pl.shape = !one_pass ? Shape::kLoop : half ? Shape::kSplitHalf : Shape::kSplitTopk;
       }
     } else {
       pl.shape = Shape::kLoop;

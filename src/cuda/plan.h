@@ -77,10 +77,15 @@ struct Plan {
   bool row_wide = false;
 };
 
-/// Half chunks (Shape::kSplitHalf): the fast kernel's FP4 formats of 16-bit inputs, one
-/// 8-element half chunk a thread, while the grid is one pass of 128-thread blocks. At decode
-/// the launch is the latency of one warp's chain, and an FP4 chunk's encode is most of it.
+/// Half chunks (Shape::kSplitHalf, one 8-element half chunk a thread): a shape of the fast
+/// kernel's FP4 formats of 16-bit inputs (split_half_applies), which plan() gives MXFP4
+/// (ties toward zero) calls of at most kSplitHalfChunksPerSm chunks an SM (T = 1 at H = 7168,
+/// T <= 2 at 4096): there the launch is one warp's chain, and halving its encode took
+/// 0.03 us off it on the H200 (2.1-2.5%), while from T = 64 the doubled per-thread index and
+/// scale work cost more (+0.7-1.3% at T = 64, +4-7% at 256); NVFP4 static's per-group
+/// thresholds made it slower at every size (docs/PERFORMANCE.md, 2026-12-06).
 bool split_half_applies(core::Format fmt, DType in);
+constexpr int64_t kSplitHalfChunksPerSm = 4;
 
 /// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
 /// sm_86/87/89) in blocks of the plan's threads.

@@ -146,17 +146,17 @@ TEST(CudaPlan, Nvfp4StaticLoopRunsOneWave) {
   f16.in = DType::kFloat16;
   EXPECT_EQ(FakeCall(16384, 7168, q, f16).plan().grid, 132 * 16 * 8);
   EXPECT_EQ(FakeCall(16384, 7168, QuantScheme::mxfp4()).plan().grid, 132 * 16 * 8);
-  EXPECT_EQ(FakeCall(2048, 7168, q).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(2048, 7168, q).plan().shape, mc::Shape::kSplitTopk);
   // From kRecipLoopChunks chunks a thread of the wave, below where 16 waves stop covering
   // the chunks: H = 4096, T = 16384 (4.2M chunks) loops.
   const int64_t from = mc::kRecipLoopChunks * 132 * 2048;
   EXPECT_EQ(FakeCall(from / 256, 4096, q).plan().shape, mc::Shape::kLoop);
-  EXPECT_EQ(FakeCall(from / 256 - 1, 4096, q).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(from / 256 - 1, 4096, q).plan().shape, mc::Shape::kSplitTopk);
   EXPECT_EQ(FakeCall(16384, 4096, q).plan().grid, 132 * 8);
-  EXPECT_EQ(FakeCall(16384, 4096, q, f16).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(16384, 4096, q, f16).plan().shape, mc::Shape::kSplitTopk);
   // The fused router kernel (no table) gets the plan it had before the table.
   const FakeCall c4(16384, 4096, q), c7(16384, 7168, q);
-  EXPECT_EQ(mc::plan(megamoe::detail::validate_args(c4.a), c4.a, kH200, false).shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(mc::plan(megamoe::detail::validate_args(c4.a), c4.a, kH200, false).shape, mc::Shape::kSplitTopk);
   const mc::Plan f7 = mc::plan(megamoe::detail::validate_args(c7.a), c7.a, kH200, false);
   EXPECT_EQ(f7.shape, mc::Shape::kLoop);
   EXPECT_EQ(f7.grid, 132 * 16 * 8);
@@ -408,7 +408,7 @@ TEST(CudaPlan, ToStringNamesEveryField) {
   const mc::Plan p = FakeCall(64, 7168, QuantScheme::nvfp4_static(), o).plan();
   const std::string s = mc::to_string(p);
   for (const char* want : {"kernel=fast", "format=nvfp4_static", "in=bfloat16", "G=16", "index=32",
-                           "shape=split_half", "threads=128", "grid=", "quant_blocks=", "stores=default",
+                           "shape=split_topk", "threads=128", "grid=", "quant_blocks=", "stores=default",
                            "pdl=on", "nonfinite=on", "vectorized=on", "row_split=1", "row_wide=off"}) {
     EXPECT_NE(s.find(want), std::string::npos) << want << " not in: " << s;
   }
@@ -536,46 +536,46 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   EXPECT_NE(verdict(n, un).find("unknown kernel role"), std::string::npos) << verdict(n, un);
 }
 
-// FP4 formats of 16-bit inputs run their one-pass plans on half chunks (8 elements a
-// thread: twice the quantizing blocks); fp32 inputs, the fp8 formats and NVFP4 per-token
-// keep whole chunks; check_plan refuses half chunks elsewhere and a grid not of one half
-// chunk a thread.
-TEST(CudaPlan, SplitHalfForFp4Of16BitInputs) {
+// Half chunks (8 elements a thread, twice the quantizing blocks): the library plans them
+// for MXFP4 (ties toward zero) of 16-bit inputs up to kSplitHalfChunksPerSm chunks an SM;
+// every FP4 format of 16-bit inputs can be forced onto them (NVFP4 per-token excepted, a row
+// kernel format); check_plan refuses them elsewhere and a grid not of one half chunk a thread.
+TEST(CudaPlan, SplitHalfForMxfp4DecodeOf16BitInputs) {
   Opts bf16, f16, f32;
   f16.in = DType::kFloat16;
   f32.in = DType::kFloat32;
   for (const QuantScheme& q : kAll) {
     for (const Opts* o : {&bf16, &f16, &f32}) {
-      for (int64_t T : {1, 64, 2048}) {
-        const FakeCall c(T, 7168, q, *o);
-        const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
-        const mc::Plan p = c.plan();
-        SCOPED_TRACE(mc::to_string(p));
-        const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1 && q.scale2 != megamoe::Scale2::kPerToken;
-        const bool half = fp4 && o != &f32;
-        if (p.role != mc::Role::kFast) {
-          EXPECT_FALSE(half);
-          continue;
-        }
-        EXPECT_EQ(p.shape == mc::Shape::kSplitHalf, half);
-        if (half) {
-          EXPECT_EQ(p.quant_blocks, (T * 448 * 2 + p.threads - 1) / p.threads);
-          EXPECT_EQ(verdict(c, p), "ok");
-          mc::Plan whole = p;  // the same call on whole chunks runs too
-          whole.shape = mc::Shape::kSplitTopk;
-          mc::fill_grid(whole, pr, kH200);
-          EXPECT_EQ(verdict(c, whole), "ok");
-          mc::Plan short_grid = p;  // one whole chunk a thread's grid is too small
-          short_grid.shape = mc::Shape::kSplitHalf;
-          short_grid.quant_blocks = whole.quant_blocks;
-          short_grid.grid = whole.grid;
-          EXPECT_NE(verdict(c, short_grid).find("one half chunk per thread"), std::string::npos) << verdict(c, short_grid);
-        } else if (p.shape == mc::Shape::kSplitTopk) {
+      for (int64_t T : {1, 2, 3, 64, 2048}) {
+        for (int64_t H : {4096, 7168}) {
+          const FakeCall c(T, H, q, *o);
+          const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+          const mc::Plan p = c.plan();
+          SCOPED_TRACE(mc::to_string(p));
+          const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1 && q.scale2 != megamoe::Scale2::kPerToken;
+          const bool ttz = q.scale == megamoe::ScaleType::kUE8M0 && q.rounding != megamoe::Rounding::kNearestEven;
+          const bool small = T * (H / 16) <= mc::kSplitHalfChunksPerSm * 132;  // T = 1, and T = 2 at H = 4096
+          EXPECT_EQ(p.shape == mc::Shape::kSplitHalf, fp4 && ttz && o != &f32 && small);
+          if (p.role != mc::Role::kFast || p.shape == mc::Shape::kLoop) continue;
           mc::Plan forced = p;
           forced.shape = mc::Shape::kSplitHalf;
           mc::fill_grid(forced, pr, kH200);
-          EXPECT_NE(verdict(c, forced).find("split_half takes FP4 formats of 16-bit inputs"), std::string::npos)
-              << verdict(c, forced);
+          if (fp4 && o != &f32) {
+            EXPECT_EQ(forced.quant_blocks, (T * (H / 16) * 2 + p.threads - 1) / p.threads);
+            EXPECT_EQ(verdict(c, forced), "ok");
+            mc::Plan whole = forced;  // one whole chunk a thread's grid is too small
+            whole.shape = mc::Shape::kSplitTopk;
+            mc::fill_grid(whole, pr, kH200);
+            EXPECT_EQ(verdict(c, whole), "ok");
+            mc::Plan short_grid = forced;
+            short_grid.quant_blocks = whole.quant_blocks;
+            short_grid.grid = whole.grid;
+            EXPECT_NE(verdict(c, short_grid).find("one half chunk per thread"), std::string::npos)
+                << verdict(c, short_grid);
+          } else {
+            EXPECT_NE(verdict(c, forced).find("split_half takes FP4 formats of 16-bit inputs"), std::string::npos)
+                << verdict(c, forced);
+          }
         }
       }
     }
