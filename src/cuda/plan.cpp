@@ -255,12 +255,12 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   const bool topk_own = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kSplitHalf || pl.shape == Shape::kTile;
   const int64_t th = pl.threads;
   if (pl.fused_tail && !(topk_own && p.full_buffer)) {
-    reject(pl, "only the split-topk and tile shapes of a full-buffer call fill the tail in the kernel");
+    reject(pl, "only the split-topk, split-half and tile shapes of a full-buffer call fill the tail in the kernel");
   }
   if (topk_own) {
     if (pl.grid - pl.quant_blocks < topk_block_count(p.T, p.M, p.K, th, pl.fused_tail)) reject(pl, "too few top-k blocks");
   } else if (pl.grid != pl.quant_blocks) {
-    reject(pl, "only the split-topk and tile shapes have top-k blocks");
+    reject(pl, "only the split-topk, split-half and tile shapes have top-k blocks");
   }
   switch (pl.role) {
     case Role::kFast: {
