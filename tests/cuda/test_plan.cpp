@@ -541,6 +541,12 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
 // every FP4 format of 16-bit inputs can be forced onto them (NVFP4 per-token excepted, a row
 // kernel format); check_plan refuses them elsewhere and a grid not of one half chunk a thread.
 TEST(CudaPlan, SplitHalfForMxfp4DecodeOf16BitInputs) {
+  // The measured sizes (H200 and H100, 2026-12-06): T = 1 at both H, T = 2 at H = 4096.
+  const QuantScheme mx = QuantScheme::mxfp4();
+  EXPECT_EQ(FakeCall(1, 7168, mx).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(2, 7168, mx).plan().shape, mc::Shape::kSplitTopk);
+  EXPECT_EQ(FakeCall(2, 4096, mx).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(4, 4096, mx).plan().shape, mc::Shape::kSplitTopk);
   Opts bf16, f16, f32;
   f16.in = DType::kFloat16;
   f32.in = DType::kFloat32;
