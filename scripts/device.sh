@@ -63,7 +63,7 @@
 # $OUT/results.tgz and the step table into $OUT/summary.txt (two files: the device returns at
 # most 8). The whole run stops itself DEADLINE_S seconds after its start (default 570), so
 # the last pack happens inside a 600 s call; each step's box is cut to the time left.
-# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_MORE, AB_JOBS (6), AB_TARGETS (_C), ROUTER_ARGS,
+# Env: MEGAMOE_COMMIT, ARCHS (90), JOBS (nproc), BUILD_TARGETS, AB_BASE, AB_MORE, AB_JOBS (6), AB_TARGETS (_C), AB_FORMATS_BOX (200 s), ROUTER_ARGS,
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
@@ -143,7 +143,7 @@ box() {
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
-    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo 200 ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
+    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo "${AB_FORMATS_BOX:-200}" ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
   esac
 }
 

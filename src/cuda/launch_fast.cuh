@@ -27,6 +27,11 @@ void fast_by_shape(const Plan& plan, const StageArgs& a, const detail::Problem& 
   switch (plan.shape) {
     case Shape::kSplitTopk: return fast_go<In, F, G, M, Shape::kSplitTopk>(plan, a, p, stream);
     case Shape::kTile: return fast_go<In, F, G, M, Shape::kTile>(plan, a, p, stream);
+    case Shape::kSplitHalf:
+      if constexpr (In != kInF32 && core::values_per_byte(F) == 2) {
+        return fast_go<In, F, G, M, Shape::kSplitHalf>(plan, a, p, stream);
+      }
+      throw Error(ErrorCode::kInternal, "megamoe: no half-chunk kernel for " + to_string(plan));  // (check_plan)
     default: return fast_go<In, F, G, M, Shape::kLoop>(plan, a, p, stream);
   }
 }

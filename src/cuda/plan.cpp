@@ -114,6 +114,10 @@ bool recip_format(const detail::Problem& p, const StageArgs& a, const DeviceInfo
 
 }  // namespace
 
+bool split_half_applies(core::Format fmt, DType in) {
+  return in != DType::kFloat32 && core::values_per_byte(fmt) == 2 && fmt != core::Format::kNvfp4PerToken;
+}
+
 const char* role_name(Role r) {
   switch (r) {
     case Role::kFast: return "fast";
@@ -127,6 +131,7 @@ const char* shape_name(Shape s) {
   switch (s) {
     case Shape::kLoop: return "loop";
     case Shape::kSplitTopk: return "split_topk";
+    case Shape::kSplitHalf: return "split_half";
     case Shape::kTile: return "tile";
     case Shape::kRowwise: return "rowwise";
     case Shape::kGeneric: return "generic";
@@ -150,7 +155,8 @@ bool fits_idx32(const detail::Problem& p, const StageArgs& a) {
 void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves) {
   const int64_t th = std::max(1, plan.threads);
   const int64_t chunks = p.T * (p.H / kChunkElems);
-  const bool topk_blocks_of_their_own = plan.shape == Shape::kSplitTopk || plan.shape == Shape::kTile;
+  const bool topk_blocks_of_their_own =
+      plan.shape == Shape::kSplitTopk || plan.shape == Shape::kSplitHalf || plan.shape == Shape::kTile;
   // Shapes with top-k blocks of their own fill a full buffer's tail rows there too (a few
   // more threads of the same launch); the others leave it to a routing-only launch.
   plan.fused_tail = topk_blocks_of_their_own && p.full_buffer && p.M > p.T;
@@ -158,6 +164,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
   switch (plan.shape) {
     case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
     case Shape::kSplitTopk: plan.quant_blocks = ceil_div(chunks, th); break;
+    case Shape::kSplitHalf: plan.quant_blocks = ceil_div(2 * chunks, th); break;
     case Shape::kTile: {
       const int64_t tiles = ceil_div(p.T, kTileTokens) * ceil_div(p.H / kChunkElems, 32);
       plan.quant_blocks = capped_blocks(tiles * th, plan.threads, dev, max_waves);
@@ -217,7 +224,9 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
         pl.shape = Shape::kTile;
         pl.threads = kTileThreads;
       } else {
-        pl.shape = one_pass ? Shape::kSplitTopk : Shape::kLoop;
+        const bool half = p.fmt == core::Format::kMxfp4 && split_half_applies(p.fmt, pl.in) &&
+                          chunks <= kSplitHalfChunksPerSm * std::max(1, dev.sm_count);
+        pl.shape = !one_pass ? Shape::kLoop : half ? Shape::kSplitHalf : Shape::kSplitTopk;
       }
     } else {
       pl.shape = Shape::kLoop;
@@ -243,20 +252,24 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0) reject(pl, "threads must be whole warps, 32..1024");
   if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
   const bool per_token = p.fmt == core::Format::kNvfp4PerToken;
-  const bool topk_own = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kTile;
+  const bool topk_own = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kSplitHalf || pl.shape == Shape::kTile;
   const int64_t th = pl.threads;
   if (pl.fused_tail && !(topk_own && p.full_buffer)) {
-    reject(pl, "only the split-topk and tile shapes of a full-buffer call fill the tail in the kernel");
+    reject(pl, "only the split-topk, split-half and tile shapes of a full-buffer call fill the tail in the kernel");
   }
   if (topk_own) {
     if (pl.grid - pl.quant_blocks < topk_block_count(p.T, p.M, p.K, th, pl.fused_tail)) reject(pl, "too few top-k blocks");
   } else if (pl.grid != pl.quant_blocks) {
-    reject(pl, "only the split-topk and tile shapes have top-k blocks");
+    reject(pl, "only the split-topk, split-half and tile shapes have top-k blocks");
   }
   switch (pl.role) {
     case Role::kFast: {
-      if (pl.shape != Shape::kLoop && pl.shape != Shape::kSplitTopk && pl.shape != Shape::kTile) {
-        reject(pl, "the fast kernel's shapes are loop, split_topk and tile");
+      if (pl.shape != Shape::kLoop && pl.shape != Shape::kSplitTopk && pl.shape != Shape::kSplitHalf &&
+          pl.shape != Shape::kTile) {
+        reject(pl, "the fast kernel's shapes are loop, split_topk, split_half and tile");
+      }
+      if (pl.shape == Shape::kSplitHalf && !split_half_applies(p.fmt, pl.in)) {
+        reject(pl, "split_half takes FP4 formats of 16-bit inputs");
       }
       if (!fast_variant(p.fmt, p.G)) reject(pl, "the fast kernel has no variant for this format and G");
       if (!pl.vectorized || !layout_vectorizable(p, a)) {
@@ -273,6 +286,9 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
       if (pl.shape == Shape::kLoop && pl.grid * th > kMaxGridThreads) reject(pl, "loop grid beyond kMaxGridThreads");
       if (pl.shape == Shape::kSplitTopk && pl.quant_blocks != ceil_div(chunks, th)) {
         reject(pl, "split_topk needs exactly one chunk per thread");
+      }
+      if (pl.shape == Shape::kSplitHalf && pl.quant_blocks != ceil_div(2 * chunks, th)) {
+        reject(pl, "split_half needs exactly one half chunk per thread");
       }
       if (pl.shape == Shape::kTile && (pl.threads != kTileThreads || pl.quant_blocks * th > kMaxGridThreads)) {
         reject(pl, "tile blocks have 256 threads and at most kMaxGridThreads in all");

@@ -27,6 +27,7 @@ enum class Role : uint8_t {
 enum class Shape : uint8_t {
   kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by a grid-stride pass before them
   kSplitTopk,  ///< fast, 32-bit: one chunk per thread; top-k in blocks of their own after the quantizing ones
+  kSplitHalf,  ///< as kSplitTopk with half a chunk (8 elements) per thread: FP4 formats of 16-bit inputs at decode
   kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
   kRowwise,    ///< row kernel: block-stride loop over token rows
   kGeneric,    ///< general kernel: grid-stride loop over scale units
@@ -75,6 +76,16 @@ struct Plan {
   /// of each SM's loads in flight (stage_rowwise_wide_kernel).
   bool row_wide = false;
 };
+
+/// Half chunks (Shape::kSplitHalf, one 8-element half chunk a thread): a shape of the fast
+/// kernel's FP4 formats of 16-bit inputs (split_half_applies), which plan() gives MXFP4
+/// (ties toward zero) calls of at most kSplitHalfChunksPerSm chunks an SM (T = 1 at H = 7168,
+/// T <= 2 at 4096): there the launch is one warp's chain, and halving its encode took
+/// 0.03 us off it on the H200 (2.1-2.5%), while from T = 64 the doubled per-thread index and
+/// scale work cost more (+0.7-1.3% at T = 64, +4-7% at 256); NVFP4 static's per-group
+/// thresholds made it slower at every size (docs/PERFORMANCE.md, 2026-12-06).
+bool split_half_applies(core::Format fmt, DType in);
+constexpr int64_t kSplitHalfChunksPerSm = 4;
 
 /// Grid caps of the looping shapes, in waves of the SM's resident threads (2048, or 1536 on
 /// sm_86/87/89) in blocks of the plan's threads.

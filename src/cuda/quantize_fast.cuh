@@ -164,6 +164,60 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   }
 }
 
+/// Quantize half chunk c (8 elements) of the flattened problem (Shape::kSplitHalf: FP4
+/// formats of 16-bit inputs): stage_at's steps on one 16-byte load, 2G/16 threads a group,
+/// one 4-byte store of nibbles. The chunk forms encode words 0..3 of a chunk whose words
+/// 4..7 are zero; only the first output word is stored, so the compiler drops the rest.
+template <int In, core::Format F, int G, bool kStream, Extras X, typename S2>
+__device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const S2& s2, uint32_t& nf) {
+  static_assert(In != kInF32 && core::values_per_byte(F) == 2, "half chunks: FP4 of 16-bit inputs");
+  constexpr int kTPG = 2 * G / kChunk;  // threads per group
+  constexpr Half2Kind K = In == kInBF16 ? Half2Kind::kBF16 : Half2Kind::kF16;
+  MM_TRACE_DECL
+  const uint32_t h = c & 1u;
+  uint32_t t, j;
+  row_and_chunk(p, c >> 1, t, j);
+  const bool active = (c >> 1) < p.n_chunks;
+  RawChunk<In> x;
+  zero_chunk<In>(x);
+  if (active) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const typename InTraits<In>::T*>(p.hs) +
+                                                         offset(t, p.hs_s0, j * kChunk + h * (kChunk / 2), 1u)));
+    x.w[0] = u.x;
+    x.w[1] = u.y;
+    x.w[2] = u.z;
+    x.w[3] = u.w;
+  }
+  if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);  // (words 4..7: zeros, finite)
+  const uint32_t (&lo)[4] = reinterpret_cast<const uint32_t(&)[4]>(x.w);
+  float amax = abs_max_packed<K>(lo);
+#pragma unroll
+  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  MM_TRACE_AFTER(1, amax);
+  if (!active) return;
+  const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
+  const core::GroupParams gp = group_params_of<F>(amax, floor, s2);
+  MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
+  const Encoded<F> q = encode_chunk<F, In>(x, gp);
+  MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
+  uint32_t* dst = reinterpret_cast<uint32_t*>(p.xq + offset(t, p.xq_s0, j * (kChunk / 2) + h * (kChunk / 4), 1u));
+  if constexpr (kStream) {
+    asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(dst), "r"(q.w[0]) : "memory");
+  } else {
+    *dst = q.w[0];
+  }
+  MM_TRACE_AT(4);
+  MM_TRACE_PRINT("half", true);
+  const uint32_t jh = 2u * j + h;  // half chunk in the row
+  if (jh % kTPG != 0) return;
+  const uint32_t g = jh / kTPG;
+  if constexpr (kPackedSf<F>) {
+    store_word_byte(p, t, g / 4, g % 4u, gp.sf);
+  } else {
+    store_fp32_scale(p, t, g, __uint_as_float(gp.sf));
+  }
+}
+
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
 template <int In, core::Format F, int G, bool kStream, Extras X, bool kRecip, typename Idx, typename S2>
 __device__ __forceinline__ void stage_chunk(const ParamsT<Idx>& p, Idx c, const S2& s2, uint32_t& nf,
@@ -205,7 +259,9 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     stage_fast_kernel(const ParamsT<IdxOf<kMode>> p) {
   using Idx = IdxOf<kMode>;
   static_assert(kShape == Shape::kLoop || sizeof(Idx) == 4, "one-pass shapes use 32-bit indices");
-  static_assert(kShape == Shape::kLoop || kShape == Shape::kSplitTopk || kShape == Shape::kTile, "fast shapes");
+  static_assert(kShape == Shape::kLoop || kShape == Shape::kSplitTopk || kShape == Shape::kSplitHalf ||
+                    kShape == Shape::kTile,
+                "fast shapes");
   constexpr bool kStream = kMode != Mode::kIdx32;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   uint32_t nf = 0;
@@ -235,6 +291,8 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     const float s2 = static_scale2<F>(p);
     if constexpr (kShape == Shape::kTile) {
       for (uint32_t i = blockIdx.x; i < p.n_tiles; i += p.quant_blocks) stage_tile<In, F, G, kStream, X>(p, i, s2, nf);
+    } else if constexpr (kShape == Shape::kSplitHalf) {
+      stage_half<In, F, G, kStream, X>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf);
     } else {
       stage_chunk<In, F, G, kStream, X, false>(p, blockIdx.x * blockDim.x + threadIdx.x, s2, nf, nullptr);
     }

@@ -161,6 +161,10 @@ void route_aligned(const RouterArgs& r, const StageArgs* s, const detail::Router
   }
   const StageArgs a = detail::staged_args(r, *s);
   Plan pl = plan(p.stage, a, dev, /*recip_table=*/false);  // the fused kernel's loop has no table
+  if (pl.shape == Shape::kSplitHalf) {  // the fused kernel quantizes whole chunks
+    pl.shape = Shape::kSplitTopk;
+    fill_grid(pl, p.stage, dev);
+  }
   // The router blocks have the plan's block size; at decode (split-topk plans) the router
   // block is the launch's critical path and its latency falls with more threads (scores
   // and selection spread wider), while the quantizing blocks, one chunk a thread, do not

@@ -55,7 +55,12 @@ struct Buf {
   ~Buf() { cudaFree(dev); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
-  void upload() const { cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice); }
+  /// (The device sync: a pageable cudaMemcpy may return before its DMA has landed, and the
+  /// staging calls run on a non-blocking stream, which does not wait for it.)
+  void upload() const {
+    cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+  }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> v(host.size());
     cudaMemcpy(v.data(), dev, v.size(), cudaMemcpyDeviceToHost);

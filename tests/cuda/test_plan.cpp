@@ -412,7 +412,8 @@ TEST(CudaPlan, ToStringNamesEveryField) {
                            "pdl=on", "nonfinite=on", "vectorized=on", "row_split=1", "row_wide=off"}) {
     EXPECT_NE(s.find(want), std::string::npos) << want << " not in: " << s;
   }
-  for (mc::Shape sh : {mc::Shape::kLoop, mc::Shape::kSplitTopk, mc::Shape::kTile, mc::Shape::kRowwise, mc::Shape::kGeneric}) {
+  for (mc::Shape sh : {mc::Shape::kLoop, mc::Shape::kSplitTopk, mc::Shape::kSplitHalf, mc::Shape::kTile,
+                       mc::Shape::kRowwise, mc::Shape::kGeneric}) {
     EXPECT_STRNE(mc::shape_name(sh), "?");
   }
   for (mc::Role r : {mc::Role::kFast, mc::Role::kGeneric, mc::Role::kRowwise}) EXPECT_STRNE(mc::role_name(r), "?");
@@ -535,6 +536,58 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   EXPECT_NE(verdict(n, un).find("unknown kernel role"), std::string::npos) << verdict(n, un);
 }
 
+// Half chunks (8 elements a thread, twice the quantizing blocks): the library plans them
+// for MXFP4 (ties toward zero) of 16-bit inputs up to kSplitHalfChunksPerSm chunks an SM;
+// every FP4 format of 16-bit inputs can be forced onto them (NVFP4 per-token excepted, a row
+// kernel format); check_plan refuses them elsewhere and a grid not of one half chunk a thread.
+TEST(CudaPlan, SplitHalfForMxfp4DecodeOf16BitInputs) {
+  // The measured sizes (H200 and H100, 2026-12-06): T = 1 at both H, T = 2 at H = 4096.
+  const QuantScheme mx = QuantScheme::mxfp4();
+  EXPECT_EQ(FakeCall(1, 7168, mx).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(2, 7168, mx).plan().shape, mc::Shape::kSplitTopk);
+  EXPECT_EQ(FakeCall(2, 4096, mx).plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(FakeCall(4, 4096, mx).plan().shape, mc::Shape::kSplitTopk);
+  Opts bf16, f16, f32;
+  f16.in = DType::kFloat16;
+  f32.in = DType::kFloat32;
+  for (const QuantScheme& q : kAll) {
+    for (const Opts* o : {&bf16, &f16, &f32}) {
+      for (int64_t T : {1, 2, 3, 64, 2048}) {
+        for (int64_t H : {4096, 7168}) {
+          const FakeCall c(T, H, q, *o);
+          const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+          const mc::Plan p = c.plan();
+          SCOPED_TRACE(mc::to_string(p));
+          const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1 && q.scale2 != megamoe::Scale2::kPerToken;
+          const bool ttz = q.scale == megamoe::ScaleType::kUE8M0 && q.rounding != megamoe::Rounding::kNearestEven;
+          const bool small = T * (H / 16) <= mc::kSplitHalfChunksPerSm * 132;  // T = 1, and T = 2 at H = 4096
+          EXPECT_EQ(p.shape == mc::Shape::kSplitHalf, fp4 && ttz && o != &f32 && small);
+          if (p.role != mc::Role::kFast || p.shape == mc::Shape::kLoop) continue;
+          mc::Plan forced = p;
+          forced.shape = mc::Shape::kSplitHalf;
+          mc::fill_grid(forced, pr, kH200);
+          if (fp4 && o != &f32) {
+            EXPECT_EQ(forced.quant_blocks, (T * (H / 16) * 2 + p.threads - 1) / p.threads);
+            EXPECT_EQ(verdict(c, forced), "ok");
+            mc::Plan whole = forced;  // one whole chunk a thread's grid is too small
+            whole.shape = mc::Shape::kSplitTopk;
+            mc::fill_grid(whole, pr, kH200);
+            EXPECT_EQ(verdict(c, whole), "ok");
+            mc::Plan short_grid = forced;
+            short_grid.quant_blocks = whole.quant_blocks;
+            short_grid.grid = whole.grid;
+            EXPECT_NE(verdict(c, short_grid).find("one half chunk per thread"), std::string::npos)
+                << verdict(c, short_grid);
+          } else {
+            EXPECT_NE(verdict(c, forced).find("split_half takes FP4 formats of 16-bit inputs"), std::string::npos)
+                << verdict(c, forced);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
   auto call = [](int64_t T, int64_t M, const QuantScheme& q, Opts o = {}) {
     o.max_tokens = M;
@@ -556,7 +609,7 @@ TEST(CudaPlan, FullBufferTailInTheTopkBlocks) {
   // Every format: the tail is fused exactly where the plan has top-k blocks of its own.
   for (const QuantScheme& q : kAll) {
     const mc::Plan p = call(4, 512, q).plan();
-    EXPECT_EQ(p.fused_tail, p.shape == mc::Shape::kSplitTopk) << mc::to_string(p);
+    EXPECT_EQ(p.fused_tail, p.shape == mc::Shape::kSplitTopk || p.shape == mc::Shape::kSplitHalf) << mc::to_string(p);
   }
   // max_tokens == T: no tail, no extra blocks.
   const mc::Plan same = call(8, 8, QuantScheme::mxfp8()).plan();

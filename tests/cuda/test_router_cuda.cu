@@ -51,8 +51,11 @@ class Mirror {
   Mirror& operator=(const Mirror&) = delete;
 
   /// Every device buffer back to the host bytes it had when the mirror was made.
+  /// (A pageable host-to-device cudaMemcpy may return before its DMA has landed, and the
+  /// calls run on a non-blocking stream, which does not wait for it: the device sync does.)
   void reset() const {
     for (const auto& e : entries_) cudaMemcpy(e.dev, e.initial.data(), e.initial.size(), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   }
   /// @p r with its data pointing into the device copy of its buffer.
   TensorRef map(TensorRef r) const {
