@@ -168,11 +168,11 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
   return out;
 }
 
-/// Vector global store of N words (N = 4: 16 bytes, N = 2: 8 bytes); kStream: streaming
-/// (evict-first) store.
+/// Vector global store of N words (N = 4: 16 bytes, N = 2: 8 bytes, N = 1: 4 bytes);
+/// kStream: streaming (evict-first) store.
 template <bool kStream, int N>
 __device__ __forceinline__ void store_words(void* ptr, const uint32_t (&v)[N]) {
-  static_assert(N == 2 || N == 4, "8- or 16-byte stores");
+  static_assert(N == 1 || N == 2 || N == 4, "4-, 8- or 16-byte stores");
   if constexpr (N == 4) {
     if constexpr (kStream) {
       asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v[0]), "r"(v[1]),
@@ -181,11 +181,17 @@ __device__ __forceinline__ void store_words(void* ptr, const uint32_t (&v)[N]) {
     } else {
       *static_cast<uint4*>(ptr) = make_uint4(v[0], v[1], v[2], v[3]);
     }
-  } else {
+  } else if constexpr (N == 2) {
     if constexpr (kStream) {
       asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v[0]), "r"(v[1]) : "memory");
     } else {
       *static_cast<uint2*>(ptr) = make_uint2(v[0], v[1]);
+    }
+  } else {
+    if constexpr (kStream) {
+      asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(ptr), "r"(v[0]) : "memory");
+    } else {
+      *static_cast<uint32_t*>(ptr) = v[0];
     }
   }
 }

@@ -100,6 +100,26 @@ __device__ __forceinline__ void row_and_chunk(const ParamsT<Idx>& p, Idx c, Idx&
   }
 }
 
+/// The max of @p amax over the kTPG consecutive threads of a group (xor-shuffles; every
+/// lane of the warp must call it).
+template <int kTPG>
+__device__ __forceinline__ float group_amax(float amax) {
+#pragma unroll
+  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  return amax;
+}
+
+/// Group g's scale of row t: its byte into the packed word (and the shared-expert copy), or
+/// its fp32.
+template <core::Format F, typename Idx>
+__device__ __forceinline__ void store_group_scale(const ParamsT<Idx>& p, Idx t, Idx g, uint32_t sf) {
+  if constexpr (kPackedSf<F>) {
+    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), sf);
+  } else {
+    store_fp32_scale(p, t, g, __uint_as_float(sf));
+  }
+}
+
 /// Quantize chunk j of row t (a no-op unless active, but every lane must call it:
 /// shuffles). s2: the format's second-level scale (static_scale2). kTile: the group's scale
 /// goes to this warp's row of the block's shared-memory tile (a scale byte or an fp32's
@@ -120,9 +140,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     zero_chunk<In>(x);
   }
   if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);
-  float amax = chunk_amax<In>(x);
-#pragma unroll
-  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float amax = group_amax<kTPG>(chunk_amax<In>(x));
   MM_TRACE_AFTER(1, amax);
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
@@ -156,12 +174,7 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     else tile[gl] = gp.sf;
     return;
   }
-  const Idx g = j / kTPG;  // group in the row
-  if constexpr (kPackedSf<F>) {
-    store_word_byte(p, t, g / 4, static_cast<uint32_t>(g % 4), gp.sf);
-  } else {
-    store_fp32_scale(p, t, g, __uint_as_float(gp.sf));
-  }
+  store_group_scale<F>(p, t, j / kTPG, gp.sf);  // (j / kTPG: the group in the row)
 }
 
 /// Quantize half chunk c (8 elements) of the flattened problem (Shape::kSplitHalf: FP4
@@ -190,9 +203,7 @@ __device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const 
   }
   if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);  // (words 4..7: zeros, finite)
   const uint32_t (&lo)[4] = reinterpret_cast<const uint32_t(&)[4]>(x.w);
-  float amax = abs_max_packed<K>(lo);
-#pragma unroll
-  for (int off = 1; off < kTPG; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float amax = group_amax<kTPG>(abs_max_packed<K>(lo));
   MM_TRACE_AFTER(1, amax);
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
@@ -200,22 +211,13 @@ __device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const 
   MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
   const Encoded<F> q = encode_chunk<F, In>(x, gp);
   MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
-  uint32_t* dst = reinterpret_cast<uint32_t*>(p.xq + offset(t, p.xq_s0, j * (kChunk / 2) + h * (kChunk / 4), 1u));
-  if constexpr (kStream) {
-    asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(dst), "r"(q.w[0]) : "memory");
-  } else {
-    *dst = q.w[0];
-  }
+  const uint32_t(&w0)[1] = reinterpret_cast<const uint32_t(&)[1]>(q.w);
+  store_words<kStream>(p.xq + offset(t, p.xq_s0, j * (kChunk / 2) + h * (kChunk / 4), 1u), w0);
   MM_TRACE_AT(4);
   MM_TRACE_PRINT("half", true);
   const uint32_t jh = 2u * j + h;  // half chunk in the row
   if (jh % kTPG != 0) return;
-  const uint32_t g = jh / kTPG;
-  if constexpr (kPackedSf<F>) {
-    store_word_byte(p, t, g / 4, g % 4u, gp.sf);
-  } else {
-    store_fp32_scale(p, t, g, __uint_as_float(gp.sf));
-  }
+  store_group_scale<F>(p, t, jh / kTPG, gp.sf);
 }
 
 /// Quantize 16-element chunk c of the flattened problem (see stage_at).
