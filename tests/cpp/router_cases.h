@@ -303,6 +303,16 @@ inline Spec all_equal_spec() {
   return s;
 }
 
+/// Every logit 0.5 at a decode shape (E = 256, K = 6: K within the warps holding experts):
+/// all 256 experts tie at the one-token selection's threshold, more than the 32 it compacts,
+/// so the CUDA kernels take its fallback (K rounds over the keys); ids 0..K-1.
+inline Spec all_equal_decode_spec() {
+  Spec s = random_spec(2, 256, 6, 21);
+  for (float& x : s.logits) x = 0.5f;
+  for (float& b : *s.bias) b = 0.25f;
+  return s;
+}
+
 /// Logits rising with the id, a bias falling faster: the lowest ids win.
 inline Spec reversed_bias_spec() {
   Spec s = random_spec(4, 100, 5, 14);
@@ -442,6 +452,7 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
   c.emplace_back("clustered", clustered_spec());
   c.emplace_back("bias tie", bias_tie_spec(score));
   c.emplace_back("all equal", all_equal_spec());
+  c.emplace_back("all equal decode", all_equal_decode_spec());
   c.emplace_back("reversed bias", reversed_bias_spec());
   c.emplace_back("nan inf", nan_inf_spec());
   c.emplace_back("extremes", extremes_spec());
