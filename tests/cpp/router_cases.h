@@ -295,21 +295,13 @@ inline Spec bias_tie_spec(float (*score)(float)) {
   return u;
 }
 
-/// Every logit 0.5: ids 0..K-1.
-inline Spec all_equal_spec() {
-  Spec s = random_spec(3, 200, 8, 13);
+/// Every logit 0.5: ids 0..K-1. The default shape has K above the warps holding experts
+/// (the CUDA kernels' general selection); at E = 256, K = 6 all 256 experts tie at the
+/// one-token selection's threshold, more than the 32 it compacts, which is its fallback.
+inline Spec all_equal_spec(int64_t T = 3, int64_t E = 200, int64_t K = 8, uint32_t seed = 13) {
+  Spec s = random_spec(T, E, K, seed);
   for (float& x : s.logits) x = 0.5f;
   for (float& b : *s.bias) b = -1.0f;
-  return s;
-}
-
-/// Every logit 0.5 at a decode shape (E = 256, K = 6: K within the warps holding experts):
-/// all 256 experts tie at the one-token selection's threshold, more than the 32 it compacts,
-/// so the CUDA kernels take its fallback (K rounds over the keys); ids 0..K-1.
-inline Spec all_equal_decode_spec() {
-  Spec s = random_spec(2, 256, 6, 21);
-  for (float& x : s.logits) x = 0.5f;
-  for (float& b : *s.bias) b = 0.25f;
   return s;
 }
 
@@ -452,7 +444,7 @@ inline std::vector<std::pair<std::string, Spec>> catalog(float (*score)(float)) 
   c.emplace_back("clustered", clustered_spec());
   c.emplace_back("bias tie", bias_tie_spec(score));
   c.emplace_back("all equal", all_equal_spec());
-  c.emplace_back("all equal decode", all_equal_decode_spec());
+  c.emplace_back("all equal decode", all_equal_spec(2, 256, 6, 21));
   c.emplace_back("reversed bias", reversed_bias_spec());
   c.emplace_back("nan inf", nan_inf_spec());
   c.emplace_back("extremes", extremes_spec());
