@@ -211,7 +211,7 @@ __device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const 
   MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
   const Encoded<F> q = encode_chunk<F, In>(x, gp);
   MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
-  const uint32_t(&w0)[1] = reinterpret_cast<const uint32_t(&)[1]>(q.w);
+  const uint32_t w0[1] = {q.w[0]};  // (the half's nibbles: one word)
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * (kChunk / 2) + h * (kChunk / 4), 1u), w0);
   MM_TRACE_AT(4);
   MM_TRACE_PRINT("half", true);
