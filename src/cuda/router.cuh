@@ -323,18 +323,24 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
 /// be @p c). Every lane reads all n candidates (the same address across the warp:
 /// broadcasts, independent, issued back to back): 299 cycles for n = 24 on the H200 where
 /// 32 shuffles of the 64-bit candidates took 512 (bench/results/h200_3e84726_latency_probe.txt).
-__device__ __forceinline__ void router_rank(const uint64_t* c, uint32_t n, uint32_t K, uint64_t* out) {
-  const uint32_t lane = threadIdx.x % 32u;
-  const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
+/// How many of the n candidates @p c (shared memory) are larger than @p mine: its rank among
+/// them. Eight reads at a time up to n (warp-uniform; a single token's threshold typically
+/// lets K to 2K experts through), not all 32 slots.
+__device__ __forceinline__ uint32_t router_rank_of(const uint64_t* c, uint32_t n, uint64_t mine) {
   uint32_t rank = 0;
-  // Eight reads at a time up to n (warp-uniform; a single token's threshold typically lets
-  // K to 2K experts through), not all 32 slots.
   for (uint32_t q0 = 0; q0 < n; q0 += 8u) {
     MEGAMOE_UNROLL
     for (uint32_t j = 0; j < 8u; ++j) {
       if (q0 + j < n) rank += c[q0 + j] > mine ? 1u : 0u;
     }
   }
+  return rank;
+}
+
+__device__ __forceinline__ void router_rank(const uint64_t* c, uint32_t n, uint32_t K, uint64_t* out) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const uint64_t mine = lane < n ? c[lane] : kNoCandidate;
+  const uint32_t rank = router_rank_of(c, n, mine);
   __syncwarp();
   if (lane < n && rank < K) out[rank] = mine;
   __syncwarp();
@@ -354,7 +360,22 @@ struct SingleScratch {
   uint32_t wmax[kRouterMaxWarps];  // each warp's largest key
   uint32_t n;                          // experts at or above the threshold
   alignas(16) uint64_t sel[32];        // their candidates (the first 32)
+  float sel_s[32];                     // and their scores (router_decode_token)
 };
+
+/// tau of router_select_single from the warps' largest keys s.wmax (after the barrier that
+/// published them): the K-th largest of the Wh maxima, counted with multiplicity (lane j
+/// counts the maxima >= its own, the largest with a count >= K is tau), in every lane.
+__device__ __forceinline__ uint32_t router_single_tau(const SingleScratch& s, uint32_t Wh, uint32_t K) {
+  const uint32_t lane = threadIdx.x % 32u;
+  const uint32_t mj = lane < Wh ? s.wmax[lane] : 0u;
+  uint32_t ge = 0;
+  MEGAMOE_UNROLL
+  for (uint32_t i = 0; i < static_cast<uint32_t>(kRouterMaxWarps); ++i) {
+    if (i < Wh) ge += s.wmax[i] >= mj ? 1u : 0u;
+  }
+  return warp_extreme<true>(lane < Wh && ge >= K ? mj : 0u);
+}
 
 /// The top K of a block's only token without K rounds (K <= the warps that hold experts):
 /// each warp's largest key (one redux), a barrier; tau = the K-th largest of those W
@@ -378,13 +399,7 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
   if (threadIdx.x == 0u) s.n = 0u;
   __syncthreads();
   MM_TRACE_AT(5);
-  const uint32_t mj = lane < Wh ? s.wmax[lane] : 0u;
-  uint32_t ge = 0;
-  MEGAMOE_UNROLL
-  for (uint32_t i = 0; i < static_cast<uint32_t>(kRouterMaxWarps); ++i) {
-    if (i < Wh) ge += s.wmax[i] >= mj ? 1u : 0u;
-  }
-  const uint32_t tau = warp_extreme<true>(lane < Wh && ge >= K ? mj : 0u);
+  const uint32_t tau = router_single_tau(s, Wh, K);
   for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
     const uint32_t k = key[e];
     if (k >= tau) {
@@ -427,6 +442,144 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bo
   }
   if (lane < r.K) {
     router_store(r, t, lane, keep, id, core::router_weight(s, core::weight_denominator(sum), r.alpha), rec);
+  }
+}
+
+/// The one-token decode block applies (block-uniform): one token a block, no hash layer,
+/// at most two experts a thread and K at most the warps holding experts (router_select_single's
+/// condition). Every field it reads shares the parameters' first line.
+__device__ __forceinline__ bool router_decode_applies(const RouterParams& r) {
+  const uint32_t E = static_cast<uint32_t>(r.E), warps = blockDim.x / 32u, cols = (E + 31u) / 32u;
+  return r.tpb == 1u && (r.flags & kRouteHash) == 0u && E <= 2u * blockDim.x &&
+         static_cast<uint32_t>(r.K) <= (warps < cols ? warps : cols);
+}
+
+/// Token t of a one-token block (router_decode_applies), the decode case written for itself:
+/// expert tid and tid + blockDim.x of a thread (their loads issued first), their scores side
+/// by side (core::router_scores, two chains where the warp's first lane has a second
+/// expert), the keys kept in registers: each warp's largest before the one barrier after the
+/// scores, then tau and the compaction of the experts at or above it from registers
+/// (router_select_single's rule and winners) with their scores beside them, a second
+/// barrier, and warp 0 ranks them and finishes without another shared-memory round trip:
+/// lane q holds candidate q, its rank and its score; the K winners' scores reach every lane
+/// by a ballot and a shuffle each, summed in rank order (router_finish's order), and the
+/// lane of rank k stores entry k. More than 32 experts at or above tau (many equal keys):
+/// warp 0 selects by K rounds over the keys in shared memory (router_slice_topk) and
+/// router_finish. The same bytes as router_block_body's path for the same token. (Trace
+/// points: 1 the keys, 2 the first barrier, 6 the second, 3 the ranking, 4 the stores.)
+template <bool kInlined>
+__device__ __forceinline__ void router_decode_token(const RouterParams& r, int64_t t, uint32_t* key, float* score,
+                                                    SingleScratch& s, uint64_t* cand) {
+  MM_TRACE_DECL
+  const uint32_t tid = threadIdx.x, lane = tid % 32u, warp = tid / 32u;
+  const uint32_t E = static_cast<uint32_t>(r.E), K = static_cast<uint32_t>(r.K);
+  const bool biased = (r.flags & kRouteBias) != 0;
+  const uint32_t e[2] = {tid, tid + blockDim.x};
+  const bool v[2] = {e[0] < E, e[1] < E};
+  float x[2], b[2];
+  MEGAMOE_UNROLL
+  for (int c = 0; c < 2; ++c) {
+    x[c] = v[c] ? router_logit(r, t, e[c]) : 0.0f;
+    b[c] = v[c] && biased ? router_bias(r, e[c]) : 0.0f;
+  }
+  const uint32_t pad_byte = router_pad_byte(r, t);
+  const int32_t rec_word = (r.flags & kRouteEplb) != 0 && warp == 0u ? *r.record : 0;
+  if (r.nonfinite != nullptr) {
+    uint32_t nf = 0;
+    MEGAMOE_UNROLL
+    for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
+    flush_nonfinite(r.nonfinite, nf);
+  }
+  float sc[2] = {0.0f, 0.0f};
+  if (blockDim.x + (tid & ~31u) < E) {  // warp-uniform: the warp's first lane has two experts
+    core::router_scores<2, kInlined, kInlined>(x, sc);
+  } else {
+    const float x1[1] = {x[0]};
+    float s1[1];
+    core::router_scores<1, kInlined, kInlined>(x1, s1);
+    sc[0] = s1[0];
+  }
+  const bool padded = pad_byte != 0u;  // block-uniform
+  uint32_t k[2], m = 0;
+  MEGAMOE_UNROLL
+  for (int c = 0; c < 2; ++c) {
+    k[c] = biased ? core::biased_key(sc[c], b[c]) : core::selection_key(sc[c]);
+    if (v[c]) {
+      m = max(m, k[c]);
+      if (!padded) {  // (the keys and scores in shared memory: the fallback's)
+        key[e[c]] = k[c];
+        score[e[c]] = sc[c];
+      }
+    }
+  }
+  m = warp_extreme<true>(m);
+  if (lane == 0u) s.wmax[warp] = m;
+  if (tid == 0u) s.n = 0u;
+  MM_TRACE_AT(1);
+  __syncthreads();
+  MM_TRACE_AT(2);
+  const bool rec = rec_word != 0;
+  if (padded) {
+    if (warp == 0u && lane < K) router_store(r, t, lane, false, -1, 0.0f, rec);
+    return;
+  }
+  const uint32_t warps = blockDim.x / 32u, cols = (E + 31u) / 32u;
+  const uint32_t tau = router_single_tau(s, warps < cols ? warps : cols, K);
+  MEGAMOE_UNROLL
+  for (int c = 0; c < 2; ++c) {
+    if (v[c] && k[c] >= tau) {
+      const uint32_t slot = atomicAdd(&s.n, 1u);
+      if (slot < 32u) {
+        s.sel[slot] = router_candidate(k[c], e[c]);
+        s.sel_s[slot] = sc[c];
+      }
+    }
+  }
+  __syncthreads();
+  MM_TRACE_AT(6);
+  if (warp != 0u) return;
+  const uint32_t n = s.n;
+  if (n > 32u) {  // warp-uniform
+    router_slice_topk(key, E, K, 0u, 1u, cand);
+    __syncwarp();
+    router_finish(r, t, cand, score, rec);
+    return;
+  }
+  const uint64_t mine = lane < n ? s.sel[lane] : kNoCandidate;
+  const float ms = lane < n ? s.sel_s[lane] : 0.0f;
+  const uint32_t rank = router_rank_of(s.sel, n, mine);
+  const bool win = lane < n && rank < K;  // K winners, ranks 0..K-1 (distinct candidates)
+  MM_TRACE_AT(3);
+  // K <= the block's warps <= kRouterMaxWarps: winner q's score from the lane of rank q (a
+  // ballot past K is empty and its shuffle unused), added in rank order.
+  static_assert(kRouterMaxWarps == 8, "eight ranks");
+  float wq[kRouterMaxWarps];
+  MEGAMOE_UNROLL
+  for (uint32_t q = 0; q < static_cast<uint32_t>(kRouterMaxWarps); ++q) {
+    wq[q] = __shfl_sync(0xFFFFFFFFu, ms, __ffs(__ballot_sync(0xFFFFFFFFu, win && rank == q)) - 1);
+  }
+  float sum = 0.0f;
+  MEGAMOE_UNROLL
+  for (uint32_t q = 0; q < static_cast<uint32_t>(kRouterMaxWarps); ++q) {
+    if (q < K) sum = core::add_rn(sum, wq[q]);
+  }
+  if (win) {
+    router_store(r, t, rank, true, candidate_id(mine),
+                 core::router_weight(ms, core::weight_denominator(sum), r.alpha), rec);
+  }
+  MM_TRACE_AT(4);
+  MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-decode-fused" : "router-decode", true);
+}
+
+/// Rows T..M-1 of the staged top-k (the full buffer's tail), spread over all router blocks.
+__device__ __forceinline__ void router_fill_tail(const RouterParams& r, uint32_t rb) {
+  if ((r.flags & kRouteStaged) == 0u) return;
+  const int64_t n = (r.M - r.T) * r.K;
+  for (int64_t i = static_cast<int64_t>(rb) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(r.blocks) * blockDim.x) {
+    const int64_t t = r.T + i / r.K, k = i % r.K;
+    r.idx_out[t * r.io_s0 + k * r.io_s1] = -1;
+    r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
   }
 }
 
@@ -513,6 +666,13 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
   __shared__ float sh_s[kRouterSmemEntries];
   __shared__ uint64_t sh_cand[kRouterMaxWarps * core::kMaxRouterTopk];
   __shared__ SingleScratch sh_single;
+  if constexpr (kInlined) {
+    if (router_decode_applies(r)) {  // block-uniform
+      if (static_cast<int64_t>(rb) < r.T) router_decode_token<kInlined>(r, rb, sh_key, sh_s, sh_single, sh_cand);
+      router_fill_tail(r, rb);
+      return;
+    }
+  }
   MM_TRACE_DECL
   const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
@@ -593,16 +753,7 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       }
     }
   }
-  // Full-buffer tail: rows T..M-1 of the staged top-k, spread over all router blocks.
-  if (r.flags & kRouteStaged) {
-    const int64_t n = (r.M - r.T) * r.K;
-    for (int64_t i = static_cast<int64_t>(rb) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<int64_t>(r.blocks) * blockDim.x) {
-      const int64_t t = r.T + i / r.K, k = i % r.K;
-      r.idx_out[t * r.io_s0 + k * r.io_s1] = -1;
-      r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
-    }
-  }
+  router_fill_tail(r, rb);
   // (points 5 and 6: the single-token selection's two barriers, 3: its ranking done, 4:
   // the weights and stores after it)
   MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-fused" : "router", true);
