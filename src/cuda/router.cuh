@@ -484,12 +484,9 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   }
   const uint32_t pad_byte = router_pad_byte(r, t);
   const int32_t rec_word = (r.flags & kRouteEplb) != 0 && warp == 0u ? *r.record : 0;
-  if (r.nonfinite != nullptr) {
-    uint32_t nf = 0;
-    MEGAMOE_UNROLL
-    for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
-    flush_nonfinite(r.nonfinite, nf);
-  }
+  uint32_t nf = 0;
+  MEGAMOE_UNROLL
+  for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
   float sc[2] = {0.0f, 0.0f};
   if (blockDim.x + (tid & ~31u) < E) {  // warp-uniform: the warp's first lane has two experts
     core::router_scores<2, kInlined, kInlined>(x, sc);
@@ -499,6 +496,8 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
     core::router_scores<1, kInlined, kInlined>(x1, s1);
     sc[0] = s1[0];
   }
+  // The counter's shuffles and atomic after the scores, off the chain to them.
+  if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
   const bool padded = pad_byte != 0u;  // block-uniform
   uint32_t k[2], m = 0;
   MEGAMOE_UNROLL
