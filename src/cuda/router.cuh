@@ -466,7 +466,8 @@ __device__ __forceinline__ bool router_decode_applies(const RouterParams& r) {
 /// lane of rank k stores entry k. More than 32 experts at or above tau (many equal keys):
 /// warp 0 selects by K rounds over the keys in shared memory (router_slice_topk) and
 /// router_finish. The same bytes as router_block_body's path for the same token. (Trace
-/// points: 1 the keys, 2 the first barrier, 6 the second, 3 the ranking, 4 the stores.)
+/// points: 5 the first logit loaded, 1 the keys, 2 the first barrier, 6 the second, 3 the
+/// ranking, 4 the stores.)
 template <bool kInlined>
 __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64_t t, uint32_t* key, float* score,
                                                     SingleScratch& s, uint64_t* cand) {
@@ -487,6 +488,7 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   uint32_t nf = 0;
   MEGAMOE_UNROLL
   for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
+  MM_TRACE_AFTER(5, x[0]);
   float sc[2] = {0.0f, 0.0f};
   if (blockDim.x + (tid & ~31u) < E) {  // warp-uniform: the warp's first lane has two experts
     core::router_scores<2, kInlined, kInlined>(x, sc);
