@@ -6,7 +6,8 @@
 // Prints one JSON object per line.
 //   usage: bench_router [--T 1,8,64,256,1024,4096] [--layers E:K:H,...] [--eplb 0,1]
 //   (--eplb 2: the EPLB map with the record flag 0, no load counting)
-//                       [--format mxfp8|fp8_fp32_g128] [--quick]
+//                       [--format mxfp8|fp8_fp32_g128] [--logits fp32|bf16] [--quick]
+//   (--logits bf16: the same randn logits rounded to bf16, as a bf16 gate writes them)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +28,13 @@ using namespace megamoe;
 namespace {
 
 __global__ void empty_kernel() {}
+
+/// fp32 -> bf16 bits, round to nearest even (the benchmark's finite logits).
+uint16_t float_to_bf16_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 std::vector<long long> parse_list(const char* s) {
   std::vector<long long> v;
@@ -68,7 +76,7 @@ int main(int argc, char** argv) {
   std::vector<long long> Ts = {1, 8, 64, 256, 1024, 4096};
   std::vector<Layer> layers = {{256, 6, 4096}, {384, 6, 7168}};
   std::vector<long long> eplbs = {0, 1};
-  std::string format = "mxfp8";
+  std::string format = "mxfp8", logits_dtype = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -76,9 +84,10 @@ int main(int argc, char** argv) {
     else if (a == "--layers" && next) layers = parse_layers(argv[++i]);
     else if (a == "--eplb" && next) eplbs = parse_list(argv[++i]);
     else if (a == "--format" && next) format = argv[++i];
+    else if (a == "--logits" && next) logits_dtype = argv[++i];
     else if (a == "--quick") Ts = {1, 64, 1024};
     else {
-      std::fprintf(stderr, "usage: %s [--T list] [--layers E:K:H,...] [--eplb 0,1,2] [--format mxfp8|fp8_fp32_g128] [--quick]\n",
+      std::fprintf(stderr, "usage: %s [--T list] [--layers E:K:H,...] [--eplb 0,1,2] [--format mxfp8|fp8_fp32_g128] [--logits fp32|bf16] [--quick]\n",
                    argv[0]);
       return 2;
     }
@@ -88,6 +97,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--format: mxfp8 or fp8_fp32_g128\n");
     return 2;
   }
+  if (logits_dtype != "fp32" && logits_dtype != "bf16") {
+    std::fprintf(stderr, "--logits: fp32 or bf16\n");
+    return 2;
+  }
+  const bool logits_bf16 = logits_dtype == "bf16";
   const float alpha = 1.5f;  // DeepSeek-V4's routed_scaling_factor
   const int64_t R = 2;       // EPLB replica slots: the first 32 experts have a second replica
   const int64_t extra = 32;
@@ -110,7 +124,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&load, (maxE + extra) * 4));
   CK(cudaMalloc(&rec, 4));
   CK(cudaMalloc(&cpy, maxT * maxH * 4 + (1 << 20)));
-  {  // logits randn (fp32), bias randn * 0.1, hidden bf16 randn * 17
+  {  // logits randn (fp32, or rounded to bf16), bias randn * 0.1, hidden bf16 randn * 17
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> lg(maxT * maxE), b(maxE);
@@ -123,7 +137,13 @@ int main(int argc, char** argv) {
       std::memcpy(&u, &f, 4);
       x = static_cast<uint16_t>(u >> 16);
     }
-    CK(cudaMemcpy(logits, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+    if (logits_bf16) {
+      std::vector<uint16_t> lh(lg.size());
+      for (size_t i = 0; i < lg.size(); ++i) lh[i] = float_to_bf16_rne(lg[i]);
+      CK(cudaMemcpy(logits, lh.data(), lh.size() * 2, cudaMemcpyHostToDevice));
+    } else {
+      CK(cudaMemcpy(logits, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+    }
     CK(cudaMemcpy(bias, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(hs, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     const int32_t one = 1;
@@ -146,7 +166,7 @@ int main(int argc, char** argv) {
       for (long long T : Ts) {
         const OutputShapes sh = output_shapes(T, H, K, scheme);
         RouterArgs r;
-        r.router_logits = TensorRef(logits, DType::kFloat32, {T, E}, d);
+        r.router_logits = TensorRef(logits, logits_bf16 ? DType::kBFloat16 : DType::kFloat32, {T, E}, d);
         r.e_score_correction_bias = TensorRef(bias, DType::kFloat32, {E}, d);
         r.top_k = K;
         r.routed_scaling_factor = alpha;
@@ -219,15 +239,15 @@ int main(int argc, char** argv) {
         const double route_us = time_graph(s, route_only, calls, reps);
         const double stage_us = time_graph(s, stage_only, calls, reps);
         // Bytes of the fused call: logits + bias in, hidden in, x_q / x_sf / both top-k pairs out.
-        const double bytes = T * E * 4.0 + E * 4.0 + T * H * 2.0 + nq + nsf + T * K * (4 + 4 + 8 + 4.0);
+        const double bytes = T * E * (logits_bf16 ? 2.0 : 4.0) + E * 4.0 + T * H * 2.0 + nq + nsf + T * K * (4 + 4 + 8 + 4.0);
         const size_t half = static_cast<size_t>(bytes / 2);
         const double copy_us = time_graph(
             s, [&] { CK(cudaMemcpyAsync(cpy, static_cast<char*>(cpy) + ((half + 255) / 256) * 256, half, cudaMemcpyDeviceToDevice, s)); },
             calls, reps);
-        std::printf("{\"kind\":\"router\",\"source\":\"cpp\",\"format\":\"%s\",\"E\":%lld,\"K\":%lld,\"H\":%lld,\"T\":%lld,"
+        std::printf("{\"kind\":\"router\",\"source\":\"cpp\",\"format\":\"%s\",\"logits\":\"%s\",\"E\":%lld,\"K\":%lld,\"H\":%lld,\"T\":%lld,"
                     "\"eplb\":%s,\"record\":%s,\"bytes\":%.0f,\"fused_us\":%.3f,\"route_then_stage_us\":%.3f,\"route_us\":%.3f,"
                     "\"stage_us\":%.3f,\"copy_us\":%.3f,\"fused_equals_two_step\":%s,\"eplb_recorded\":%lld}\n",
-                    format.c_str(), (long long)E, (long long)K, (long long)H, T, eplb ? "true" : "false", eplb == 1 ? "true" : "false", bytes, fused_us,
+                    format.c_str(), logits_dtype.c_str(), (long long)E, (long long)K, (long long)H, T, eplb ? "true" : "false", eplb == 1 ? "true" : "false", bytes, fused_us,
                     two_us, route_us, stage_us, copy_us, same ? "true" : "false", recorded);
         std::fflush(stdout);
       }
