@@ -121,6 +121,24 @@ __device__ __forceinline__ float load_real(const void* p, int64_t off, bool bf16
   return bf16 ? core::bf16_to_float(static_cast<const uint16_t*>(p)[off]) : static_cast<const float*>(p)[off];
 }
 
+/// The bits of element @p off of an fp32 or (@p bf16) bf16 array, a bf16 in the low half:
+/// the loads of a step first, each widened by real_of_bits once all are issued. A 16-bit
+/// load widened where it is loaded made the next load wait for it (sm_90 SASS: the widening
+/// inside the load's branch, before the next load's).
+__device__ __forceinline__ uint32_t load_real_bits(const void* p, int64_t off, bool bf16) {
+  return bf16 ? static_cast<const uint16_t*>(p)[off] : static_cast<const uint32_t*>(p)[off];
+}
+
+__device__ __forceinline__ float real_of_bits(uint32_t u, bool bf16) { return core::bits_float(bf16 ? u << 16 : u); }
+
+__device__ __forceinline__ uint32_t router_logit_bits(const RouterParams& r, int64_t t, int64_t e) {
+  return load_real_bits(r.logits, t * r.lg_s0 + e * r.lg_s1, (r.flags & kRouteLogitsBF16) != 0);
+}
+
+__device__ __forceinline__ uint32_t router_bias_bits(const RouterParams& r, int64_t e) {
+  return load_real_bits(r.bias, e * r.bias_s0, (r.flags & kRouteBiasBF16) != 0);
+}
+
 __device__ __forceinline__ float router_logit(const RouterParams& r, int64_t t, int64_t e) {
   return load_real(r.logits, t * r.lg_s0 + e * r.lg_s1, (r.flags & kRouteLogitsBF16) != 0);
 }
@@ -477,20 +495,31 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   const bool biased = (r.flags & kRouteBias) != 0;
   const uint32_t e[2] = {tid, tid + blockDim.x};
   const bool v[2] = {e[0] < E, e[1] < E};
-  float x[2], b[2];
+  // Whether the warp's first lane has a second expert (warp-uniform).
+  const bool two = blockDim.x + (tid & ~31u) < E;
+  // The loads without a branch a lane: a lane past E loads expert 0's (a valid address),
+  // unused.
+  uint32_t xb[2], bb[2] = {0u, 0u};
   MEGAMOE_UNROLL
   for (int c = 0; c < 2; ++c) {
-    x[c] = v[c] ? router_logit(r, t, e[c]) : 0.0f;
-    b[c] = v[c] && biased ? router_bias(r, e[c]) : 0.0f;
+    const uint32_t ec = v[c] ? e[c] : 0u;
+    xb[c] = c == 0 || two ? router_logit_bits(r, t, ec) : 0u;
+    if (biased && (c == 0 || two)) bb[c] = router_bias_bits(r, ec);
   }
   const uint32_t pad_byte = router_pad_byte(r, t);
   const int32_t rec_word = (r.flags & kRouteEplb) != 0 && warp == 0u ? *r.record : 0;
+  float x[2], b[2];
+  MEGAMOE_UNROLL
+  for (int c = 0; c < 2; ++c) {
+    x[c] = v[c] ? real_of_bits(xb[c], (r.flags & kRouteLogitsBF16) != 0) : 0.0f;
+    b[c] = v[c] ? real_of_bits(bb[c], (r.flags & kRouteBiasBF16) != 0) : 0.0f;
+  }
   uint32_t nf = 0;
   MEGAMOE_UNROLL
   for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
   MM_TRACE_AFTER(5, x[0]);
   float sc[2] = {0.0f, 0.0f};
-  if (blockDim.x + (tid & ~31u) < E) {  // warp-uniform: the warp's first lane has two experts
+  if (two) {
     core::router_scores<2, kInlined, kInlined>(x, sc);
   } else {
     const float x1[1] = {x[0]};
@@ -594,19 +623,26 @@ __device__ __forceinline__ void router_score_entries(const RouterParams& r, int6
                                                      uint32_t& nf, uint32_t* key, float* score) {
   const uint32_t E = static_cast<uint32_t>(r.E);
   const bool biased = (r.flags & kRouteBias) != 0;
-  uint32_t idx[N], pad[N];
+  uint32_t idx[N], pad[N], xb[N], bb[N];
   float x[N], b[N];
-  // Every load of the N entries first; what reads them (the counter, the padding test)
-  // after all are issued.
+  // Every load of the N entries first; what reads them (the widening, the counter, the
+  // padding test) after all are issued. A stand-in loads token t0's expert 0 (a valid
+  // address), unused.
   MEGAMOE_UNROLL
   for (int c = 0; c < N; ++c) {
     idx[c] = i + static_cast<uint32_t>(c) * blockDim.x;
     const bool valid = idx[c] < n;
     // One token a block (decode): no division on the way to the first load.
     const uint32_t w = valid && E < n ? idx[c] / E : 0u, e = valid ? idx[c] - w * E : 0u;
-    x[c] = valid ? router_logit(r, t0 + w, e) : 0.0f;
-    b[c] = valid && biased ? router_bias(r, e) : 0.0f;
+    xb[c] = router_logit_bits(r, t0 + w, e);
+    bb[c] = biased ? router_bias_bits(r, e) : 0u;
     pad[c] = valid ? router_pad_byte(r, t0 + w) : 1u;  // a stand-in is never stored
+  }
+  MEGAMOE_UNROLL
+  for (int c = 0; c < N; ++c) {
+    const bool valid = idx[c] < n;
+    x[c] = valid ? real_of_bits(xb[c], (r.flags & kRouteLogitsBF16) != 0) : 0.0f;
+    b[c] = valid ? real_of_bits(bb[c], (r.flags & kRouteBiasBF16) != 0) : 0.0f;
   }
   if (r.nonfinite != nullptr) {
     MEGAMOE_UNROLL
