@@ -116,11 +116,6 @@ enum : uint32_t {
   kRoutePdl = 512u,     // the standalone router kernel was launched with PDL
 };
 
-/// Element @p off of an fp32 or (@p bf16) bf16 array, widened to fp32.
-__device__ __forceinline__ float load_real(const void* p, int64_t off, bool bf16) {
-  return bf16 ? core::bf16_to_float(static_cast<const uint16_t*>(p)[off]) : static_cast<const float*>(p)[off];
-}
-
 /// The bits of element @p off of an fp32 or (@p bf16) bf16 array, a bf16 in the low half:
 /// the loads of a step first, each widened by real_of_bits once all are issued. A 16-bit
 /// load widened where it is loaded made the next load wait for it (sm_90 SASS: the widening
@@ -129,7 +124,9 @@ __device__ __forceinline__ uint32_t load_real_bits(const void* p, int64_t off, b
   return bf16 ? static_cast<const uint16_t*>(p)[off] : static_cast<const uint32_t*>(p)[off];
 }
 
-__device__ __forceinline__ float real_of_bits(uint32_t u, bool bf16) { return core::bits_float(bf16 ? u << 16 : u); }
+__device__ __forceinline__ float real_of_bits(uint32_t u, bool bf16) {
+  return bf16 ? core::bf16_to_float(static_cast<uint16_t>(u)) : core::bits_float(u);
+}
 
 __device__ __forceinline__ uint32_t router_logit_bits(const RouterParams& r, int64_t t, int64_t e) {
   return load_real_bits(r.logits, t * r.lg_s0 + e * r.lg_s1, (r.flags & kRouteLogitsBF16) != 0);
@@ -140,11 +137,7 @@ __device__ __forceinline__ uint32_t router_bias_bits(const RouterParams& r, int6
 }
 
 __device__ __forceinline__ float router_logit(const RouterParams& r, int64_t t, int64_t e) {
-  return load_real(r.logits, t * r.lg_s0 + e * r.lg_s1, (r.flags & kRouteLogitsBF16) != 0);
-}
-
-__device__ __forceinline__ float router_bias(const RouterParams& r, int64_t e) {
-  return load_real(r.bias, e * r.bias_s0, (r.flags & kRouteBiasBF16) != 0);
+  return real_of_bits(router_logit_bits(r, t, e), (r.flags & kRouteLogitsBF16) != 0);
 }
 
 __device__ __forceinline__ bool router_padded(const RouterParams& r, int64_t t) {
