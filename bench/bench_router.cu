@@ -7,7 +7,7 @@
 //   usage: bench_router [--T 1,8,64,256,1024,4096] [--layers E:K:H,...] [--eplb 0,1]
 //   (--eplb 2: the EPLB map with the record flag 0, no load counting)
 //                       [--format mxfp8|fp8_fp32_g128] [--logits fp32|bf16] [--quick]
-//   (--logits bf16: the same randn logits rounded to bf16, as a bf16 gate writes them)
+//   (--logits bf16: the same randn logits in bf16, truncated as the hidden states are)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,13 +28,6 @@ using namespace megamoe;
 namespace {
 
 __global__ void empty_kernel() {}
-
-/// fp32 -> bf16 bits, round to nearest even (the benchmark's finite logits).
-uint16_t float_to_bf16_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 std::vector<long long> parse_list(const char* s) {
   std::vector<long long> v;
@@ -124,22 +117,22 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&load, (maxE + extra) * 4));
   CK(cudaMalloc(&rec, 4));
   CK(cudaMalloc(&cpy, maxT * maxH * 4 + (1 << 20)));
-  {  // logits randn (fp32, or rounded to bf16), bias randn * 0.1, hidden bf16 randn * 17
+  {  // logits randn (fp32, or bf16: the fp32 bits' high half), bias randn * 0.1, hidden bf16 randn * 17
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> lg(maxT * maxE), b(maxE);
     for (auto& x : lg) x = nd(rng);
     for (auto& x : b) x = 0.1f * nd(rng);
-    std::vector<uint16_t> h(maxT * maxH);
-    for (auto& x : h) {
-      const float f = 17.f * nd(rng);
+    const auto bf16_bits = [](float f) {  // (truncated)
       uint32_t u;
       std::memcpy(&u, &f, 4);
-      x = static_cast<uint16_t>(u >> 16);
-    }
+      return static_cast<uint16_t>(u >> 16);
+    };
+    std::vector<uint16_t> h(maxT * maxH);
+    for (auto& x : h) x = bf16_bits(17.f * nd(rng));
     if (logits_bf16) {
       std::vector<uint16_t> lh(lg.size());
-      for (size_t i = 0; i < lg.size(); ++i) lh[i] = float_to_bf16_rne(lg[i]);
+      for (size_t i = 0; i < lg.size(); ++i) lh[i] = bf16_bits(lg[i]);
       CK(cudaMemcpy(logits, lh.data(), lh.size() * 2, cudaMemcpyHostToDevice));
     } else {
       CK(cudaMemcpy(logits, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
