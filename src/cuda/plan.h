@@ -68,7 +68,8 @@ struct Plan {
   bool fused_tail = false;
   /// Row kernel: blocks that share each row (1, 2 or 4). At decode a row's groups are more
   /// work than one SM issues quickly; split, each block loads the whole row for its max and
-  /// encodes a part of it (threads * row_split >= the row's groups).
+  /// encodes a part of it (threads * row_split >= the row's groups), and the top-k entries
+  /// have blocks of their own after the quant_blocks (topk_block_count).
   int row_split = 1;
   /// Row kernel at prefill: kRowWideGroups groups a thread in blocks of at most
   /// kRowWideMaxThreads (16-bit inputs, vectorized rows of 257..512 groups, no split): the

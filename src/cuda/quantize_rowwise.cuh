@@ -148,7 +148,8 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
 /// Row t with groups threadIdx.x + n * blockDim.x, n < N, held in registers. kSplit: the
 /// block is part @p part of kSplit == N blocks that share the row (decode: the row's work
 /// over several SMs): it loads every group for the row's max but encodes, counts and
-/// stores only its own, n == part (part 0 also the top-k entries and the per-token scale).
+/// stores only its own, n == part (part 0 also the per-token scale; the top-k entries are
+/// the split kernel's top-k blocks').
 template <int In, bool kCount, int N, bool kSplit>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf,
                                                  int part, core::TokenRow* sh = nullptr) {
@@ -162,7 +163,7 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     else zero_chunk<In>(x[n]);  // amax 0, no non-finite elements
   }
   // The row's top-k entries while the chunk loads are in flight.
-  if (!kSplit || part == 0) repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
+  if constexpr (!kSplit) repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
   MM_TRACE_AT(1);
   float amax[N], row = 0.0f;
 #pragma unroll
@@ -223,8 +224,27 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
 template <int In>
 constexpr int kRowSplitBlocksPerSm = In == kInF32 ? 2 : 4;
 
+/// The top-k entries of rows 0..T-1 in the split row kernel's top-k blocks (the blocks from
+/// p.quant_blocks on, plan.h topk_block_count): entry (b - quant_blocks) * blockDim.x +
+/// threadIdx.x of the flattened [T, K] a thread.
+__device__ __forceinline__ void repack_split_rows_topk(const Params64& p) {
+  const int64_t n = p.T * p.K;
+  const int64_t e = static_cast<int64_t>(blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
+  if (e >= n) return;
+  int64_t t;
+  if (n <= INT32_MAX) {  // decode sizes: a 32-bit division
+    t = static_cast<uint32_t>(e) / static_cast<uint32_t>(p.K);
+  } else {
+    t = e / p.K;
+  }
+  repack_entry<int64_t>(p, t, e - t * p.K);
+}
+
 /// The row kernel with each row shared by kSplit blocks (plan.h row_split; vectorized rows,
-/// every part's groups one a thread): block b takes part b % kSplit of row b / kSplit.
+/// every part's groups one a thread): quantizing block b < p.quant_blocks takes part
+/// b % kSplit of row b / kSplit (and b + quant_blocks, ...); the blocks after them repack
+/// the top-k entries, so that no quantizing warp waits on their loads before the row max's
+/// barrier.
 template <int In, bool kCount, int kSplit>
 __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
     stage_rowwise_split_kernel(const Params64 p) {
@@ -232,9 +252,13 @@ __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
   __shared__ alignas(16) float warp_max[2][kRowMaxWarps];
   zero_absent_warps(warp_max);
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
+  if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
+    repack_split_rows_topk(p);
+    return;
+  }
   const int64_t groups = p.H / kChunk;
   uint32_t nf = 0, parity = 0;
-  for (int64_t b = blockIdx.x; b < p.T * kSplit; b += gridDim.x, parity ^= 1u) {
+  for (int64_t b = blockIdx.x; b < p.T * kSplit; b += p.quant_blocks, parity ^= 1u) {
     row_in_registers<In, kCount, kSplit, true>(p, b / kSplit, groups, warp_max[parity], nf,
                                                static_cast<int>(b % kSplit));
   }

@@ -274,7 +274,9 @@ TEST(CudaPlan, RowKernelThreads) {
   EXPECT_EQ(FakeCall(64, 256, q).plan().threads, 32);  // 16 groups
   for (int64_t T : {1, 64, 4096}) {
     const mc::Plan p = FakeCall(T, 7168, q).plan();
-    EXPECT_EQ(p.grid, T * p.row_split);  // one block per row (part)
+    EXPECT_EQ(p.quant_blocks, T * p.row_split);  // one block per row (part)
+    // split rows: the top-k entries in blocks of their own (K = 8)
+    EXPECT_EQ(p.grid - p.quant_blocks, p.row_split > 1 ? (T * 8 + p.threads - 1) / p.threads : 0);
     EXPECT_EQ(p.threads % 32, 0);
   }
 }
@@ -294,7 +296,9 @@ TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
     SCOPED_TRACE(mc::to_string(p));
     EXPECT_EQ(p.row_split, w.split);
     EXPECT_EQ(p.threads, w.threads);
-    EXPECT_EQ(p.grid, w.T * w.split);
+    EXPECT_EQ(p.quant_blocks, w.T * w.split);
+    EXPECT_EQ(p.grid, p.quant_blocks + (w.split > 1 ? mc::topk_block_count(w.T, w.T, 8, w.threads, false) : 0));
+    EXPECT_FALSE(p.fused_tail);
   }
   Opts strided;
   strided.hidden_col_stride = true;
@@ -308,6 +312,11 @@ TEST(CudaPlan, RowKernelSplitsRowsAtDecode) {
   EXPECT_TRUE(rejected([](mc::Plan& p) { p.threads = 512; }));
   EXPECT_TRUE(rejected([](mc::Plan& p) { p.vectorized = false; }));
   EXPECT_FALSE(rejected([](mc::Plan& p) { p.row_split = 2, p.threads = 224; }));
+  // the split kernel's top-k entries need their blocks
+  const megamoe::detail::Problem pc = megamoe::detail::validate_args(c.a);
+  mc::Plan no_topk = c.plan();
+  no_topk.grid = no_topk.quant_blocks;
+  EXPECT_THROW(mc::check_plan(no_topk, pc, c.a), megamoe::Error);
   FakeCall m(1, 7168, QuantScheme::mxfp4());
   const megamoe::detail::Problem pm = megamoe::detail::validate_args(m.a);
   mc::Plan f = m.plan();
