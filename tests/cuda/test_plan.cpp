@@ -529,11 +529,16 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   g.role = mc::Role::kGeneric;
   g.shape = mc::Shape::kGeneric;
   EXPECT_NE(verdict(n, g), "ok");
-  // Row kernel blocks beyond its launch bounds.
+  // Unsplit, the split plan's top-k blocks go (fill_grid); the unsplit kernel has none.
   mc::Plan r = np;
+  ASSERT_GT(np.row_split, 1);
   r.threads = mc::kRowwiseMaxThreads;
   r.row_split = 1;
+  EXPECT_NE(verdict(n, r), "ok") << "an unsplit row plan keeping the split plan's top-k blocks";
+  mc::fill_grid(r, megamoe::detail::validate_args(n.a), kH200);
+  EXPECT_EQ(r.grid, r.quant_blocks);
   EXPECT_EQ(verdict(n, r), "ok");
+  // Row kernel blocks beyond its launch bounds.
   r.threads = mc::kRowwiseMaxThreads + 32;
   EXPECT_NE(verdict(n, r), "ok") << "row kernel blocks beyond kRowwiseMaxThreads";
   // A role no kernel has (a plan is a value a caller can build).
