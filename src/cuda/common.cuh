@@ -54,7 +54,7 @@ struct ParamsT {
   int64_t* idx_out;
   float* w_out;
   Idx ids_s0, ids_s1, w_s0, w_s1, pad_s0, io_s0, io_s1, wo_s0, wo_s1;
-  core::FastDivU32 k_div;  // split top-k shape: entry index -> row
+  core::FastDivU32 k_div;  // top-k blocks (split top-k shape, split rows): entry index -> row
   Idx n_topk;              // T * K, or M * K when the top-k blocks also fill the full-buffer tail
   Idx K;
   float alpha;             // routed scaling factor of kept weights (kFlagAlpha)

@@ -107,6 +107,18 @@ bool rowwise_wide(int64_t T, int64_t H, DType in, bool vectorized, int split, co
   throw Error(ErrorCode::kInvalidArgument, "megamoe: plan: " + why + " (" + to_string(plan) + ")");
 }
 
+/// The shapes whose top-k blocks also fill a full buffer's tail rows (a few more threads of
+/// the same launch); the others leave the tail to a routing-only launch.
+bool tail_in_topk_blocks(Shape s) { return s == Shape::kSplitTopk || s == Shape::kSplitHalf || s == Shape::kTile; }
+
+/// The plans with top-k blocks of their own after quant_blocks (topk_block_count): those
+/// shapes, and split rows (decode), where the warp of a row's part 0 that held the entries
+/// reached the row max's barrier ~1000 cycles after the others (clock64 trace of graph
+/// replays, H100) and every warp of that block waited for it.
+bool topk_blocks_of_their_own(const Plan& pl) {
+  return tail_in_topk_blocks(pl.shape) || (pl.shape == Shape::kRowwise && pl.row_split > 1);
+}
+
 /// The calls whose loop shape builds the multiplier table (quantize_fast.cuh kRecipTable).
 bool recip_format(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
   return p.fmt == core::Format::kNvfp4Static && a.hidden_states.dtype == DType::kBFloat16 && dev.arch >= 89;
@@ -155,15 +167,7 @@ bool fits_idx32(const detail::Problem& p, const StageArgs& a) {
 void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves) {
   const int64_t th = std::max(1, plan.threads);
   const int64_t chunks = p.T * (p.H / kChunkElems);
-  const bool fast_topk_blocks =
-      plan.shape == Shape::kSplitTopk || plan.shape == Shape::kSplitHalf || plan.shape == Shape::kTile;
-  // Split rows (decode) repack the top-k in blocks of their own too: in a row's part 0 the
-  // warp holding the entries reached the row max's barrier ~1000 cycles after the others
-  // (clock64 trace of graph replays, H100), and every warp of that block waited for it.
-  const bool topk_blocks_of_their_own = fast_topk_blocks || (plan.shape == Shape::kRowwise && plan.row_split > 1);
-  // The fast shapes' top-k blocks fill a full buffer's tail rows there too (a few more
-  // threads of the same launch); the others leave it to a routing-only launch.
-  plan.fused_tail = fast_topk_blocks && p.full_buffer && p.M > p.T;
+  plan.fused_tail = tail_in_topk_blocks(plan.shape) && p.full_buffer && p.M > p.T;
   const int64_t topk_blocks = topk_block_count(p.T, p.M, p.K, th, plan.fused_tail);
   switch (plan.shape) {
     case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
@@ -183,7 +187,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
       plan.quant_blocks = capped_blocks(p.T * std::max(1, plan.row_split) * th, plan.threads, dev, max_waves);
       break;
   }
-  plan.grid = plan.quant_blocks + (topk_blocks_of_their_own ? topk_blocks : 0);
+  plan.grid = plan.quant_blocks + (topk_blocks_of_their_own(plan) ? topk_blocks : 0);
 }
 
 Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table) {
@@ -256,13 +260,11 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0) reject(pl, "threads must be whole warps, 32..1024");
   if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
   const bool per_token = p.fmt == core::Format::kNvfp4PerToken;
-  const bool fast_topk = pl.shape == Shape::kSplitTopk || pl.shape == Shape::kSplitHalf || pl.shape == Shape::kTile;
-  const bool topk_own = fast_topk || (pl.shape == Shape::kRowwise && pl.row_split > 1);
   const int64_t th = pl.threads;
-  if (pl.fused_tail && !(fast_topk && p.full_buffer)) {
+  if (pl.fused_tail && !(tail_in_topk_blocks(pl.shape) && p.full_buffer)) {
     reject(pl, "only the split-topk, split-half and tile shapes of a full-buffer call fill the tail in the kernel");
   }
-  if (topk_own) {
+  if (topk_blocks_of_their_own(pl)) {
     if (pl.grid - pl.quant_blocks < topk_block_count(p.T, p.M, p.K, th, pl.fused_tail)) reject(pl, "too few top-k blocks");
   } else if (pl.grid != pl.quant_blocks) {
     reject(pl, "only the split-topk, split-half and tile shapes and split rows have top-k blocks");

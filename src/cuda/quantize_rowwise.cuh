@@ -231,12 +231,8 @@ __device__ __forceinline__ void repack_split_rows_topk(const Params64& p) {
   const int64_t n = p.T * p.K;
   const int64_t e = static_cast<int64_t>(blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
   if (e >= n) return;
-  int64_t t;
-  if (n <= INT32_MAX) {  // decode sizes: a 32-bit division
-    t = static_cast<uint32_t>(e) / static_cast<uint32_t>(p.K);
-  } else {
-    t = e / p.K;
-  }
+  // decode sizes: repack_block's multiply-high division
+  const int64_t t = n <= int64_t{UINT32_MAX} ? int64_t{core::fastdiv(static_cast<uint32_t>(e), p.k_div)} : e / p.K;
   repack_entry<int64_t>(p, t, e - t * p.K);
 }
 

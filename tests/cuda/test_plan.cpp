@@ -276,7 +276,7 @@ TEST(CudaPlan, RowKernelThreads) {
     const mc::Plan p = FakeCall(T, 7168, q).plan();
     EXPECT_EQ(p.quant_blocks, T * p.row_split);  // one block per row (part)
     // split rows: the top-k entries in blocks of their own (K = 8)
-    EXPECT_EQ(p.grid - p.quant_blocks, p.row_split > 1 ? (T * 8 + p.threads - 1) / p.threads : 0);
+    EXPECT_EQ(p.grid - p.quant_blocks, p.row_split > 1 ? mc::topk_block_count(T, T, 8, p.threads, false) : 0);
     EXPECT_EQ(p.threads % 32, 0);
   }
 }
