@@ -73,7 +73,7 @@ void launch_kernel(Kernel kernel, const P& prm, const Plan& plan, cudaStream_t s
 template <typename Idx>
 ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Plan& plan) {
   auto I = [](int64_t v) { return static_cast<Idx>(v); };
-  auto fastdiv_of = [](int64_t d) {  // used where d fits: the 32-bit modes, and K
+  auto fastdiv_of = [](int64_t d) {  // used where d fits: the 32-bit modes, K where n_topk < 2^32 (topk_row_of)
     return core::make_fastdiv(static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(d, 0xFFFFFFFF))));
   };
   constexpr int64_t kChunkElems = 16;

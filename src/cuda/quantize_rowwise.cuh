@@ -149,7 +149,7 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
 /// block is part @p part of kSplit == N blocks that share the row (decode: the row's work
 /// over several SMs): it loads every group for the row's max but encodes, counts and
 /// stores only its own, n == part (part 0 also the per-token scale; the top-k entries are
-/// the split kernel's top-k blocks').
+/// the split kernel's top-k blocks', topk.cuh repack_block).
 template <int In, bool kCount, int N, bool kSplit>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf,
                                                  int part, core::TokenRow* sh = nullptr) {
@@ -224,18 +224,6 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
 template <int In>
 constexpr int kRowSplitBlocksPerSm = In == kInF32 ? 2 : 4;
 
-/// The top-k entries of rows 0..T-1 in the split row kernel's top-k blocks (the blocks from
-/// p.quant_blocks on, plan.h topk_block_count): entry (b - quant_blocks) * blockDim.x +
-/// threadIdx.x of the flattened [T, K] a thread.
-__device__ __forceinline__ void repack_split_rows_topk(const Params64& p) {
-  const int64_t n = p.T * p.K;
-  const int64_t e = static_cast<int64_t>(blockIdx.x - p.quant_blocks) * blockDim.x + threadIdx.x;
-  if (e >= n) return;
-  // decode sizes: repack_block's multiply-high division
-  const int64_t t = n <= int64_t{UINT32_MAX} ? int64_t{core::fastdiv(static_cast<uint32_t>(e), p.k_div)} : e / p.K;
-  repack_entry<int64_t>(p, t, e - t * p.K);
-}
-
 /// The row kernel with each row shared by kSplit blocks (plan.h row_split; vectorized rows,
 /// every part's groups one a thread): quantizing block b < p.quant_blocks takes part
 /// b % kSplit of row b / kSplit (and b + quant_blocks, ...); the blocks after them repack
@@ -249,7 +237,7 @@ __global__ void __launch_bounds__(kRowSplitMaxThreads, kRowSplitBlocksPerSm<In>)
   zero_absent_warps(warp_max);
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
-    repack_split_rows_topk(p);
+    repack_block(p);
     return;
   }
   const int64_t groups = p.H / kChunk;

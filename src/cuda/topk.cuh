@@ -56,28 +56,44 @@ __device__ __forceinline__ void repack_dense(const ParamsT<Idx>& p) {
   }
 }
 
-/// The split-topk and tile shapes' top-k blocks (32-bit modes; plan.h topk_block_count):
-/// the first ceil(T * K / blockDim.x) repack entry (b - quant_blocks) * blockDim.x +
-/// threadIdx.x of the flattened [T, K]; in full-buffer mode (n_topk = M * K) the blocks
-/// after them mark the tail rows T..M-1 empty, -1 / +0.0, nothing read, kTailEntriesPerThread
-/// entries a thread, blockDim.x apart (each store instruction of a warp stays contiguous).
-__device__ __forceinline__ void repack_block(const Params32& p) {
-  const uint32_t b = blockIdx.x - p.quant_blocks;
-  const uint32_t real = p.T * p.K;  // <= n_topk < 2^31 (fits_idx32)
-  if (b * blockDim.x < real) {      // block-uniform: a block of rows 0..T-1, no division
-    const uint32_t e = b * blockDim.x + threadIdx.x;
+/// Row of entry e < n_topk of the flattened [T, K] (or [M, K]): by the multiply-high k_div
+/// wherever every entry index fits 32 bits (then K does too, and fastdiv is exact:
+/// tests/cpp/test_fastdiv.cpp), which 32-bit modes guarantee (n_topk < 2^31, fits_idx32)
+/// and split rows have at decode; by a division beyond.
+template <typename Idx>
+__device__ __forceinline__ Idx topk_row_of(const ParamsT<Idx>& p, Idx e) {
+  if constexpr (sizeof(Idx) == 4) return core::fastdiv(e, p.k_div);
+  else return p.n_topk <= int64_t{UINT32_MAX} ? Idx{core::fastdiv(static_cast<uint32_t>(e), p.k_div)} : e / p.K;
+}
+
+/// The top-k blocks (the blocks from quant_blocks on; plan.h topk_block_count) of the
+/// split-topk, split-half and tile shapes (32-bit modes) and of split rows (64-bit): the
+/// first ceil(T * K / blockDim.x) repack entry (b - quant_blocks) * blockDim.x +
+/// threadIdx.x of the flattened [T, K]; in full-buffer mode (n_topk = M * K, those shapes
+/// only: plan.cpp tail_in_topk_blocks) the blocks after them mark the tail rows T..M-1
+/// empty, -1 / +0.0, nothing read, kTailEntriesPerThread entries a thread, blockDim.x apart
+/// (each store instruction of a warp stays contiguous).
+template <typename Idx>
+__device__ __forceinline__ void repack_block(const ParamsT<Idx>& p) {
+  const Idx b = static_cast<Idx>(blockIdx.x - p.quant_blocks);
+  const Idx real = p.T * p.K;  // <= n_topk
+  if (b * blockDim.x < real) {  // block-uniform: a block of rows 0..T-1
+    const Idx e = b * blockDim.x + threadIdx.x;
     if (e >= real) return;
-    const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
-    repack_entry(p, t, k);
+    const Idx t = topk_row_of(p, e);
+    repack_entry(p, t, e - t * p.K);
     return;
   }
-  const uint32_t real_blocks = (real + blockDim.x - 1) / blockDim.x;
-  const uint32_t base = real + (b - real_blocks) * blockDim.x * kTailEntriesPerThread + threadIdx.x;
+  // Only the 32-bit shapes fill the tail here; split rows' blocks all hold rows 0..T-1, and
+  // their kernel, on the decode chain, keeps no code for it.
+  if constexpr (sizeof(Idx) != 4) return;
+  const Idx real_blocks = (real + blockDim.x - 1) / blockDim.x;
+  const Idx base = real + (b - real_blocks) * blockDim.x * kTailEntriesPerThread + threadIdx.x;
 #pragma unroll
   for (int r = 0; r < kTailEntriesPerThread; ++r) {
-    const uint32_t e = base + static_cast<uint32_t>(r) * blockDim.x;  // < n_topk + grid threads < 2^32
+    const Idx e = base + static_cast<Idx>(r) * blockDim.x;  // 32-bit modes: < n_topk + grid threads < 2^32
     if (e >= p.n_topk) return;
-    const uint32_t t = core::fastdiv(e, p.k_div), k = e - t * p.K;
+    const Idx t = topk_row_of(p, e), k = e - t * p.K;
     p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = int64_t{-1};
     p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = 0.0f;
   }
