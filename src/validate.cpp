@@ -533,6 +533,14 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   check_rank(lg, "router_logits", 2);
   p.T = lg.shape[0];
   p.E = lg.shape[1];
+  // route_and_stage: the token count is the logits' and the hidden states' alike, checked
+  // before the T == 0 return below so that [0, E] logits never hide a non-empty batch.
+  if (p.fused) {
+    check_rank(stage->hidden_states, "hidden_states", 2);
+    MEGAMOE_CHECK(stage->hidden_states.shape[0] == p.T, "hidden_states",
+                  std::to_string(p.T) + " tokens (the rows of router_logits)",
+                  "shape " + stage->hidden_states.shape_str());
+  }
   // As prepare_inputs: T == 0 is done before any other check, unless a full-buffer tail
   // is still to be filled.
   if (p.T == 0 && !(p.fused && stage->full_buffer)) return p;
@@ -575,9 +583,6 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
     fail(nullptr, "routed_scaling_factor (staging)",
          "none (route_and_stage scales by RouterArgs::routed_scaling_factor)", *stage->routed_scaling_factor);
   }
-  check_rank(stage->hidden_states, "hidden_states", 2);
-  MEGAMOE_CHECK(stage->hidden_states.shape[0] == p.T, "hidden_states",
-                std::to_string(p.T) + " tokens (the rows of router_logits)", "shape " + stage->hidden_states.shape_str());
   // The staging, with the router's outputs as its top-k inputs: every staging rule applies.
   const StageArgs a = staged_args(r, *stage);
   p.stage = validate_args(a);

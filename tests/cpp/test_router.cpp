@@ -516,6 +516,33 @@ TEST(RouteAndStage, ZeroTokensFillTheTail) {
   EXPECT_EQ(b->xsf.mem, std::vector<uint8_t>(b->xsf.mem.size(), kStagePoisons[0]));
 }
 
+TEST(RouteAndStage, ZeroLogitRowsWithTokensRejected) {
+  // [0, E] logits beside [4, H] hidden states: the T == 0 return must not hide the
+  // disagreement (with 5 logit rows the same call is rejected), and nothing is written.
+  for (const bool full_buffer : {false, true}) {
+    SCOPED_TRACE(full_buffer ? "full buffer" : "staging");
+    StageCase c;
+    c.pad = false;
+    if (full_buffer) c.M = 9;
+    Spec s = random_spec(0, 256, 6, 37);
+    auto rb = build(s, false);
+    auto sb = stage_bufs(c, 4, 6, nullptr);
+    std::vector<std::vector<uint8_t>> before;
+    for (const Tensor* t : sb->outputs()) before.push_back(t->mem);
+    try {
+      megamoe::route_and_stage(rb->args, sb->args);
+      ADD_FAILURE() << "no error";
+    } catch (const megamoe::Error& err) {
+      EXPECT_EQ(err.code(), megamoe::ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(err.what()).find("hidden_states"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("0 tokens"), std::string::npos) << err.what();
+    }
+    const std::vector<const Tensor*> outs = sb->outputs();
+    for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(outs[i]->mem, before[i]) << "output " << i << " written";
+    EXPECT_FALSE(megamoe::try_route_and_stage(rb->args, sb->args).ok);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Argument errors: a clear message naming the argument, nothing written.
 
