@@ -79,7 +79,10 @@ std::string to_string(const QuantScheme& q) {
 
 namespace detail {
 
-bool resolve_format(const QuantScheme& q, core::Format* out) {
+namespace {
+/// The format of @p q's codecs, group and second-level scale, with a finite positive floor
+/// (resolve_format adds the format's own floor bound).
+bool resolve_shape(const QuantScheme& q, core::Format* out) {
   const bool common = q.group_m == 1 && q.symmetric && !q.is_static && q.group_k > 0 &&
                       std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
   if (!common) return false;
@@ -103,10 +106,24 @@ bool resolve_format(const QuantScheme& q, core::Format* out) {
   }
   return false;
 }
+}  // namespace
+
+bool resolve_format(const QuantScheme& q, core::Format* out) {
+  core::Format f;
+  if (!resolve_shape(q, &f) || !(q.amax_floor >= core::min_amax_floor(f))) return false;
+  return *out = f, true;
+}
 
 core::Format format_of(const QuantScheme& q) {
   core::Format f;
   if (resolve_format(q, &f)) return f;
+  if (resolve_shape(q, &f)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("megamoe: hidden_quant: amax_floor: ") + core::format_name(f) +
+                    " stores an fp32 scale derived from the floor and needs a floor >= 2^-100 "
+                    "(7.88860905e-31), below which a zero group's scale underflows; got " +
+                    float_text(q.amax_floor) + " in " + to_string(q) + ".");
+  }
   if (q.elem == QuantElem::kFloat4E2M1) {
     throw Error(ErrorCode::kInvalidArgument,
                 "megamoe: hidden_quant: fp4 e2m1 staging supports MXFP4 (UE8M0 scales, groups of 1x32) "

@@ -87,6 +87,18 @@ constexpr const char* format_name(Format f) {
                                       : "nvfp4_per_token";
 }
 
+/// The smallest amax floor a format accepts. Formats that store an fp32 scale derived from
+/// the floor (fp8 with fp32 scales: s = floor / 448; NVFP4 per-token: pts = floor / 2688 and
+/// each group's sf * pts, sf >= 2^-9) need floors from 2^-100 up: there every such scale is a
+/// normal fp32 (>= 2^-126 after the divisions) with a finite reciprocal, so a zero group
+/// encodes as zero codes with a nonzero scale. Below ~3e-43 the scale underflows to zero and
+/// a zero group's codes become NaN (0 * (1 / 0)). The UE8M0 formats clamp their exponent
+/// byte to >= 1 and accept any positive floor; NVFP4 static reads no floor.
+constexpr float kMinFp32ScaleFloor = 0x1p-100f;
+MEGAMOE_HD constexpr float min_amax_floor(Format f) {
+  return f == Format::kFp8Fp32 || f == Format::kNvfp4PerToken ? kMinFp32ScaleFloor : 0.0f;
+}
+
 constexpr float kNvfp4TokenDiv = 2688.0f;  ///< 6 * 448: per-token scale = max(row_amax, floor) / 2688
 constexpr float kE4M3MinSubnormal = 0.001953125f;  ///< 2^-9, NVFP4 static's lower clamp
 /// Bits of fl(1/6). The UE8M0 exponent of fl(a * fl(1/6)) equals that of fl(a / 6) for

@@ -572,8 +572,10 @@ TEST_P(SimdTarget, CallersFloatingPointModeChangesNothing) {
   std::vector<float> w(static_cast<size_t>(c.T * c.K), 0.5f);
   std::vector<int32_t> ids(w.size(), 1);
   std::vector<uint8_t> pad(static_cast<size_t>(c.T), 0);
-  for (const QuantScheme& q : {QuantScheme::fp8_fp32_g32().with_amax_floor(1e-35f), QuantScheme::mxfp8().with_amax_floor(1e-37f),
-                               QuantScheme::nvfp4_per_token().with_amax_floor(1e-37f)}) {
+  // The lowest floors each format accepts: UE8M0's subnormal scales, and 2^-100 where the
+  // scale is fp32 (Validation.AmaxFloorBounds).
+  for (const QuantScheme& q : {QuantScheme::fp8_fp32_g32().with_amax_floor(0x1p-100f), QuantScheme::mxfp8().with_amax_floor(1e-37f),
+                               QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)}) {
     c.q = q;
     for (int threads : {1, 0}) {
       megamoe::set_cpu_threads(threads);

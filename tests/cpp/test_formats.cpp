@@ -496,6 +496,42 @@ TEST(Nvfp4Golden, StaticZeroGlobalScaleOnZeroGroup) {
   EXPECT_EQ(nib(r, 128, 0, 16), 0xF);  // -1 / 0 = -Inf -> -6
 }
 
+// Zero in never comes out NaN: at each format's lowest accepted amax floor (any positive
+// floor for the UE8M0 formats, 2^-100 for fp32 scales and NVFP4 per-token), rows of +0.0,
+// of -0.0, and of values far below the floor encode as zero codes with finite scales (no
+// NaN e4m3 byte, no NaN or zero fp32 scale, a finite nonzero per-token scale). Below the
+// bound such floors are rejected (Validation.AmaxFloorBounds).
+TEST(FormatsGolden, ZeroGroupsAtTheLowestFloors) {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  const QuantScheme schemes[] = {
+      QuantScheme::mxfp8().with_amax_floor(tiny),          QuantScheme::fp8_ue8m0_g128().with_amax_floor(tiny),
+      QuantScheme::mxfp4().with_amax_floor(tiny),          QuantScheme::mxfp4(Rounding::kNearestEven).with_amax_floor(tiny),
+      QuantScheme::fp8_fp32_g128().with_amax_floor(0x1p-100f), QuantScheme::fp8_fp32_g32().with_amax_floor(0x1p-100f),
+      QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)};
+  for (const QuantScheme& q : schemes) {
+    SCOPED_TRACE(megamoe::to_string(q));
+    const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
+    mt::Problem p = mt::make_problem(3, 512, 1, q);  // four groups of 128 fill a packed scale word
+    for (int64_t h = 0; h < 512; ++h) {
+      mt::set_hidden(p, 1, h, -0.0f);
+      mt::set_hidden(p, 2, h, h % 3 == 0 ? 0.0f : (h % 2 ? 0x1p-140f : -0x1p-149f));
+    }
+    const auto r = staged(p);  // equal to the independent reference, dense and odd layouts
+    for (size_t i = 0; i < r.x_q.size(); ++i) {
+      // Every code's magnitude zero: e4m3 bytes 0x00 / 0x80 (never 0x7F, NaN), e2m1 nibbles 0 / 8.
+      EXPECT_EQ(r.x_q[i] & (fp4 ? 0x77 : 0x7F), 0) << "x_q byte " << i;
+    }
+    if (q.scale == megamoe::ScaleType::kFloat32) {
+      for (float s : r.sf_f32) EXPECT_TRUE(std::isfinite(s) && s > 0.0f) << s;
+    } else {
+      for (uint32_t w : r.sf_words) {
+        for (int b = 0; b < 4; ++b) EXPECT_NE((w >> (8 * b)) & 0x7Fu, 0x7Fu) << std::hex << w;  // no NaN byte
+      }
+    }
+    for (float s : r.x_scales) EXPECT_TRUE(std::isfinite(s) && s > 0.0f) << s;
+  }
+}
+
 // Per-token: pts = max(row_amax, floor) / 2688 -> x_scales; sf = e4m3(amax / fl(6 pts))
 // (satfinite, NaN -> 0x7F); inv = sf > 0 ? 1 / fl(sf pts) : 0; v = x * inv.
 //  row 0: amax 2688 -> pts 1: g0 sf 448, 2688 * fl(1/448) = 6.0000002 -> 6, -3 -> -3;

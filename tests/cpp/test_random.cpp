@@ -316,11 +316,12 @@ struct FormatCase {
 
 std::vector<FormatCase> format_cases() {
   std::vector<FormatCase> v;
-  // The two floors engines use, and (fewer draws) any finite positive one the scheme
-  // accepts: the smallest subnormal (a zero group's fp8 scale underflows to 0), another
-  // subnormal, and one above most amaxes.
+  // The two floors engines use, and (fewer draws) extreme ones the scheme accepts: the
+  // smallest subnormal and another subnormal (the UE8M0 formats only: their exponent clamps
+  // to byte 1), 2^-100 (the lowest floor of fp32 scales and NVFP4 per-token), and one
+  // above most amaxes.
   const std::pair<float, int> floors[] = {{1e-4f, 10}, {1e-10f, 10}, {std::numeric_limits<float>::denorm_min(), 2},
-                                          {1e-40f, 2}, {1e30f, 2}};
+                                          {1e-40f, 2}, {0x1p-100f, 2}, {1e30f, 2}};
   for (const auto& [floor, draws] : floors) {
     const std::pair<QuantScheme, bool> formats[] = {
         {QuantScheme::mxfp8(), false},           {QuantScheme::fp8_ue8m0_g128(), false},
@@ -329,6 +330,8 @@ std::vector<FormatCase> format_cases() {
         {QuantScheme::mxfp8(), true},            {QuantScheme::nvfp4_static(), false},
         {QuantScheme::nvfp4_per_token(), false}};
     for (const auto& [q0, dropin] : formats) {
+      const bool fp32_scale = q0.scale == megamoe::ScaleType::kFloat32 || q0.scale2 == megamoe::Scale2::kPerToken;
+      if (fp32_scale && floor < 0x1p-100f) continue;  // rejected (Validation.AmaxFloorBounds)
       const QuantScheme q = q0.with_amax_floor(floor);
       // Draws per format: enough that every tensor's layouts and every option come up.
       for (int d = 0; d < draws; ++d) v.push_back({mt::scheme_tag(q) + (dropin ? "_dropin" : ""), q, dropin, d});

@@ -242,6 +242,32 @@ TEST_F(Validation, SharedWrongDtype) {
   expect_reject(a, {"megamoe: shared_x_sf: expected dtype int32, got dtype float32"}, true);
 }
 
+TEST_F(Validation, AmaxFloorBounds) {
+  // fp8 with fp32 scales and NVFP4 per-token store an fp32 scale derived from the floor:
+  // floors below 2^-100 are rejected by name (a zero group's scale would underflow); the
+  // UE8M0 formats clamp their exponent and take any positive floor.
+  const float below = std::nextafter(0x1p-100f, 0.0f);
+  for (const QuantScheme& base : {QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_fp32_g32(),
+                                  QuantScheme::nvfp4_per_token()}) {
+    for (const float floor : {below, 1e-35f, 3e-43f, std::numeric_limits<float>::denorm_min()}) {
+      const QuantScheme q = base.with_amax_floor(floor);
+      SCOPED_TRACE(megamoe::to_string(q));
+      auto a = args();
+      a.hidden_quant = q;
+      expect_reject(a, {"megamoe: hidden_quant: amax_floor: ", "needs a floor >= 2^-100", megamoe::to_string(q) + "."},
+                    true);
+      EXPECT_THROW(megamoe::check_scheme(q), megamoe::Error);
+      EXPECT_EQ(megamoe::scheme_name(q), "unsupported");
+    }
+    EXPECT_NO_THROW(megamoe::check_scheme(base.with_amax_floor(0x1p-100f)));
+  }
+  for (const QuantScheme& base : {QuantScheme::mxfp8(), QuantScheme::fp8_ue8m0_g128(), QuantScheme::mxfp4(),
+                                  QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)}) {
+    EXPECT_NO_THROW(megamoe::check_scheme(base.with_amax_floor(std::numeric_limits<float>::denorm_min())))
+        << megamoe::to_string(base);
+  }
+}
+
 TEST_F(Validation, UnsupportedSchemes) {
   std::vector<std::pair<const char*, QuantScheme>> bad;
   QuantScheme q;

@@ -551,7 +551,8 @@ inline void run_all_modes(const Case& c, const Force& force = {}) {
 
 /// The schemes of every format (fp8 with both scale types and group sizes, MXFP4 with
 /// both tie rules, NVFP4 with both second-level scales), the SM90 pre-dispatch floor, and
-/// subnormal floors (a zero group's fp8 scale underflows to 0: UE8M0 byte 1, fp32 r = +Inf).
+/// the lowest floors each format accepts (subnormal for the UE8M0 formats, whose exponent
+/// clamps to byte 1; 2^-100 for fp32 scales and NVFP4 per-token).
 inline std::vector<QuantScheme> all_schemes() {
   const float tiny = std::numeric_limits<float>::denorm_min();
   return {QuantScheme::mxfp8(),
@@ -567,9 +568,9 @@ inline std::vector<QuantScheme> all_schemes() {
           QuantScheme::mxfp4().with_amax_floor(1e-10f),
           QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f),
           QuantScheme::mxfp8().with_amax_floor(tiny),
-          QuantScheme::fp8_fp32_g128().with_amax_floor(tiny),
+          QuantScheme::fp8_fp32_g128().with_amax_floor(0x1p-100f),
           QuantScheme::mxfp4().with_amax_floor(tiny),
-          QuantScheme::nvfp4_per_token().with_amax_floor(1e-40f)};
+          QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)};
 }
 
 }  // namespace harness
