@@ -21,12 +21,17 @@ double e2m1_value(uint8_t nibble) {
   return (nibble & 8) ? -v : v;
 }
 
-std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H) {
+std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H,
+                               std::vector<double>* group_scales) {
   const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
   const bool packed = q.scale != megamoe::ScaleType::kFloat32;  // four scale bytes per word
-  const int64_t G = q.group_k, qcols = x.x_q->shape[1], scols = x.x_sf->shape[1];
+  const int64_t G = q.group_k, groups = G > 0 ? H / G : 0, qcols = x.x_q->shape[1], scols = x.x_sf->shape[1];
   const uint8_t* xq = x.x_q->data.data();
+  // T * H is the element count of hidden_states, which exists in memory (so does T * groups).
   std::vector<double> out(static_cast<size_t>(T * H));
+  if (group_scales != nullptr) group_scales->assign(static_cast<size_t>(T * groups), 0.0);
+  // Rows are visited only when they have elements: T may be 2^40 with H == 0.
+  if (out.empty() || groups == 0) return out;
   for (int64_t t = 0; t < T; ++t) {
     double second = 1.0;  // the second-level scale of NVFP4
     if (q.scale2 == megamoe::Scale2::kStatic) second = x.global_scale;
@@ -35,7 +40,7 @@ std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q
       std::memcpy(&pts, x.x_scales->data.data() + 4 * t, 4);
       second = pts;
     }
-    for (int64_t g = 0; g < H / G; ++g) {
+    for (int64_t g = 0; g < groups; ++g) {
       double scale;
       if (packed) {
         uint32_t w;
@@ -47,6 +52,7 @@ std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q
         std::memcpy(&s, x.x_sf->data.data() + 4 * (t * scols + g), 4);
         scale = s;
       }
+      if (group_scales != nullptr) (*group_scales)[static_cast<size_t>(t * groups + g)] = scale;
       for (int64_t i = g * G; i < (g + 1) * G; ++i) {
         const double v = fp4 ? e2m1_value(static_cast<uint8_t>(xq[t * qcols + i / 2] >> (4 * (i % 2))))
                              : e4m3_value(xq[t * qcols + i]);

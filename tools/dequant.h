@@ -24,7 +24,9 @@ double e4m3_value(uint8_t b);
 double e2m1_value(uint8_t nibble);
 
 /// Row-major [T, H] dequantized values of @p x under @p q: element value times its group's
-/// scale (UE8M0 2^(e-127), fp32 s, e4m3 sf * gs, or e4m3 sf * x_scales[t]).
-std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H);
+/// scale (UE8M0 2^(e-127), fp32 s, e4m3 sf * gs, or e4m3 sf * x_scales[t]). With
+/// @p group_scales, also those scales, row-major [T, H/G]. Visits no rows when T * H == 0.
+std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H,
+                               std::vector<double>* group_scales = nullptr);
 
 }  // namespace megamoe_cli

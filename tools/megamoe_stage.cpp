@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -103,10 +104,15 @@ Report:
              (UE8M0), the fp32 scale, or the e4m3 scale times global_scale / x_scales[t]
              (nvfp4); "inf" when deq == x everywhere.
   max relative error
-             max |x - deq| / |x| over finite elements with |x| > 1e-3 * amax, amax being
-             the largest finite |x| of the element's group of G values (smaller elements
-             would be dominated by fp8's absolute resolution); at most 2^-4 for fp8 e4m3
-             unless amax is below the 1e-4 floor.
+             max |x - deq| / |x| over the finite elements x the format resolves. fp8
+             schemes: elements with |x| > 1e-3 * amax, amax being the largest finite |x|
+             of the element's group of G values (smaller elements would be dominated by
+             fp8's absolute resolution); at most 2^-4 for fp8 e4m3 unless amax is below
+             the 1e-4 floor. fp4 schemes (mxfp4*, nvfp4-*): elements with |x| >= 0.5 *
+             the group's dequantized scale, e2m1's smallest nonzero magnitude there
+             (smaller elements round to 0 or to it, an error of up to 1 in any encoder,
+             and count in the SNR only); about 1/3 at most (at 0.75 * scale) unless an
+             nvfp4 e4m3 scale is too small for its group.
   reference  every output compared bitwise with tests/reference/megamoe_reference.h
              (shared_x_sf rows through megamoe_ref::shared_row): "bit-exact match" or the
              first mismatch (tensor, [row, col], megamoe's bits, the reference's bits).
@@ -304,7 +310,44 @@ int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
   return checked_value(b, "the byte count per call");
 }
 
+/// Whether @p a and @p b name one file: the same file when both exist (another spelling, a
+/// symlink or a hard link), else the same normalized absolute path when neither does yet.
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ea, eb;
+  const bool xa = fs::exists(a, ea), xb = fs::exists(b, eb);
+  if (xa && xb) {
+    std::error_code ec;
+    return fs::equivalent(a, b, ec) && !ec;
+  }
+  if (xa || xb || ea || eb) return false;  // a file that exists is not one still to be made
+  const fs::path ca = fs::weakly_canonical(a, ea), cb = fs::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
+}
+
+/// Refuse, before any work, a command line whose files overwrite one another: --output or
+/// --save-inputs on the --input file, or --output on the --save-inputs file.
+void check_distinct_files(const Options& o) {
+  struct Pair {
+    const char* writer;
+    const std::string& written;
+    const char* reader;
+    const std::string& read;
+    const char* what;
+  };
+  const Pair pairs[] = {
+      {"--output", o.output, "--input", o.input, "writing the outputs would overwrite the inputs"},
+      {"--save-inputs", o.save_inputs, "--input", o.input, "saving the inputs would rewrite the file being read"},
+      {"--output", o.output, "--save-inputs", o.save_inputs, "the outputs would overwrite the saved inputs"}};
+  for (const Pair& p : pairs) {
+    if (p.written.empty() || p.read.empty() || !same_file(p.written, p.read)) continue;
+    throw CliError(std::string(p.writer) + " " + p.written + ": the same file as " + p.reader + " " + p.read +
+                   " (" + p.what + "); name another file");
+  }
+}
+
 int run(const Options& o) {
+  check_distinct_files(o);
   const auto sit = schemes().find(o.scheme);
   const megamoe::QuantScheme q = o.amax_floor ? sit->second.with_amax_floor(*o.amax_floor) : sit->second;
   if (o.global_scale && q.scale2 != megamoe::Scale2::kStatic) {
@@ -507,6 +550,11 @@ int run(const Options& o) {
   // Report. With T == 0 nothing moves and nothing is quantized: no rate, no quality.
   progress.done();
   const bool empty = T == 0;
+  // Nothing was quantized: no tokens, or tokens without hidden values (H == 0).
+  const bool no_values = empty || H == 0;
+  const std::string no_values_why = empty ? "no tokens" : "no hidden values, H = 0";
+  const std::string rel_err_rule = qual.fp4_rule ? "|x| >= 0.5 * group scale, e2m1's smallest nonzero magnitude"
+                                                 : "|x| > 1e-3 * group amax";
   // With --router the staging reads no top-k inputs but the logits and bias, and the
   // router writes its public ids and weights.
   const int64_t bytes = o.router ? checked_value(megamoe::core::Checked(bytes_per_call(in, out)) -
@@ -590,8 +638,13 @@ int run(const Options& o) {
                    {"gbps", has_rate ? ojson(gbps) : ojson()}};
     j["quality"] = {{"snr_db", std::isfinite(qual.snr_db) ? ojson(qual.snr_db) : ojson()},
                     {"snr_exact", std::isinf(qual.snr_db) && qual.snr_db > 0},
-                    {"max_rel_err", empty || !std::isfinite(qual.max_rel_err) ? ojson() : ojson(qual.max_rel_err)},
-                    {"rel_err_floor", kRelErrFloor},
+                    {"max_rel_err", no_values || !std::isfinite(qual.max_rel_err) ? ojson() : ojson(qual.max_rel_err)},
+                    // The rule of max_rel_err: rel_err_floor * group amax (fp8) or
+                    // rel_err_scale_step * group scale (fp4); the other key is null.
+                    {"rel_err_floor", qual.fp4_rule ? ojson() : ojson(kRelErrFloor)},
+                    {"rel_err_scale_step", qual.fp4_rule ? ojson(kFp4RelErrStep) : ojson()},
+                    {"rel_err_rule", rel_err_rule},
+                    {"rel_err_elements", qual.rel_err_elements},
                     {"finite_elements", qual.finite}};
     j["reference"] = mismatch_json(ref);
     if (o.router) {
@@ -655,8 +708,8 @@ int run(const Options& o) {
   } else {
     std::cout << "bandwidth: n/a (" << bytes << " bytes per call" << (empty ? ", no tokens" : "") << ")\n";
   }
-  if (empty) {
-    std::cout << "SNR: n/a (no tokens)\n";
+  if (no_values) {
+    std::cout << "SNR: n/a (" << no_values_why << ")\n";
   } else if (qual.finite == 0) {
     std::cout << "SNR: n/a (no finite input values)\n";
   } else if (std::isinf(qual.snr_db) && qual.snr_db > 0) {
@@ -666,11 +719,11 @@ int run(const Options& o) {
   } else {
     std::cout << "SNR: " << fmt("%.2f", qual.snr_db) << " dB\n";
   }
-  if (empty) {
-    std::cout << "max relative error: n/a (no tokens)\n";
+  if (no_values) {
+    std::cout << "max relative error: n/a (" << no_values_why << ")\n";
   } else {
-    std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err)
-              << " (elements with |x| > 1e-3 * group amax)\n";
+    std::cout << "max relative error: " << fmt("%.4e", qual.max_rel_err) << " (elements with " << rel_err_rule
+              << ")\n";
   }
   if (o.router) {
     std::cout << "router: E=" << rin.logits.shape[1] << " K=" << K << ", router_logits "
@@ -704,7 +757,7 @@ int main(int argc, char** argv) {
 
   auto* input = app.add_option("--input", o.input,
                                "read hidden_states, topk_ids, topk_weights and optional is_padding "
-                               "from this safetensors file instead of generating them");
+                               "from this safetensors file (a regular file) instead of generating them");
   // Options of the generated inputs (meaningless with --input).
   auto gen = [&](const char* name, auto& var, const char* desc, const CLI::Validator& v) {
     app.add_option(name, var, desc)->capture_default_str()->transform(v)->excludes(input);
@@ -766,7 +819,7 @@ int main(int argc, char** argv) {
       ->transform(integer_in(0, 1024));
   app.add_option("--output", o.output,
                  "write x_fp8, x_sf, topk_idx_out, topk_weights_out (and shared_x_sf) to this "
-                 "safetensors file");
+                 "safetensors file (not the --input or --save-inputs file)");
   auto* save = app.add_option("--save-inputs", o.save_inputs,
                  "write the inputs (generated or read) to this safetensors file, readable "
                  "with --input");

@@ -28,6 +28,9 @@ constexpr DTypeInfo kDTypes[] = {
 
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the safetensors format's own limit
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+/// Deepest JSON nesting a header may have. A valid header nests 3 levels (object, entry,
+/// shape); the cap keeps every recursive walk of the parsed value (dump, comparison) shallow.
+constexpr int kMaxJsonDepth = 64;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw CliError(path + ": " + what);
@@ -35,6 +38,69 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 /// ": <strerror(errno)>", or nothing when the stream failed without setting errno.
 std::string errno_text() { return errno != 0 ? std::string(": ") + std::strerror(errno) : std::string(); }
+
+/// Compact JSON text of @p j, at most about kMaxQuotedBytes bytes: arrays and objects stop at the
+/// first element past the budget ("..."), so a huge value costs no more than its start.
+/// Recursion is bounded by the header's checked depth and, in any case, by the budget.
+void dump_bounded(const json& j, std::string& out, int depth = 0) {
+  if (out.size() > kMaxQuotedBytes || depth > kMaxJsonDepth) {
+    out += "...";
+    return;
+  }
+  if (!j.is_structured()) {
+    // Strings are the only scalars of unbounded length.
+    out += clip(j.dump(-1, ' ', false, json::error_handler_t::replace));
+    return;
+  }
+  const bool obj = j.is_object();
+  out += obj ? '{' : '[';
+  bool first = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!first) out += ", ";
+    first = false;
+    if (out.size() > kMaxQuotedBytes) {
+      out += "...";
+      break;
+    }
+    if (obj) out += clip(json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace)) + ": ";
+    dump_bounded(*it, out, depth + 1);
+  }
+  out += obj ? '}' : ']';
+}
+
+std::string dump_bounded(const json& j) {
+  std::string s;
+  dump_bounded(j, s);
+  return s;
+}
+
+/// Reject a header nested deeper than kMaxJsonDepth before it is parsed: the parser would
+/// build (and later walk) the whole nested value. Brackets inside strings do not count.
+void check_depth(const std::string& path, const std::string& header) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const char c = header[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        fail(path, "invalid JSON header: nested deeper than " + std::to_string(kMaxJsonDepth) +
+                       " levels at byte " + std::to_string(i) + " of the header (a safetensors header nests 3)");
+      }
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;  // an unbalanced bracket is the parser's to report
+    }
+  }
+}
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::ostringstream os;
@@ -47,7 +113,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
 /// Parse one header entry into dtype, shape and [begin, end) offsets.
 void parse_entry(const std::string& path, const std::string& name, const json& e,
                  uint64_t data_size, Tensor& t, uint64_t& begin, uint64_t& end) {
-  const std::string where = "tensor '" + name + "': ";
+  const std::string where = "tensor '" + clip(name) + "': ";
   if (!e.is_object()) fail(path, where + "expected a JSON object, got " + e.type_name());
   auto dt = e.find("dtype");
   if (dt == e.end() || !dt->is_string()) fail(path, where + "expected a string 'dtype'");
@@ -58,7 +124,7 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
   for (const json& d : *sh) {
     // nlohmann keeps non-negative integers as unsigned; negative ones are signed.
     if (!d.is_number_unsigned()) {
-      fail(path, where + "expected non-negative integer sizes in 'shape', got " + sh->dump());
+      fail(path, where + "expected non-negative integer sizes in 'shape', got " + dump_bounded(*sh));
     }
     const uint64_t n = d.get<uint64_t>();
     sizes_fit = sizes_fit && n <= static_cast<uint64_t>(kInt64Max);
@@ -66,7 +132,7 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
   }
   const megamoe::core::Checked numel =
       sizes_fit ? shape_numel(t.shape) : megamoe::core::Checked::overflow();
-  if (!numel.ok()) fail(path, where + "shape too large: " + sh->dump() + " has more than 2^63 - 1 elements");
+  if (!numel.ok()) fail(path, where + "shape too large: " + dump_bounded(*sh) + " has more than 2^63 - 1 elements");
   auto off = e.find("data_offsets");
   if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
       !(*off)[1].is_number_unsigned()) {
@@ -85,7 +151,7 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
   // end - begin <= data_size < 2^63 (the file size came from a signed stream offset).
   if (!need.ok() || static_cast<uint64_t>(need.value()) != end - begin) {
     fail(path, where + "data_offsets span " + std::to_string(end - begin) + " bytes, but dtype " +
-                   t.dtype + " with shape " + shape_text(t.shape) + " needs " +
+                   t.dtype + " with shape " + clip(shape_text(t.shape)) + " needs " +
                    (need.ok() ? std::to_string(need.value()) + " bytes"
                               : std::string("more than 2^63 - 1 bytes")));
   }
@@ -142,6 +208,11 @@ megamoe::TensorRef Tensor::ref() {
   throw CliError("internal: rank " + std::to_string(shape.size()) + " tensor passed to megamoe");
 }
 
+std::string clip(const std::string& s) {
+  if (s.size() <= kMaxQuotedBytes) return s;
+  return s.substr(0, kMaxQuotedBytes) + "... (" + std::to_string(s.size()) + " bytes)";
+}
+
 int64_t st_dtype_size(const std::string& dtype) {
   for (const DTypeInfo& d : kDTypes) {
     if (dtype == d.name) return d.size;
@@ -174,10 +245,34 @@ void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string&
 }
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  // Regular files only, checked before the open: opening a FIFO blocks until a writer comes,
+  // and a FIFO, socket or device has no size to check the header against. A path whose
+  // status cannot be read is left to the open, whose error names the cause.
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec) {
+    using std::filesystem::file_type;
+    switch (st.type()) {
+      case file_type::regular:
+        break;
+      case file_type::directory:
+        fail(path, "is a directory");
+      default: {
+        const file_type t = st.type();
+        const char* kind = t == file_type::fifo        ? " (a FIFO)"
+                           : t == file_type::character ? " (a character device)"
+                           : t == file_type::block     ? " (a block device)"
+                           : t == file_type::socket    ? " (a socket)"
+                                                       : "";
+        fail(path, std::string("not a regular file") + kind +
+                       ": cannot determine the file size without reading it; --input reads regular files only");
+      }
+    }
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, std::string("cannot open file: ") + std::strerror(errno));
-  std::error_code ec;
-  // An ifstream opens a directory without complaint and then reads nothing.
+  // The path may have changed since the status check, and an ifstream opens a directory
+  // without complaint and then reads nothing.
   if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory");
   f.seekg(0, std::ios::end);
   const std::streamoff end_pos = f ? static_cast<std::streamoff>(f.tellg()) : -1;
@@ -198,11 +293,13 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map
   }
   std::string header(static_cast<size_t>(hlen), '\0');
   read_exact(f, path, 8, header.data(), hlen, "header");
+  check_depth(path, header);
   json h;
   try {
     h = json::parse(header);
   } catch (const json::parse_error& e) {
-    fail(path, std::string("invalid JSON header: ") + e.what());
+    // The parser's message quotes the last token read, which may be most of the header.
+    fail(path, std::string("invalid JSON header: ") + clip(e.what()));
   }
   if (!h.is_object()) fail(path, std::string("invalid header: expected a JSON object, got ") + h.type_name());
 
@@ -218,7 +315,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map
       }
       continue;
     }
-    const std::string what = "tensor '" + it.key() + "'";
+    const std::string what = "tensor '" + clip(it.key()) + "'";
     Tensor t;
     uint64_t begin = 0, end = 0;
     parse_entry(path, it.key(), it.value(), data_size, t, begin, end);

@@ -39,6 +39,12 @@ struct Tensor {
   megamoe::TensorRef ref();
 };
 
+/// Longest piece of file-provided text (JSON, a name, a dtype, a parser message) that a
+/// message repeats: a header field can be up to 100 MiB.
+constexpr size_t kMaxQuotedBytes = 200;
+/// @p s, cut to kMaxQuotedBytes bytes followed by "... (<full length> bytes)" when longer.
+std::string clip(const std::string& s);
+
 /// Bytes per element of a safetensors dtype name; 0 when unknown.
 int64_t st_dtype_size(const std::string& dtype);
 /// Element count of @p shape; overflowed when a size is negative or the product does not fit.
@@ -50,9 +56,11 @@ int64_t checked_value(megamoe::core::Checked v, const std::string& what);
 void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string& what);
 
 /// Read every tensor of @p path. Throws CliError naming the file (and tensor) on a missing
-/// file, a directory or unseekable file, a truncated file or short read, a bad header
-/// length, invalid JSON, a malformed entry, data offsets out of range or a byte count that
-/// does not equal dtype size * shape exactly.
+/// file, a directory or other file that is not regular (checked without opening it: a FIFO
+/// would block), a truncated file or short read, a bad header length, invalid JSON or JSON
+/// nested deeper than 64 levels, a malformed entry, data offsets out of range or a byte
+/// count that does not equal dtype size * shape exactly. File text quoted in a message is
+/// cut to kMaxQuotedBytes.
 /// With @p metadata, the header's "__metadata__" string entries are stored there.
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata = nullptr);

@@ -34,14 +34,30 @@ struct StageOutputs {
 /// them so).
 constexpr uint8_t kUntouchedByte = 0x5A;
 
-/// Relative errors count only elements with |x| above this fraction of their group's amax.
+/// fp8 formats: relative errors count only elements with |x| above this fraction of their
+/// group's amax. Any scale these formats pick puts such elements in e4m3's normal range, so
+/// their relative error is at most 2^-4 (unless amax is below the amax floor).
 constexpr double kRelErrFloor = 1e-3;
+
+/// fp4 formats: relative errors count only elements with |x| at least this many times their
+/// group's dequantized scale, i.e. at least e2m1's smallest nonzero magnitude (code 1 = 0.5)
+/// in that group. Smaller elements round to 0 or to that magnitude, a relative error of up to
+/// 1 whatever the encoder does; they count in the SNR only. The elements counted have a
+/// relative error of about 1/3 at most (at 0.75 times the scale, between the codes 0.5 and 1),
+/// unless the scale is too small for the group's amax (an NVFP4 e4m3 scale in or below
+/// e4m3's subnormal range), which then shows.
+constexpr double kFp4RelErrStep = 0.5;
 
 /// Quality of x_fp8 * scale against the input.
 struct Quality {
   double snr_db = 0;       ///< 10*log10(sum x^2 / sum (x - deq)^2); +inf when exact; NaN when no finite x
-  double max_rel_err = 0;  ///< max |x - deq| / |x| over |x| > kRelErrFloor * group amax
-  int64_t finite = 0;      ///< elements counted in the SNR
+  /// max |x - deq| / |x| over finite x with |x| > kRelErrFloor * group amax (fp8) or
+  /// |x| >= kFp4RelErrStep * group scale (fp4; also every nonzero x of a group whose scale
+  /// is not finite, whose error is infinite)
+  double max_rel_err = 0;
+  int64_t rel_err_elements = 0;  ///< elements max_rel_err is taken over
+  bool fp4_rule = false;         ///< max_rel_err follows the fp4 rule above
+  int64_t finite = 0;            ///< elements counted in the SNR
 };
 
 /// First differing element of a comparison.
@@ -63,7 +79,8 @@ struct RefCheck {
 /// hidden_states or topk_weights (BF16/F16/F32) as fp32, exactly.
 std::vector<float> to_float(const Tensor& t);
 
-/// Dequantize and measure; @p hidden is to_float(in.hidden_states).
+/// Dequantize and measure; @p hidden is to_float(in.hidden_states). Loops over the T * H
+/// elements only: no rows are visited when H == 0.
 Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
                         const StageOutputs& out, int64_t G, bool ue8m0);
 
@@ -81,7 +98,8 @@ RouterRef reference_router(const Tensor& logits, const Tensor& bias, const Stage
 RefCheck compare_router(const RouterRef& want, const Tensor& ids, const Tensor& weights);
 
 /// Run megamoe_ref::stage on @p in and compare every output bitwise (shared_x_sf rows
-/// through megamoe_ref::shared_row).
+/// through megamoe_ref::shared_row). The reference is not run when none of its outputs
+/// has an element (T == 0, or H == K == 0 without x_scales): it would visit all T rows.
 RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,
                                 const StageOutputs& out, int64_t G, bool ue8m0);
 

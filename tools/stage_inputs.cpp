@@ -36,7 +36,13 @@ std::optional<Tensor> take(std::map<std::string, Tensor>& m, const std::string& 
   if (it == m.end()) {
     if (!required) return std::nullopt;
     std::string found;
-    for (const auto& kv : m) found += (found.empty() ? "" : ", ") + kv.first;
+    for (const auto& kv : m) {
+      if (found.size() > kMaxQuotedBytes) {  // a header may name a million tensors
+        found += ", ... (" + std::to_string(m.size()) + " tensors)";
+        break;
+      }
+      found += (found.empty() ? "" : ", ") + clip(kv.first);
+    }
     throw CliError(path + ": missing tensor '" + name + "' (the file has: " +
                    (found.empty() ? std::string("no tensors") : found) + ")");
   }
@@ -44,11 +50,11 @@ std::optional<Tensor> take(std::map<std::string, Tensor>& m, const std::string& 
   const std::string where = path + ": tensor '" + name + "': ";
   if (std::find_if(dtypes.begin(), dtypes.end(), [&](const char* d) { return t.dtype == d; }) ==
       dtypes.end()) {
-    throw CliError(where + "expected dtype " + join(dtypes) + ", got " + t.dtype);
+    throw CliError(where + "expected dtype " + join(dtypes) + ", got " + clip(t.dtype));
   }
   if (t.shape.size() != rank) {
     throw CliError(where + "expected rank " + std::to_string(rank) + " " + dims + ", got rank " +
-                   std::to_string(t.shape.size()) + " with shape " + t.shape_str());
+                   std::to_string(t.shape.size()) + " with shape " + clip(t.shape_str()));
   }
   return t;
 }

@@ -331,6 +331,11 @@ def feed_fifo(path, payload):
     return t
 
 
+def unblock_fifo_writer(path):
+    """Open and close FIFO @p path for reading, so that a feed_fifo writer's open returns."""
+    os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+
+
 def case_hostile():
     """Huge, wrapping or inconsistent numbers and unreadable files exit 2 with a clear
     message (never a crash); T = 0 succeeds with nothing to stage."""
@@ -385,8 +390,9 @@ def case_hostile():
         os.mkfifo(fifo)
         feed = feed_fifo(fifo, b"\x10" + b"\0" * 7 + b"{}" * 8)
         expect_error(["--input", fifo], fifo, "cannot determine the file size")
+        unblock_fifo_writer(fifo)  # megamoe-stage refuses the FIFO without opening it
         feed.join(timeout=10)
-        expect_error(["--input", os.devnull], "truncated file: 0 bytes")
+        expect_error(["--input", os.devnull], "not a regular file (a character device)")
 
         good = os.path.join(d, "good.st")
         run("-T", "10", "-H", "256", "--save-inputs", good, "--iters", "1", expect_rc=0)
@@ -677,6 +683,200 @@ def case_progress():
     check(err.endswith("\r\x1b[K") and "megamoe-stage:" not in out, (err, out))
     p = run("-T", "96", "-H", "512", "--iters", "1", "--json", expect_rc=0)
     check(p.stderr == "", p.stderr)
+
+
+def run_quick(*args, expect_rc, seconds=20):
+    """run(), but a run still going after @p seconds (a hang) is killed and fails the case."""
+    try:
+        p = subprocess.run([EXE, *args], capture_output=True, text=True, errors="surrogateescape",
+                           timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise Failure(f"megamoe-stage {' '.join(args)}: still running after {seconds} s (killed)")
+    if p.returncode != expect_rc:
+        raise Failure(f"megamoe-stage {' '.join(args)}: exit {p.returncode}, expected {expect_rc}\n"
+                      f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def case_deep_json():
+    """A header nested 200,000 levels deep (a ~400 KB file) exits 2 with a short message,
+    never a stack overflow; JSON quoted in messages is cut to a few hundred bytes."""
+    with tempfile.TemporaryDirectory() as d:
+        good = os.path.join(d, "good.st")
+        run("-T", "10", "-H", "256", "--save-inputs", good, "--iters", "1", expect_rc=0)
+        ts = tensors(good)
+        bad = os.path.join(d, "deep.st")
+        n = 200000
+        for shape in [b"[" * n + b"]" * n, b"[1, " + b"[" * n + b"]" * n + b"]", b"[" * n]:
+            hb = b'{"hidden_states": {"dtype": "BF16", "shape": ' + shape + b', "data_offsets": [0, 0]}}'
+            with open(bad, "wb") as f:
+                f.write(struct.pack("<Q", len(hb)) + hb)
+            check(os.path.getsize(bad) > 200000, "the nested header is written")
+            p = run_quick("--input", bad, "--iters", "1", expect_rc=2)
+            check("invalid JSON header: nested deeper than 64 levels" in p.stderr and len(p.stderr) < 1000,
+                  f"no short nesting message: {p.stderr[:2000]!r}")
+            j = json.loads(run_quick("--input", bad, "--json", expect_rc=2).stdout)
+            check("nested deeper than 64 levels" in j["error"] and j["exit_code"] == 2, str(j)[:2000])
+        # Nested deep in a string is no nesting: brackets in names and metadata do not count.
+        write_st(bad, {**ts, "[" * 1000: ("U8", [1], b"\0")})
+        hdr, data = read_st(bad)
+        hdr["__metadata__"] = {"note": "{[\\\"" * 1000}
+        hb = json.dumps(hdr).encode()
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<Q", len(hb)) + hb + data)
+        run_quick("--input", bad, "--iters", "1", expect_rc=0)
+        # Nested below the limit, or wide: the message quotes the start of the value only.
+        for shape in ["[" * 60 + "1" + "]" * 60, "[" + ", ".join(["-1"] * 200000) + "]",
+                      "[" + ", ".join(["1"] * 10) + ", \"" + "x" * 100000 + "\"]"]:
+            write_st(bad, dict(ts), raw_header=('{"topk_ids": {"dtype": "I32", "shape": ' + shape +
+                                                ', "data_offsets": [0, 0]}}').encode())
+            p = run_quick("--input", bad, expect_rc=2)
+            check("tensor 'topk_ids'" in p.stderr and "non-negative integer sizes" in p.stderr and
+                  len(p.stderr) < 1500, f"{len(p.stderr)} bytes: {p.stderr[:2000]!r}")
+        # Invalid JSON: the parser's message (which quotes the last token) is cut too.
+        write_st(bad, dict(ts), raw_header=b'{"' + b"k" * 100000)
+        p = run_quick("--input", bad, expect_rc=2)
+        check("invalid JSON header" in p.stderr and len(p.stderr) < 1000, p.stderr[:2000])
+        # A tensor name of 100,000 bytes is quoted in part.
+        write_st(bad, {**ts, "n" * 100000: ("F64", [1], b"\0" * 7)})
+        p = run_quick("--input", bad, expect_rc=2)
+        check("needs 8 bytes" in p.stderr and len(p.stderr) < 1000, p.stderr[:2000])
+
+
+def zero_width_file(path, rows, extra=None):
+    """hidden_states BF16 [rows, 0], topk_ids I32 / topk_weights F32 [rows, 0]: no bytes at all."""
+    ts = {"hidden_states": ("BF16", [rows, 0], b""), "topk_ids": ("I32", [rows, 0], b""),
+          "topk_weights": ("F32", [rows, 0], b"")}
+    write_st(path, {**ts, **(extra or {})})
+
+
+def case_zero_width():
+    """2^40 tokens of H = K = 0 (a file of a few hundred bytes): the library accepts it and
+    the CLI's own loops (quality, dequantization, reference, shared rows, I/O) finish at
+    once, bounded by the bytes that exist."""
+    with tempfile.TemporaryDirectory() as d:
+        inp, out, saved = (os.path.join(d, n) for n in ["in.st", "out.st", "saved.st"])
+        rows = 2 ** 40
+        zero_width_file(inp, rows)
+        check(os.path.getsize(inp) < 300, os.path.getsize(inp))
+        for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static"]:
+            extras = [[], ["--output", out, "--save-inputs", saved], ["--full-buffer", "--max-tokens", str(rows + 1)]]
+            if s in ("mxfp8", "ue8m0-g128", "mxfp4", "mxfp4-rne"):
+                extras.append(["--shared-block-m", "64"])
+            for extra in extras:
+                p = run_quick("--input", inp, "--iters", "1", "--scheme", s, *extra, expect_rc=0)
+                for line in [f"shapes: T={rows} H=0 K=0", "SNR: n/a (no hidden values, H = 0)",
+                             "max relative error: n/a (no hidden values, H = 0)", "reference: bit-exact match"]:
+                    check(line in p.stdout, f"{s} {extra}: no {line!r} in\n{p.stdout}")
+        ts = tensors(out)
+        check(all(v[1][0] == rows and v[2] == b"" for v in ts.values()), ts)
+        check(tensors(saved)["hidden_states"] == ("BF16", [rows, 0], b""), tensors(saved))
+        j = json.loads(run_quick("--input", inp, "--iters", "1", "--json", expect_rc=0).stdout)
+        check(j["shapes"]["tokens"] == rows and j["quality"]["max_rel_err"] is None and
+              j["quality"]["snr_db"] is None and j["reference"]["match"] is True, j)
+        # Per-token x_scales would be 4 TiB: refused, not attempted.
+        run_quick("--input", inp, "--iters", "1", "--scheme", "nvfp4-per-token", expect_rc=2)
+        # With an is_padding of 2^20 bytes the rows exist: still quick.
+        zero_width_file(inp, 2 ** 20, {"is_padding": ("BOOL", [2 ** 20], b"\1" * 2 ** 20)})
+        p = run_quick("--input", inp, "--iters", "1", expect_rc=0)
+        check("is_padding bool (1048576 padded)" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
+
+
+def case_same_file():
+    """--output (or --save-inputs) on the --input file, under any name, is refused before
+    any work, and the input is left as it was; so is --output on the --save-inputs file."""
+    with tempfile.TemporaryDirectory() as d:
+        inp = os.path.join(d, "in.st")
+        run("-T", "10", "-H", "256", "--save-inputs", inp, "--iters", "1", expect_rc=0)
+        before = open(inp, "rb").read()
+        link, hard = os.path.join(d, "link.st"), os.path.join(d, "hard.st")
+        os.symlink(inp, link)
+        os.link(inp, hard)
+        sub = os.path.join(d, "sub")
+        os.mkdir(sub)
+        names = [inp, os.path.join(d, ".", "in.st"), os.path.join(sub, "..", "in.st"), link, hard]
+        for name in names:
+            for flag in ["--output", "--save-inputs"]:
+                p = expect_error(["--input", inp, "--iters", "1", flag, name], f"{flag} {name}: the same file as --input")
+                check(p.stdout == "", p.stdout)
+                check(open(inp, "rb").read() == before, f"{flag} {name} changed the input file")
+            expect_error(["--input", name, "--iters", "1", "--output", inp], "the same file as --input")
+        j = json.loads(run("--input", inp, "--output", link, "--json", expect_rc=2).stdout)
+        check("the same file as --input" in j["error"] and j["exit_code"] == 2, j)
+        # --explain alone writes nothing, but the command line is refused all the same.
+        expect_error(["--input", inp, "--output", inp, "--explain"], "the same file as --input")
+        # Neither file exists yet: the same path under two spellings.
+        new = os.path.join(d, "new.st")
+        expect_error(SMALL + ["--output", new, "--save-inputs", os.path.join(sub, "..", "new.st")],
+                     "the same file as --save-inputs", "overwrite the saved inputs")
+        check(not os.path.exists(new), "a refused command line created its output")
+        # Different files pass.
+        expect_pass(["--input", inp, "--iters", "1", "--output", new])
+        expect_pass(["--input", link, "--iters", "1", "--output", new])
+        check(open(inp, "rb").read() == before, "the input file changed")
+
+
+def case_nonregular():
+    """--input reads regular files only: a FIFO without a writer, a device or a socket exits 2
+    at once with "not a regular file", without opening it (a FIFO's open would block)."""
+    import socket
+    with tempfile.TemporaryDirectory() as d:
+        fifo = os.path.join(d, "fifo")
+        os.mkfifo(fifo)
+        for name, kind in [(fifo, "a FIFO"), ("/dev/zero", "a character device"),
+                           (os.devnull, "a character device")]:
+            p = run_quick("--input", name, "--iters", "1", expect_rc=2, seconds=10)
+            check(f"{name}: not a regular file ({kind})" in p.stderr, p.stderr)
+        j = json.loads(run_quick("--input", fifo, "--json", expect_rc=2, seconds=10).stdout)
+        check("not a regular file" in j["error"] and j["exit_code"] == 2, j)
+        sock_path = os.path.join(d, "sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(sock_path)
+            p = run_quick("--input", sock_path, expect_rc=2, seconds=10)
+            check("not a regular file (a socket)" in p.stderr, p.stderr)
+        finally:
+            sock.close()
+        # A symlink is followed: to a FIFO it is refused, to a regular file it is read.
+        link = os.path.join(d, "link")
+        os.symlink(fifo, link)
+        p = run_quick("--input", link, expect_rc=2, seconds=10)
+        check("not a regular file (a FIFO)" in p.stderr, p.stderr)
+        good = os.path.join(d, "good.st")
+        run("-T", "10", "-H", "256", "--save-inputs", good, "--iters", "1", expect_rc=0)
+        os.remove(link)
+        os.symlink(good, link)
+        expect_pass(["--input", link, "--iters", "1"])
+        expect_error(["--input", d], "is a directory")
+
+
+def max_rel_err(text):
+    m = re.search(r"^max relative error: ([0-9.e+-]+) \(elements with (.*)\)$", text, re.M)
+    check(m is not None, f"no 'max relative error: <x> (elements with ...)' line in:\n{text}")
+    return float(m.group(1)), m.group(2)
+
+
+def case_fp4_quality():
+    """fp4 schemes report the max relative error over the elements e2m1 resolves in their
+    group (|x| >= 0.5 * group scale), clearly below 1; fp8 schemes keep 1e-3 * group amax."""
+    for s in ["mxfp4", "mxfp4-rne", "nvfp4-static", "nvfp4-per-token"]:
+        for shape in [["-T", "96", "-H", "512"], ["-T", "7", "-H", "128", "--seed", "5"]]:
+            p = expect_pass(shape + ["--iters", "1", "--scheme", s], min_snr=15)
+            err, rule = max_rel_err(p.stdout)
+            check(0 < err < 0.5, f"{s}: max relative error {err}, expected in (0, 0.5):\n{p.stdout}")
+            check(rule.startswith("|x| >= 0.5 * group scale"), rule)
+        q = json.loads(run(*SMALL, "--scheme", s, "--json", expect_rc=0).stdout)["quality"]
+        check(0 < q["max_rel_err"] < 0.5 and q["rel_err_scale_step"] == 0.5 and q["rel_err_floor"] is None, q)
+        check(0 < q["rel_err_elements"] <= q["finite_elements"] == 96 * 512, q)
+        check(q["rel_err_rule"].startswith("|x| >= 0.5 * group scale"), q)
+    for s in ["mxfp8", "fp32-g128"]:
+        p = expect_pass(SMALL + ["--scheme", s])
+        err, rule = max_rel_err(p.stdout)
+        check(0 < err <= 2 ** -4 and rule == "|x| > 1e-3 * group amax", p.stdout)
+        q = json.loads(run(*SMALL, "--scheme", s, "--json", expect_rc=0).stdout)["quality"]
+        check(q["rel_err_floor"] == 1e-3 and q["rel_err_scale_step"] is None and q["rel_err_elements"] > 0, q)
+    p = run("--help", expect_rc=0)
+    check("0.5 *" in p.stdout and "smallest nonzero" in p.stdout, "--help lacks the fp4 rule")
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
