@@ -100,9 +100,10 @@ __all__ = [
 ]
 
 # The CPU backend's thread count (megamoe::set_cpu_threads / cpu_threads), where the
-# library has it.
+# library has it; set_cpu_threads is the Python wrapper, which names an out-of-range count.
 if hasattr(_C, "set_cpu_threads"):
-    from ._C import cpu_threads, set_cpu_threads  # noqa: F401
+    from ._C import cpu_threads  # noqa: F401
+    from ._ops import set_cpu_threads  # noqa: F401
 
     __all__ += ["set_cpu_threads", "cpu_threads"]
 

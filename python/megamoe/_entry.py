@@ -72,7 +72,9 @@ _PREPARE_DOC = (
             ``stream``, a non-float ``routed_scaling_factor``, a non-bool flag.
         ValueError: an invalid argument (shape, dtype, device, overlap, scheme, ...;
             also arrays megamoe cannot take: big-endian, structured or object dtypes,
-            byte strides that are not whole elements); nothing was written.
+            byte strides that are not whole elements; an int ``shared_block_m`` outside
+            int64, a ``stream`` outside [0, 2**64), an int ``routed_scaling_factor`` too
+            large for a float, each named in the message); nothing was written.
         RuntimeError: a CUDA failure, or CUDA tensors given to a build without CUDA (or
             to a CUDA backend that does not stage that request yet).
     """
@@ -151,8 +153,9 @@ _ROUTER_RAISES = """
             non-bool flag (or, for route_and_stage, a ``hidden_quant`` that is no scheme).
         ValueError: an invalid argument (shape, dtype, device, overlap, E or K out of
             range, a non-finite ``routed_scaling_factor``, hash-layer or EPLB tensors
-            given partly, a bias with ``tid2eid``, ...; the message names the argument);
-            nothing was written.
+            given partly, a bias with ``tid2eid``, an int ``top_k`` / ``shared_block_m``
+            outside int64 or a ``stream`` outside [0, 2**64), ...; the message names the
+            argument); nothing was written.
         RuntimeError: a CUDA failure, or CUDA tensors given to a build without CUDA.
     """
 

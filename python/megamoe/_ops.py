@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import math
+import operator
 import sys
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _dequant
-from ._args import no_tokens, optional_int, shape_of
+from ._args import allocate, no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool
+from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
 
 __all__ = [
     "output_shapes",
@@ -152,7 +154,8 @@ def dsv4_topk_prepare_megamoe(
     where the scores here stay positive), and the scaling is ``fl(fl(s / sum) * alpha)``
     instead of ``s * fl(alpha / sum)`` (weights may differ by an ulp or two); the logits
     may have any strides but must be float32 or bfloat16. Raises as
-    :func:`route_and_stage` (a ``[0, E]`` ``gating_output`` returns empty tensors at once).
+    :func:`route_and_stage` (a ``[0, E]`` ``gating_output`` returns empty tensors at once),
+    and a ValueError naming the bytes of a returned tensor that cannot be allocated.
     """
     glue = _torch_for(gating_output)  # the returned tensors live where the logits do
     if glue is None and not _is_ndarray(gating_output):
@@ -165,8 +168,9 @@ def dsv4_topk_prepare_megamoe(
     g, idx = shape_of(gating_output), shape_of(topk_idx_out)
     T = g[0] if len(g) == 2 else 0
     K = idx[1] if len(idx) == 2 else _DSV4_TOPK
-    weights = _alloc(glue, gating_output, TensorSpec((T, K), "float32"))
-    ids = _alloc(glue, gating_output, TensorSpec((T, K), dtype))
+    where = "megamoe.dsv4_topk_prepare_megamoe"
+    weights = _alloc(glue, gating_output, TensorSpec((T, K), "float32"), where=where)
+    ids = _alloc(glue, gating_output, TensorSpec((T, K), dtype), where=where)
     if len(g) == 2 and T == 0:
         return weights, ids
     route_and_stage_impl(
@@ -225,7 +229,9 @@ def output_shapes(T: int, H: int, K: int, scheme: Any = MXFP8, shared_block_m: O
 
     Raises:
         ValueError: a rejected scheme, H not a multiple of 128, whole scale words missing,
-            negative sizes, shared staging without UE8M0 scales or with shared_block_m <= 0.
+            negative sizes, sizes whose products overflow int64, an int argument outside
+            int64 (the message names it), shared staging without UE8M0 scales or with
+            shared_block_m <= 0.
         TypeError: a size that is no int, or a scheme that is no scheme.
     """
     d = _C.output_shapes(_int(T, "T"), _int(H, "H"), _int(K, "K"), as_scheme(scheme),
@@ -267,12 +273,21 @@ def _numpy_dtype(name: str) -> Any:
     return np.uint8 if name == "float8_e4m3fn" else np.dtype(name)  # NumPy has no fp8
 
 
-def _alloc(glue: Any, like: Any, spec: TensorSpec, zero: bool = False) -> Any:
+#: Bytes per element of each output dtype name.
+ITEMSIZE = {"float8_e4m3fn": 1, "uint8": 1, "int32": 4, "float32": 4, "int64": 8}
+
+
+def _alloc(glue: Any, like: Any, spec: TensorSpec, zero: bool = False, where: str = "megamoe.stage") -> Any:
+    """One output of ``spec`` in the framework of ``like`` (torch through ``glue``, else
+    NumPy); a size that cannot be allocated is a ValueError naming its bytes."""
+    nbytes = math.prod(spec.shape) * ITEMSIZE[spec.dtype]
+    what = f"a {tuple(spec.shape)} {spec.dtype} output"
     if glue is not None:
-        return glue.allocate(like, spec, zero)
+        return allocate(where, what, nbytes, lambda: glue.allocate(like, spec, zero))
     import numpy as np
 
-    return (np.zeros if zero else np.empty)(spec.shape, _numpy_dtype(spec.dtype))
+    make = np.zeros if zero else np.empty
+    return allocate(where, what, nbytes, lambda: make(spec.shape, _numpy_dtype(spec.dtype)))
 
 
 def _dims(x: Any) -> tuple:
@@ -326,10 +341,12 @@ def stage(
     ``routed_scaling_factor`` multiplies the kept weights; ``nonfinite_count`` (a [1] int64
     array on the same device) gets the count of NaN / Inf inputs added.
 
-    Same errors as :func:`prepare_megamoe_inputs`. An eager-mode convenience (not for
-    torch.compile regions or CUDA graph capture, since it allocates). A ``hidden_states``
-    without rows gives empty outputs at once, whatever the other arguments are (unless
-    ``max_tokens`` asks for the full-buffer tail).
+    Same errors as :func:`prepare_megamoe_inputs`, and a ValueError naming the bytes of an
+    output that cannot be allocated (e.g. for a ``max_tokens`` no memory holds; the
+    allocator's MemoryError / RuntimeError is chained), or for a ``max_tokens`` outside
+    int64. An eager-mode convenience (not for torch.compile regions or CUDA graph capture,
+    since it allocates). A ``hidden_states`` without rows gives empty outputs at once,
+    whatever the other arguments are (unless ``max_tokens`` asks for the full-buffer tail).
     """
     glue = _torch_for(hidden_states)
     if glue is None and not _is_ndarray(hidden_states):
@@ -369,6 +386,30 @@ def stage(
         x_scales, nonfinite_count, full, routed_scaling_factor, stream, enable_pdl,
     )  # fmt: skip
     return StagedInputs(*out, shared, x_scales)
+
+
+# ---------------------------------------------------------------------------------------
+# set_cpu_threads()
+
+
+def set_cpu_threads(n: int) -> None:
+    """Threads one CPU staging call may use, the caller included (0 = one per CPU).
+
+    Raises:
+        TypeError: ``n`` is no int.
+        ValueError: a thread count the library refuses (negative, above its maximum, or
+            beyond the native int32).
+    """
+    if type(n) is not int:
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise TypeError(f"megamoe: set_cpu_threads: n: expected an int, got {type(n).__name__}") from None
+    # The native argument is an int32; nanobind would refuse a larger one with its
+    # "incompatible function arguments", naming neither the argument nor the value.
+    if not -(2**31) <= n < 2**31:
+        raise out_of_range(n, "set_cpu_threads: n", "int32")
+    _C.set_cpu_threads(n)
 
 
 # ---------------------------------------------------------------------------------------

@@ -90,30 +90,72 @@ def _as_bool(value: Any, name: str) -> bool:
     raise TypeError(f"megamoe: {name}: expected a bool, got {type(value).__name__}")
 
 
+# The native module's integer arguments are int64 (sizes, counts, block sizes) and the
+# stream a uintptr_t. An int outside them would reach nanobind as "incompatible function
+# arguments", naming neither the argument nor the value; it is a ValueError here instead, as
+# any other value the library rejects (an int is the right type, just not a possible value).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_UINTPTR_MAX = 2**64 - 1
+
+
+def int_text(value: int) -> str:
+    """``value`` for an error message: its digits, or its size when they would flood the
+    message (and would exceed Python's int-to-str digit limit past 4300 digits)."""
+    bits = value.bit_length()
+    return str(value) if bits <= 128 else f"a{' negative' if value < 0 else 'n'} int of {bits} bits"
+
+
+def out_of_range(value: int, name: str, ctype: str = "int64") -> ValueError:
+    """The ValueError for an int argument ``name`` that the native ``ctype`` cannot hold."""
+    return ValueError(f"megamoe: {name}: {int_text(value)} does not fit in {ctype}")
+
+
 def optional_int(value: Any, name: str, what: str = "an int") -> Optional[int]:
     """``value`` as an int (anything with ``__index__``), or None; TypeError naming ``name``
-    otherwise (no ``int()``: it would turn "12" or 3.7 into a number)."""
-    if value is None or type(value) is int:
+    otherwise (no ``int()``: it would turn "12" or 3.7 into a number), ValueError naming it
+    for an int outside int64 (what the native module takes)."""
+    if value is None:
+        return None
+    if type(value) is not int:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"megamoe: {name}: expected {what} or None, got {type(value).__name__}") from None
+    if _INT64_MIN <= value <= _INT64_MAX:
         return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"megamoe: {name}: expected {what} or None, got {type(value).__name__}") from None
+    raise out_of_range(value, name)
 
 
 def optional_float(value: Any, name: str) -> Optional[float]:
-    """``value`` as a Python float (ints and NumPy / 0-D tensor reals too), or None."""
+    """``value`` as a Python float (ints and NumPy / 0-D tensor reals too), or None; an int
+    too large for a double is a ValueError naming ``name``, as the library's for a value
+    beyond float32's range (float() would raise a bare OverflowError)."""
     if value is None or type(value) is float:
         return value
     if isinstance(value, (str, bytes, bool)) or not hasattr(value, "__float__"):
         raise TypeError(f"megamoe: {name}: expected a float or None, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        got = int_text(value) if isinstance(value, int) else repr(value)
+        raise ValueError(f"megamoe: {name}: expected a value within float32's range, got {got}") from None
 
 
 def stream_int(value: Any) -> int:
-    """The ``stream`` argument as the native module's int (None: 0, the legacy default stream)."""
-    s = optional_int(value, "stream", "an int (a cudaStream_t)")
-    return 0 if s is None else s
+    """The ``stream`` argument as the native module's int (None: 0, the legacy default
+    stream); ValueError outside a cudaStream_t's range, [0, 2**64)."""
+    if value is None:
+        return 0
+    if type(value) is not int:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(
+                f"megamoe: stream: expected an int (a cudaStream_t) or None, got {type(value).__name__}"
+            ) from None
+    if 0 <= value <= _UINTPTR_MAX:
+        return value
+    raise out_of_range(value, "stream", "a cudaStream_t (0 <= stream < 2**64)")
 
 
 class Spec:
@@ -183,8 +225,8 @@ class Spec:
     # -- The native module -----------------------------------------------------------------
 
     def native_args(self, values: Sequence[Any], scheme: Callable[[Any], Any], tensor: Callable[[Any, str], Any] = None) -> list:
-        """``values`` (table order) converted for megamoe._C: ints, floats, bools and the
-        stream checked, the scheme through ``scheme``, arrays through ``tensor`` (or as they
+        """``values`` (table order) converted for megamoe._C: ints (int64), floats, bools and
+        the stream checked, the scheme through ``scheme``, arrays through ``tensor`` (or as they
         are: the binding names what is wrong with them). On every call's path: index lists
         made once, no per-argument dispatch on the kind."""
         out = list(values)
@@ -195,7 +237,7 @@ class Spec:
                     out[i] = tensor(v, name)
         for i, name in self._ints:
             v = out[i]
-            if v is not None and type(v) is not int:
+            if v is not None and (type(v) is not int or not _INT64_MIN <= v <= _INT64_MAX):
                 out[i] = optional_int(v, name)
         for i, name in self._floats:
             v = out[i]

@@ -6,19 +6,22 @@ kernels read them over NVLink, so the buffers have the symmetric buffer's ``max_
 rows (stage with ``full_buffer=True``) and every rank lays them out identically.
 :func:`staging_layout` fixes that layout from :func:`megamoe.output_shapes` (the one shape
 rule): each output at an aligned byte offset of one allocation. :func:`alloc_staging_buffers`
-allocates it and returns this rank's views; with ``allocator="symmetric"``
+allocates it (by default with torch when it is installed, else with NumPy) and returns
+this rank's views; with ``allocator="symmetric"``
 (``torch.distributed._symmetric_memory.empty`` + ``rendezvous``) ``peer(rank)`` returns the
 same views of another rank's buffer (``get_buffer`` at the same offsets), so a peer reads
 exactly the bytes the owner staged.
 
 Importing this module needs neither torch nor NumPy; each allocator imports what it uses.
+A size no allocator can serve is the documented ValueError naming its bytes.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from ._args import optional_int
+from ._args import allocate, optional_int
+from ._ops import ITEMSIZE as _ITEMSIZE
 from ._ops import TensorSpec, _numpy_dtype, output_shapes
 from ._scheme import MXFP8
 
@@ -27,8 +30,6 @@ __all__ = ["StagingField", "StagingLayout", "StagingBuffers", "staging_layout", 
 #: The outputs a staging call writes, by their prepare_megamoe_inputs argument names, in
 #: layout order (the OutputShapes field of each is the same name).
 FIELDS = ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales")
-
-_ITEMSIZE = {"float8_e4m3fn": 1, "uint8": 1, "int32": 4, "float32": 4, "int64": 8}
 
 
 class StagingField(NamedTuple):
@@ -80,7 +81,8 @@ def staging_layout(max_tokens: int, hidden: int, top_k: int, scheme: Any = MXFP8
     whatever its dtype, and so are the kernels' vector accesses).
 
     Raises:
-        ValueError: as output_shapes, or ``align`` not a power of two >= 8.
+        ValueError: as output_shapes (an int argument outside int64 included: the message
+            names it), or ``align`` not a power of two >= 8.
         TypeError: as output_shapes.
     """
     a = optional_int(align, "align")
@@ -89,7 +91,9 @@ def staging_layout(max_tokens: int, hidden: int, top_k: int, scheme: Any = MXFP8
     M = optional_int(max_tokens, "max_tokens")
     if M is None:
         raise TypeError("megamoe.buffers: max_tokens: expected an int, got None")
-    shapes = output_shapes(M, hidden, top_k, scheme, shared_block_m)
+    # Named as this function names them (output_shapes would say H and K).
+    shapes = output_shapes(M, optional_int(hidden, "hidden"), optional_int(top_k, "top_k"), scheme,
+                           optional_int(shared_block_m, "shared_block_m"))  # fmt: skip
     fields, offset = [], 0
     for name in FIELDS:
         spec = getattr(shapes, name)
@@ -158,6 +162,19 @@ class StagingBuffers(NamedTuple):
         return self._replace(**_symmetric_views(self.handle, r, self.layout), storage=storage, rank=r)
 
 
+def _torch_or_none() -> Any:
+    """The torch module, or None when torch is not installed (``allocator=None`` then
+    allocates with NumPy). A torch that is installed but fails to import raises: falling
+    back to NumPy would hide it."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        return None
+    return torch
+
+
 def _dtype(torch: Any, name: str) -> Any:
     """The dtype of an output dtype name: torch's (``torch`` the module) or, with ``torch``
     None, NumPy's (fp8 as uint8 bytes), as megamoe.stage allocates them."""
@@ -211,7 +228,7 @@ def alloc_staging_buffers(
     shared_block_m: Optional[int] = None,
     *,
     device: Any = "cpu",
-    allocator: str = "torch",
+    allocator: Optional[str] = None,
     group: Any = None,
     align: int = 256,
 ) -> StagingBuffers:
@@ -220,7 +237,10 @@ def alloc_staging_buffers(
 
     ``allocator``:
 
-    * ``"torch"`` (default): ``torch.empty`` on ``device``;
+    * ``None`` (default): ``"torch"`` when torch is installed, else ``"numpy"`` (so a
+      NumPy-only install allocates on the CPU without naming an allocator; another
+      ``device`` then needs torch, and the ValueError says so);
+    * ``"torch"``: ``torch.empty`` on ``device``;
     * ``"numpy"``: a NumPy array (CPU only; fp8 values as uint8 bytes, as megamoe.stage
       gives them to NumPy);
     * ``"symmetric"``: PyTorch symmetric memory on a CUDA ``device``:
@@ -237,24 +257,41 @@ def alloc_staging_buffers(
 
     Raises:
         ValueError: as :func:`staging_layout`, an unknown allocator, NumPy with a device
-            other than the CPU, or symmetric memory off CUDA.
+            other than the CPU (with ``allocator=None``: a device other than the CPU without
+            torch installed), symmetric memory off CUDA, or an allocation that cannot be
+            made (the message gives its bytes; the allocator's MemoryError / RuntimeError
+            is chained).
         TypeError: as :func:`staging_layout`.
+        ModuleNotFoundError: ``allocator="torch"`` or ``"symmetric"`` without torch.
     """
     layout = staging_layout(max_tokens, hidden, top_k, scheme, shared_block_m, align=align)
+    torch = None
+    if allocator is None:
+        torch = _torch_or_none()
+        if torch is None and str(device) != "cpu":
+            raise ValueError(
+                f"megamoe.buffers: device {device!r} needs torch, which is not installed "
+                "(without torch, allocator=None allocates with NumPy, on the CPU only)"
+            )
+        allocator = "numpy" if torch is None else "torch"
+    what = f"the staging buffers of {layout.max_tokens} tokens"
     if allocator == "numpy":
         if str(device) != "cpu":
             raise ValueError(f"megamoe.buffers: allocator='numpy' allocates on the CPU, got device {device!r}")
         import numpy as np
 
-        storage = np.empty(layout.nbytes, np.uint8)
+        storage = allocate("megamoe.buffers", what + " on the CPU (NumPy)", layout.nbytes,
+                           lambda: np.empty(layout.nbytes, np.uint8))  # fmt: skip
         return StagingBuffers(**_views(storage, layout, None), storage=storage, layout=layout)
     if allocator not in ("torch", "symmetric"):
         raise ValueError(f"megamoe.buffers: allocator: expected 'torch', 'numpy' or 'symmetric', got {allocator!r}")
-    import torch
+    if torch is None:
+        import torch
 
     dev = torch.device(device)
     if allocator == "torch":
-        storage = torch.empty(layout.nbytes, dtype=torch.uint8, device=dev)
+        storage = allocate("megamoe.buffers", f"{what} on {dev}", layout.nbytes,
+                           lambda: torch.empty(layout.nbytes, dtype=torch.uint8, device=dev))  # fmt: skip
         return StagingBuffers(**_views(storage, layout, torch), storage=storage, layout=layout)
     if dev.type != "cuda":
         raise ValueError(f"megamoe.buffers: allocator='symmetric' needs a CUDA device, got {dev}")
@@ -268,7 +305,8 @@ def alloc_staging_buffers(
     # 2.11 resolves it itself and deprecates the registration.
     if _version(torch.__version__) < (2, 11):
         symm_mem.enable_symm_mem_for_group(name)
-    storage = symm_mem.empty(layout.nbytes, dtype=torch.uint8, device=dev)
+    storage = allocate("megamoe.buffers", f"{what} in symmetric memory on {dev}", layout.nbytes,
+                       lambda: symm_mem.empty(layout.nbytes, dtype=torch.uint8, device=dev))  # fmt: skip
     handle = symm_mem.rendezvous(storage, name)
     bufs = StagingBuffers(**_views(storage, layout, torch), storage=storage, layout=layout, handle=handle,
                           rank=handle.rank)  # fmt: skip
