@@ -13,6 +13,8 @@ done
 # pip and the Python headers (the extension's build) for the system python3, where missing.
 if [ "$PY" = python3 ]; then
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+  # scripts/test.sh installs the package into a virtual environment (.venv).
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
   python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     >/dev/null 2>&1 || need+=(python3-dev)
 fi

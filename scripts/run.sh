@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cmake --preset default >/dev/null
+# Only what runs here: the CPU library and the CLI without a GPU (a few minutes on two
+# cores), the present cards' architectures with one ("auto"; scripts/test.sh, which shares
+# the build directory, sets its own list).
+cmake --preset default -DMEGAMOE_CUDA_ARCHITECTURES=auto >/dev/null
 cmake --build --preset default --target megamoe-stage
 exec ./build/tools/megamoe-stage "$@"

@@ -68,11 +68,16 @@ if(PKG_CONFIG AND NOT SHARED)
   file(GLOB_RECURSE _pc ${prefix}/megamoe.pc)
   get_filename_component(_pcdir "${_pc}" DIRECTORY)
   set(ENV{PKG_CONFIG_PATH} ${_pcdir})
-  execute_process(COMMAND ${PKG_CONFIG} --define-variable=prefix=${prefix} --cflags --libs --static megamoe
+  # No --define-variable: the file finds its prefix itself after `cmake --install --prefix`.
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs --static megamoe
                   OUTPUT_VARIABLE _flags
                   OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "[install test] pkg-config megamoe failed (${rc})")
+  endif()
+  string(FIND "${_flags}" "${prefix}" _at)
+  if(_at EQUAL -1)
+    message(FATAL_ERROR "[install test] pkg-config megamoe flags do not point into ${prefix}: ${_flags}")
   endif()
   separate_arguments(_flags UNIX_COMMAND "${_flags}")
   step(build-pkg-config ${CXX_COMPILER} -std=c++17 ${DOWNSTREAM_DIR}/main.cpp -o ${WORK_DIR}/pc_downstream ${_flags})
