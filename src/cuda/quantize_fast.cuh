@@ -84,8 +84,9 @@ constexpr bool kRecipTable = kShape == Shape::kLoop && F == core::Format::kNvfp4
 constexpr uint32_t kRecipEntries = 128;  // every e4m3 byte of a positive scale (0x7F: NaN, never stored)
 /// Resident blocks of the table's loop, the SM's thread limit (its grid is one wave of them,
 /// plan.h kRecipLoopWaves): the multiply form fits 32 registers, counting included (ptxas
-/// -v, sm_90 and sm_100; sm_86/89 hold 6 such blocks).
-constexpr int kRecipBlocksPerSm = 8;
+/// -v, sm_90 and sm_100). sm_86/87/89 hold 1536 threads, 6 such blocks: asking for 8 there
+/// is out of their range (ptxas ignores it with a warning).
+constexpr int kRecipBlocksPerSm = kFastBlocksPerSm16;
 
 /// Index c's row t and position in the row j (fastdiv by cpr_div in the 32-bit modes,
 /// where cpr_div.divisor == cpr).

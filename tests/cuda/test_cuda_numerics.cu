@@ -536,13 +536,19 @@ TEST(CudaNumerics, Nvfp4StaticMultipliersMatchTheHostAndTheCoreRules) {
   ASSERT_EQ(cudaMemcpy(e4m3.data(), d_bits, 256 * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   for (uint32_t b = 0; b < 256; ++b) {
     const float host = core::e4m3_to_float(b);
-    if (host != host) EXPECT_EQ(e4m3[b] & 0x7FFFFFFFu, 0x7FC00000u) << b;
-    else EXPECT_EQ(e4m3[b], core::float_bits(host)) << b;
+    if (host != host) {
+      EXPECT_EQ(e4m3[b] & 0x7FFFFFFFu, 0x7FC00000u) << b;
+    } else {
+      EXPECT_EQ(e4m3[b], core::float_bits(host)) << b;
+    }
   }
   for (size_t k = 0; k < ds.size(); ++k) {  // (byte 0x7F: a NaN, whose bits the device chooses)
     const float host = core::nvfp4_static_divisor(static_cast<uint32_t>(k % 128), gs[k / 128]);
-    if (host != host) EXPECT_NE(ds[k], ds[k]) << k;
-    else EXPECT_EQ(core::float_bits(ds[k]), core::float_bits(host)) << k;
+    if (host != host) {
+      EXPECT_NE(ds[k], ds[k]) << k;
+    } else {
+      EXPECT_EQ(core::float_bits(ds[k]), core::float_bits(host)) << k;
+    }
   }
   uint32_t seed = 20261203u;
   for (uint32_t j = 0; j < 200; ++j) {  // binades 2^-100 .. 2^99

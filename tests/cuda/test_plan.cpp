@@ -342,7 +342,9 @@ TEST(CudaPlan, RowKernelWide) {
     SCOPED_TRACE(mc::to_string(p));
     EXPECT_EQ(p.row_wide, w.wide);
     EXPECT_EQ(p.threads, w.threads);
-    if (w.wide) EXPECT_EQ(p.grid, w.T);  // one block a row (within 16 waves of 128-thread blocks)
+    if (w.wide) {  // one block a row (within 16 waves of 128-thread blocks)
+      EXPECT_EQ(p.grid, w.T);
+    }
     EXPECT_NE(mc::to_string(p).find(w.wide ? "row_wide=on" : "row_wide=off"), std::string::npos);
   }
   Opts f32;
