@@ -915,3 +915,53 @@ def test_routing_only_and_sglang_drop_ins_on_cuda():
             for k, v in bufs.items():
                 for i, (a, c) in enumerate(zip(on_cuda[k], v)):
                     same_bits(a, c, f"{k} buffer {i}")
+
+
+# ---------------------------------------------------------------------------------------
+# The router on CUDA against vLLM's torch rendering run by torch on the same GPU.
+
+
+def _ordered_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def ordered(v):
+        i = np.asarray(v, np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return np.abs(ordered(a) - ordered(b))
+
+
+@cuda_only
+@pytest.mark.parametrize("E,K,dtype", [(256, 6, "float32"), (384, 6, "bfloat16"), (512, 16, "bfloat16")])
+def test_router_against_vllm_torch_on_cuda(E, K, dtype):
+    """Ids as vLLM's but for near-ties (the chosen biased scores, sorted, within 2 ulp);
+    weights where the ids agree within 8 eps |w| (eps = 2^-23): torch's CUDA expf / log1pf
+    are not correctly rounded and torch.sum adds in another order than k order
+    (docs/ROUTER.md, "Against vLLM's torch router"). Our weights are exactly vLLM's formula
+    on the correctly rounded scores summed in k order."""
+    T, alpha = 4096, 1.5
+    g = torch.Generator(device="cuda").manual_seed(E + K)
+    logits = (torch.randn(T, E, device="cuda", generator=g) * 4).to(getattr(torch, dtype))
+    bias = (torch.randn(E, device="cuda", generator=g) * 0.05 + 8.0).to(getattr(torch, dtype))
+    w = torch.full((T, K), float("nan"), device="cuda")
+    ids = torch.full((T, K), -7, device="cuda", dtype=torch.int32)
+    megamoe.route(logits, bias, w, ids, routed_scaling_factor=alpha)
+    s = torch.sqrt(torch.nn.functional.softplus(logits.float()))
+    _, vids = torch.topk(s + bias.float(), k=K, dim=-1)
+    vw = s.gather(1, vids)
+    vw = vw / vw.sum(dim=-1, keepdim=True).clamp(min=1e-20) * alpha
+    b = s + bias.float()
+    ours_b = b.gather(1, ids.long()).sort(dim=1, descending=True).values.cpu().numpy()
+    theirs_b = b.gather(1, vids).sort(dim=1, descending=True).values.cpu().numpy()
+    assert _ordered_ulps(ours_b, theirs_b).max() <= 2, "a selection that is no near-tie"
+    same = (ids.long() == vids).all(dim=1)
+    rel = (w[same].double() - vw[same].double()).abs() / vw[same].double().abs()
+    assert rel.max().item() <= 8 * 2.0**-23
+    # The formula on correctly rounded scores (exp / log1p in double, rounded once), k order.
+    x = logits.float().cpu().numpy()
+    with np.errstate(all="ignore"):
+        e = np.exp(x.astype(np.float64)).astype(np.float32)
+        sp = np.where(x > 20, x, np.log1p(e.astype(np.float64)).astype(np.float32))
+        exact = torch.from_numpy(np.sqrt(sp.astype(np.float32))).gather(1, ids.long().cpu())
+    total = torch.zeros(T)
+    for k in range(K):
+        total = total + exact[:, k]
+    want = exact / total.clamp(min=1e-20)[:, None] * alpha
+    assert_bitwise(w.cpu().numpy().view(np.uint32), want.numpy().view(np.uint32), "weights")
