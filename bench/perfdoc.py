@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables, plot and docs splice of bench/bench_stage.py results (no torch, no GPU needed).
 
-    python3 bench/perfdoc.py RESULTS.json [--doc docs/PERFORMANCE.md] [--png docs/bench_h200.png]
+    python3 bench/perfdoc.py RESULTS.json [--doc docs/PERFORMANCE.md] [--png OUT.png]
 
 rebuilds the markdown tables (and optionally the plot) from a saved bench.json and splices
 the tables into --doc between the lines BEGIN and END below.
