@@ -20,7 +20,7 @@
 #include "core/layout.h"
 #include "core/numerics.h"
 #include "cuda/packed_amax.cuh"
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "cuda/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/plan.h"

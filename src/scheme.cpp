@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/checked.h"
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "check.h"
 #include "megamoe/error.h"
 #include "megamoe/quant.h"
@@ -86,23 +86,14 @@ bool resolve_shape(const QuantScheme& q, core::Format* out) {
   const bool common = q.group_m == 1 && q.symmetric && !q.is_static && q.group_k > 0 &&
                       std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
   if (!common) return false;
-  const Rounding r = q.rounding;
-  if (q.elem == QuantElem::kFloat8E4M3) {
-    if (q.scale2 != Scale2::kNone || 128 % q.group_k != 0) return false;
-    if (r != Rounding::kDefault && r != Rounding::kNearestEven) return false;
-    if (q.scale == ScaleType::kUE8M0) return *out = core::Format::kFp8Ue8m0, true;
-    if (q.scale == ScaleType::kFloat32) return *out = core::Format::kFp8Fp32, true;
-    return false;
-  }
-  if (q.elem != QuantElem::kFloat4E2M1) return false;
-  if (r != Rounding::kDefault && r != Rounding::kNearestEven && r != Rounding::kTiesTowardZero) return false;
-  const bool ttz = r == Rounding::kDefault || r == Rounding::kTiesTowardZero;
-  if (q.scale == ScaleType::kUE8M0 && q.group_k == 32 && q.scale2 == Scale2::kNone) {
-    return *out = ttz ? core::Format::kMxfp4 : core::Format::kMxfp4Rne, true;
-  }
-  if (q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && ttz) {
-    if (q.scale2 == Scale2::kStatic) return *out = core::Format::kNvfp4Static, true;
-    if (q.scale2 == Scale2::kPerToken) return *out = core::Format::kNvfp4PerToken, true;
+  // The first registry row whose codecs, second-level scale, group and tie rule the scheme
+  // names (rows that accept Rounding::kDefault come before their other-rule siblings).
+  for (const core::FormatRow& r : core::kFormatRows) {
+    const bool group = r.group == 0 ? 128 % q.group_k == 0 : q.group_k == r.group;
+    if (r.qelem == q.elem && r.scale == q.scale && r.s2 == q.scale2 && group &&
+        (r.rounds & core::round_bit(q.rounding)) != 0) {
+      return *out = r.format, true;
+    }
   }
   return false;
 }
@@ -139,13 +130,15 @@ core::Format format_of(const QuantScheme& q) {
 std::string scheme_name(const QuantScheme& q) {
   core::Format f;
   if (!detail::resolve_format(q, &f)) return "unsupported";
-  std::string n;
-  switch (f) {
-    case core::Format::kFp8Ue8m0: n = q.group_k == 32 ? "mxfp8" : "fp8_ue8m0_g" + std::to_string(q.group_k); break;
-    case core::Format::kFp8Fp32: n = "fp8_fp32_g" + std::to_string(q.group_k); break;
-    default: n = core::format_name(f); break;
+  // Formats of any group size carry it in the name, but for the OCP MX name of e4m3 with
+  // UE8M0 scales over 32 elements.
+  std::string n = core::format_name(f);
+  if (core::fixed_group_of(f) == 0) {
+    const bool mx = core::elem_of(f) == core::Elem::kE4M3 && core::sf_of(f) == core::Sf::kUE8M0x4 && q.group_k == 32;
+    n = mx ? "mxfp8" : n + "_g" + std::to_string(q.group_k);
   }
-  if (!(q.amax_floor == 1e-4f) && f != core::Format::kNvfp4Static) n += "+floor=" + float_text(q.amax_floor);
+  // Every format but the static second-level scale's reads the floor.
+  if (!(q.amax_floor == 1e-4f) && core::row_of(f).s2 != Scale2::kStatic) n += "+floor=" + float_text(q.amax_floor);
   return n;
 }
 
@@ -185,8 +178,8 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
   }
   const core::Format f = detail::format_of(scheme);
   const int64_t G = scheme.group_k;
-  const core::ScaleCodec sc = core::scale_codec(core::sf_of(f));
-  if (sc.packed4) {
+  const bool packed = core::packed_scales(f);
+  if (packed) {
     MEGAMOE_CHECK((H / G) % 4 == 0, "hidden_states",
                   "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
                   std::to_string(H) + " / " + std::to_string(G));
@@ -202,11 +195,11 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
   OutputShapes o;
   const bool fp4 = core::values_per_byte(f) == 2;
   o.x_q = spec2(fp4 ? DType::kUInt8 : DType::kFloat8E4M3, T, H / core::values_per_byte(f));
-  o.x_sf = sc.packed4 ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
+  o.x_sf = packed ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
   o.topk_idx_out = spec2(DType::kInt64, T, K);
   o.topk_weights_out = spec2(DType::kFloat32, T, K);
-  if (f == core::Format::kNvfp4PerToken) o.x_scales = spec1(DType::kFloat32, T);
-  if (f == core::Format::kNvfp4Static) o.global_scale = spec1(DType::kFloat32, 1);
+  if (core::row_of(f).s2 == Scale2::kPerToken) o.x_scales = spec1(DType::kFloat32, T);
+  if (core::row_of(f).s2 == Scale2::kStatic) o.global_scale = spec1(DType::kFloat32, 1);
   if (shared_block_m) {
     const int64_t bm = *shared_block_m;
     if (core::sf_of(f) != core::Sf::kUE8M0x4) {

@@ -1,7 +1,7 @@
 // scheme.h: schemes resolved to the launch table (src/scheme.cpp).
 #pragma once
 
-#include "core/formats.h"
+#include "formats/format_list.h"
 #include "megamoe/quant.h"
 
 namespace megamoe {

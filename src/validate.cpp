@@ -338,7 +338,7 @@ Problem validate_args(const StageArgs& a) {
   p.G = q.group_k;
   p.floor = q.amax_floor;
   p.ue8m0 = core::sf_of(p.fmt) == core::Sf::kUE8M0x4;
-  const bool packed = core::scale_codec(core::sf_of(p.fmt)).packed4;
+  const bool packed = core::packed_scales(p.fmt);
   if (packed) {
     MEGAMOE_CHECK((p.H / p.G) % 4 == 0, "hidden_states",
                   "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",

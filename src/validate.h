@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/formats.h"
+#include "formats/format_list.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
 

@@ -16,7 +16,7 @@
 ///    StageArgs::x_scales). Presets nvfp4_static(), nvfp4_per_token().
 /// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
 /// pre-dispatch and SGLang's kernels): with_amax_floor(). The numeric recipe of each is in
-/// src/core/formats.h and docs/CONTRACT.md.
+/// src/formats/recipe.h and docs/CONTRACT.md.
 #pragma once
 
 #include <cstdint>

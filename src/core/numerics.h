@@ -293,6 +293,35 @@ MEGAMOE_HD uint16_t fp8x2_e4m3_from_float(float a, float b) {
 /// Quantize one value with multiplier r: fp8(x * r).
 MEGAMOE_HD uint8_t quantize(float x, float r) { return fp8_e4m3_from_float(mul_rn(x, r)); }
 
+constexpr float kE4M3MinSubnormal = 0.001953125f;  ///< 2^-9, the smallest e4m3 magnitude
+
+/// e4m3fn byte -> fp32 for a byte that is not NaN (c & 0x7F != 0x7F; the caller's range),
+/// exact.
+MEGAMOE_HD float e4m3_to_float_finite(uint32_t c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Branch-free on the device (it sits between a group's amax and its codes): e4m3 to f16
+  // and f16 to fp32 are exact.
+  uint32_t h2;
+  float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c & 0xFFu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h2 & 0xFFFFu)));
+  return f;
+#else
+  const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
+  // normal: (1 + m/8) 2^(e-7) -> fp32 exponent e + 120; subnormal: m 2^-9, exact by mul
+  if (e != 0) return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  return bits_float(float_bits(mul_rn(static_cast<float>(m), kE4M3MinSubnormal)) | sign);
+#endif
+}
+
+/// e4m3fn byte -> fp32 (exact; 0x7F / 0xFF -> NaN, with the same bits on host and device).
+MEGAMOE_HD float e4m3_to_float(uint32_t c) {
+  return (c & 0x7Fu) == 0x7Fu ? bits_float(0x7FC00000u | ((c & 0x80u) << 24)) : e4m3_to_float_finite(c);
+}
+
+/// True for NaN and +-Inf (the non-finite counter).
+MEGAMOE_HD bool non_finite(float x) { return (float_bits(x) & 0x7F800000u) == 0x7F800000u; }
+
 /// Per-group result: the stored scale (UE8M0 byte or fp32) and the multiplier.
 struct GroupScale {
   uint32_t ue8m0;  ///< exponent byte (valid for UE8M0 schemes)

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/formats.h"
+#include "formats/recipe.h"
 
 namespace megamoe {
 namespace cpu {

@@ -1,5 +1,5 @@
 // stage_cpu.cpp: CPU backend. Generic over dtypes, strides and formats; the group math
-// comes from core/formats.h, the same header the CUDA kernels use. Rows whose input and
+// comes from formats/recipe.h, the same header the CUDA kernels use. Rows whose input and
 // x_q are contiguous along H go through the vectorized quantizer (simd.h: the same bytes
 // as the scalar rules); everything else runs the scalar loop below. Large problems are
 // split into row chunks over the persistent pool (pool.h).
@@ -12,7 +12,8 @@
 #include <cstring>
 
 #include "core/layout.h"
-#include "core/formats.h"
+#include "formats/recipe.h"
+#include "formats/visit.h"
 #include "cpu/pool.h"
 #include "cpu/simd.h"
 #include "megamoe/cpu.h"
@@ -88,7 +89,7 @@ bool simd_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t
 
 template <core::Format F>
 int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
-  constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
+  constexpr bool kPacked = core::packed_scales(F);
   constexpr bool kFp4 = core::values_per_byte(F) == 2;
   const int64_t G = p.G, groups = p.H / G;
   uint8_t* const xq = static_cast<uint8_t*>(a.x_q.data);
@@ -144,15 +145,7 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
 }
 
 int64_t stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
-  switch (p.fmt) {
-    case core::Format::kFp8Ue8m0: return stage_rows_in<core::Format::kFp8Ue8m0>(a, p, t0, t1);
-    case core::Format::kFp8Fp32: return stage_rows_in<core::Format::kFp8Fp32>(a, p, t0, t1);
-    case core::Format::kMxfp4: return stage_rows_in<core::Format::kMxfp4>(a, p, t0, t1);
-    case core::Format::kMxfp4Rne: return stage_rows_in<core::Format::kMxfp4Rne>(a, p, t0, t1);
-    case core::Format::kNvfp4Static: return stage_rows_in<core::Format::kNvfp4Static>(a, p, t0, t1);
-    case core::Format::kNvfp4PerToken: return stage_rows_in<core::Format::kNvfp4PerToken>(a, p, t0, t1);
-  }
-  return 0;
+  return core::visit_format(p.fmt, [&](auto f) { return stage_rows_in<decltype(f)::value>(a, p, t0, t1); });
 }
 
 /// Below this many elements (T * (H + K)) a call stays on the calling thread: a few

@@ -48,7 +48,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "core/formats.h"
+#include "formats/recipe.h"
+#include "formats/visit.h"
 #include "core/layout.h"
 #include "cpu/simd.h"
 
@@ -427,7 +428,7 @@ HWY_INLINE void StoreWord(void* base, int64_t elem, uint32_t v) {
 
 template <core::Format F, In kIn, bool kPairs>
 int64_t QuantizeRowsFor(const Rows& r, int64_t t0, int64_t t1) {
-  constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
+  constexpr bool kPacked = core::packed_scales(F);
   constexpr bool kScratch = kIn == In::kFp16;
   constexpr size_t kEsize = kElemBytes<kIn>;
   const DF df;
@@ -523,14 +524,7 @@ bool QuantizeRows(const Rows& r, int64_t t0, int64_t t1, int64_t* nonfinite) {
   const size_t L = hn::Lanes(DF());
   if (r.G <= 0 || r.G > 128 || static_cast<size_t>(r.G) % L != 0) return false;
   int64_t n = 0;
-  switch (r.fmt) {
-    case core::Format::kFp8Ue8m0: n = QuantizeRowsIn<core::Format::kFp8Ue8m0>(r, t0, t1); break;
-    case core::Format::kFp8Fp32: n = QuantizeRowsIn<core::Format::kFp8Fp32>(r, t0, t1); break;
-    case core::Format::kMxfp4: n = QuantizeRowsIn<core::Format::kMxfp4>(r, t0, t1); break;
-    case core::Format::kMxfp4Rne: n = QuantizeRowsIn<core::Format::kMxfp4Rne>(r, t0, t1); break;
-    case core::Format::kNvfp4Static: n = QuantizeRowsIn<core::Format::kNvfp4Static>(r, t0, t1); break;
-    case core::Format::kNvfp4PerToken: n = QuantizeRowsIn<core::Format::kNvfp4PerToken>(r, t0, t1); break;
-  }
+  n = core::visit_format(r.fmt, [&](auto f) { return QuantizeRowsIn<decltype(f)::value>(r, t0, t1); });
   if (r.count_nonfinite) *nonfinite += n;
   return true;
 }

@@ -3,11 +3,11 @@
 // its amax, its non-finite count, and the vector stores of the encoded values.
 #pragma once
 
-#include "core/e2m1_f16.h"
-#include "core/e2m1_f16mul.h"
-#include "core/e2m1_fp32.h"
-#include "core/e2m1_pairs.h"
-#include "core/formats.h"
+#include "formats/e2m1/f16.h"
+#include "formats/e2m1/f16mul.h"
+#include "formats/e2m1/fp32.h"
+#include "formats/e2m1/pairs.h"
+#include "formats/recipe.h"
 #include "cuda/common.cuh"
 #include "cuda/packed_amax.cuh"
 
@@ -125,13 +125,13 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       out.w[i] = lo | (hi << 16);
     }
   } else if constexpr (In == kInBF16 && F == core::Format::kNvfp4PerToken && kHasE5m2) {
-    // NVFP4 per-token of bf16 on sm_89+: the z map on f16 pairs (core/e2m1_f16mul.h); exact
+    // NVFP4 per-token of bf16 on sm_89+: the z map on f16 pairs (formats/e2m1/f16mul.h); exact
     // for every multiplier (outside the form's range, the fp32 one).
     if constexpr (kF16Mul) core::e2m1_f16_mul_chunk(x.w, gp.m, out.w);
     else core::e2m1_mul_chunk(x.w, gp.m, out.w);
   } else {
     if constexpr (In == kInBF16 && F == core::Format::kNvfp4Static) {
-      // NVFP4 static of bf16: seven saturating f16x2 adds a pair (core/e2m1_f16.h) unless
+      // NVFP4 static of bf16: seven saturating f16x2 adds a pair (formats/e2m1/f16.h) unless
       // the group's divisor is at an end of its range (then per value).
       if (gp.m >= core::kPairsMinDivisor && gp.m <= core::kPairsMaxDivisor) {
         core::e2m1_f16_chunk(x.w, core::e2m1_f16_keys(gp.m), out.w);
@@ -139,8 +139,8 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
       }
     }
     if constexpr (In == kInBF16 && (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne)) {
-      // MXFP4 of bf16: on sm_89+ fp32 clamps and the e5m2 conversion (core/e2m1_fp32.h),
-      // before it two values per integer op (core/e2m1_pairs.h); per value where the
+      // MXFP4 of bf16: on sm_89+ fp32 clamps and the e5m2 conversion (formats/e2m1/fp32.h),
+      // before it two values per integer op (formats/e2m1/pairs.h); per value where the
       // group's exponent is out of the form's range or the chunk holds a NaN the form does
       // not encode (the fp32 form's ties toward zero does).
       constexpr bool kEven = F == core::Format::kMxfp4Rne;

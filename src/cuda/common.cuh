@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "core/fastdiv.h"
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "core/layout.h"
 #include "core/numerics.h"
 

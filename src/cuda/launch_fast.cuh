@@ -5,6 +5,7 @@
 
 #include "cuda/launch_util.cuh"
 #include "cuda/quantize_fast.cuh"
+#include "formats/visit.h"
 
 namespace megamoe {
 namespace cuda {
@@ -50,6 +51,22 @@ void fast_by_input(const Plan& plan, const StageArgs& a, const detail::Problem& 
     case kInF16: return fast_by_mode<kInF16, F, G>(plan, a, p, stream);
     default: return fast_by_mode<kInF32, F, G>(plan, a, p, stream);
   }
+}
+
+/// The fast kernel of plan.fmt and plan.G (the registry's "fast" column) among the formats
+/// of one launch unit: those with UE8M0 scales (@p kUe8m0 true) or the others. Each unit
+/// instantiates only its share, so that the two compile in parallel.
+template <bool kUe8m0>
+void launch_fast_unit(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
+  const bool launched = core::visit_fast_group(plan.fmt, plan.G, [&](auto f, auto g) {
+    constexpr core::Format F = decltype(f)::value;
+    if constexpr ((core::sf_of(F) == core::Sf::kUE8M0x4) == kUe8m0) {
+      fast_by_input<F, decltype(g)::value>(plan, a, p, stream);
+    } else {
+      throw Error(ErrorCode::kInternal, "megamoe: internal: " + to_string(plan) + " is the other fast launch unit's");
+    }
+  });
+  if (!launched) throw Error(ErrorCode::kInternal, "megamoe: no fast kernel for " + to_string(plan));  // (check_plan)
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "cuda/launch_util.cuh"
 #include "cuda/quantize_generic.cuh"
 #include "cuda/quantize_rowwise.cuh"
+#include "formats/visit.h"
 
 namespace megamoe {
 namespace cuda {
@@ -17,14 +18,15 @@ void generic_go(const Plan& plan, const StageArgs& a, const detail::Problem& p, 
 
 template <int In>
 void generic_by_format(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
-  using core::Format;
-  switch (plan.fmt) {
-    case Format::kFp8Ue8m0: return generic_go<In, Format::kFp8Ue8m0>(plan, a, p, stream);
-    case Format::kFp8Fp32: return generic_go<In, Format::kFp8Fp32>(plan, a, p, stream);
-    case Format::kMxfp4: return generic_go<In, Format::kMxfp4>(plan, a, p, stream);
-    case Format::kMxfp4Rne: return generic_go<In, Format::kMxfp4Rne>(plan, a, p, stream);
-    default: return generic_go<In, Format::kNvfp4Static>(plan, a, p, stream);
-  }
+  core::visit_format(plan.fmt, [&](auto f) {
+    constexpr core::Format F = decltype(f)::value;
+    // A row-scaled format (a whole row's amax before its groups) runs the row kernel only.
+    if constexpr (core::row_scaled(F)) {
+      throw Error(ErrorCode::kInternal, "megamoe: no generic kernel for " + to_string(plan));  // (check_plan)
+    } else {
+      generic_go<In, F>(plan, a, p, stream);
+    }
+  });
 }
 
 template <int In, bool kCount>

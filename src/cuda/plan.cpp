@@ -49,18 +49,8 @@ bool layout_vectorizable(const detail::Problem& p, const StageArgs& a) {
   return rows_vectorizable(a.hidden_states, 16) && rows_vectorizable(a.x_q, is_fp4(p.fmt) ? 8 : 16);
 }
 
-/// The fast kernel has a variant for this format and group size.
-bool fast_variant(core::Format f, int64_t G) {
-  switch (f) {
-    case core::Format::kFp8Ue8m0:
-    case core::Format::kFp8Fp32: return G == 32 || G == 128;
-    case core::Format::kMxfp4:
-    case core::Format::kMxfp4Rne: return G == 32;
-    case core::Format::kNvfp4Static: return G == 16;
-    case core::Format::kNvfp4PerToken: return false;
-  }
-  return false;
-}
+/// The fast kernel has a variant for this format and group size (the registry's "fast").
+bool fast_variant(core::Format f, int64_t G) { return core::fast_group(f, G); }
 
 /// Blocks for a grid-stride kernel: enough resident blocks to cover the chip max_waves
 /// times (the kernel loops beyond), never more than kMaxGridThreads threads.
@@ -127,7 +117,7 @@ bool recip_format(const detail::Problem& p, const StageArgs& a, const DeviceInfo
 }  // namespace
 
 bool split_half_applies(core::Format fmt, DType in) {
-  return in != DType::kFloat32 && core::values_per_byte(fmt) == 2 && fmt != core::Format::kNvfp4PerToken;
+  return in != DType::kFloat32 && core::values_per_byte(fmt) == 2 && !core::row_scaled(fmt);
 }
 
 const char* role_name(Role r) {
@@ -179,7 +169,7 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
       break;
     }
     case Shape::kGeneric: {
-      const int64_t span = core::scale_codec(core::sf_of(p.fmt)).packed4 ? 4 * p.G : p.G;
+      const int64_t span = core::packed_scales(p.fmt) ? 4 * p.G : p.G;
       plan.quant_blocks = capped_blocks(p.T * (p.H / span), plan.threads, dev, max_waves);
       break;
     }
@@ -201,7 +191,7 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
   pl.vectorized = layout_vectorizable(p, a);
   pl.store = StorePolicy::kDefault;
   pl.index = IndexWidth::k64;
-  if (p.fmt == core::Format::kNvfp4PerToken) {
+  if (core::row_scaled(p.fmt)) {
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
     pl.row_split = rowwise_split(p.T, p.H, pl.vectorized, dev);
@@ -259,7 +249,7 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   if (pl.count_nonfinite != p.has_nonfinite) reject(pl, "count_nonfinite must match the call's nonfinite_count");
   if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0) reject(pl, "threads must be whole warps, 32..1024");
   if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
-  const bool per_token = p.fmt == core::Format::kNvfp4PerToken;
+  const bool per_token = core::row_scaled(p.fmt);
   const int64_t th = pl.threads;
   if (pl.fused_tail && !(tail_in_topk_blocks(pl.shape) && p.full_buffer)) {
     reject(pl, "only the split-topk, split-half and tile shapes of a full-buffer call fill the tail in the kernel");

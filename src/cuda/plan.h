@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/formats.h"
+#include "formats/format_list.h"
 #include "megamoe/stage.h"
 #include "megamoe/tensor.h"
 #include "validate.h"

@@ -14,7 +14,7 @@
 
 #include <type_traits>
 
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "cuda/chunk.cuh"
 #include "cuda/common.cuh"
 #include "cuda/plan.h"
@@ -31,7 +31,7 @@ namespace {
 // The variants off the measured paths get more registers where ptxas -v showed spills:
 // counting 16-bit inputs 6 blocks (NVFP4 static on sm_100), counting or fp4-encoding fp32
 // inputs 4 (the tile shape; on sm_80 the one-pass shape). NVFP4 static of 16-bit inputs
-// also gets 6: its seven per-group thresholds (core/e2m1_pairs.h) spilled at 32 registers,
+// also gets 6: its seven per-group thresholds (formats/e2m1/pairs.h) spilled at 32 registers,
 // as did MXFP4's paired path on sm_80.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
 constexpr int kFastBlocksPerSm16 = 6;
@@ -71,13 +71,13 @@ constexpr bool kUsesFloor = F != core::Format::kNvfp4Static && F != core::Format
 
 /// The format's scale as it is stored: packed byte (UE8M0 / e4m3) or fp32 bits.
 template <core::Format F>
-constexpr bool kPackedSf = core::scale_codec(core::sf_of(F)).packed4;
+constexpr bool kPackedSf = core::packed_scales(F);
 
 /// The loop shape of NVFP4 static of bf16 on sm_89+ builds, once a block, the multiply
 /// form's multiplier of each scale byte (core::nvfp4_static_multiplier: 0 where the byte's
 /// divisor has none) in shared memory; a group then costs one table read instead of its
-/// divisor and seven thresholds, and its codes the multiply form (core/e2m1_f16mul.h) instead
-/// of the threshold count (core/e2m1_f16.h). The other shapes run a chunk or a few a thread,
+/// divisor and seven thresholds, and its codes the multiply form (formats/e2m1/f16mul.h) instead
+/// of the threshold count (formats/e2m1/f16.h). The other shapes run a chunk or a few a thread,
 /// too few to pay for the table.
 template <int In, core::Format F, Shape kShape>
 constexpr bool kRecipTable = kShape == Shape::kLoop && F == core::Format::kNvfp4Static && In == kInBF16 && kHasE5m2;

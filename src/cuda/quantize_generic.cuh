@@ -5,7 +5,7 @@
 // repack its top-k. 64-bit offsets.
 #pragma once
 
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "cuda/common.cuh"
 #include "cuda/topk.cuh"
 
@@ -16,7 +16,7 @@ namespace {
 template <int In, core::Format F, bool kCount>
 __global__ void __launch_bounds__(256) stage_generic_kernel(const Params64 p) {
   static_assert(F != core::Format::kNvfp4PerToken, "per-token scales need the row kernel");
-  constexpr bool kPacked = core::scale_codec(core::sf_of(F)).packed4;
+  constexpr bool kPacked = core::packed_scales(F);
   constexpr bool kFp4 = core::values_per_byte(F) == 2;
   if (p.flags & kFlagPdl) pdl_wait_and_trigger();
   using Tr = InTraits<In>;

@@ -20,7 +20,7 @@
 
 #include <type_traits>
 
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "cuda/chunk.cuh"
 #include "cuda/common.cuh"
 #include "cuda/topk.cuh"

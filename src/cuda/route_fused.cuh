@@ -12,6 +12,7 @@
 #include "cuda/plan.h"
 #include "cuda/quantize_fast.cuh"
 #include "cuda/router.cuh"
+#include "formats/visit.h"
 #include "megamoe/error.h"
 
 namespace megamoe {
@@ -122,20 +123,11 @@ void visit_mode(const Plan& pl, const V& v) {
 }
 
 template <class V, int In>
-void visit_format(const Plan& pl, const V& v) {
-  using core::Format;
-  const bool g32 = pl.G == 32;
-  switch (pl.fmt) {
-    case Format::kFp8Ue8m0:
-      return g32 ? visit_mode<V, In, Format::kFp8Ue8m0, 32>(pl, v) : visit_mode<V, In, Format::kFp8Ue8m0, 128>(pl, v);
-    case Format::kFp8Fp32:
-      return g32 ? visit_mode<V, In, Format::kFp8Fp32, 32>(pl, v) : visit_mode<V, In, Format::kFp8Fp32, 128>(pl, v);
-    case Format::kMxfp4: return visit_mode<V, In, Format::kMxfp4, 32>(pl, v);
-    case Format::kMxfp4Rne: return visit_mode<V, In, Format::kMxfp4Rne, 32>(pl, v);
-    case Format::kNvfp4Static: return visit_mode<V, In, Format::kNvfp4Static, 16>(pl, v);
-    case Format::kNvfp4PerToken: break;  // never a fast plan (check_plan)
-  }
-  throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
+void visit_fused_format(const Plan& pl, const V& v) {
+  const bool launched = core::visit_fast_group(pl.fmt, pl.G, [&](auto f, auto g) {
+    visit_mode<V, In, decltype(f)::value, decltype(g)::value>(pl, v);
+  });
+  if (!launched) throw Error(ErrorCode::kInternal, "megamoe: route_and_stage: no fused kernel for " + to_string(pl));
 }
 
 /// Launches the fused kernel of one variant; @p decode: the decode variant where it exists

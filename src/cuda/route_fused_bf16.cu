@@ -7,7 +7,7 @@ namespace cuda {
 
 void route_fused_bf16(const Plan& pl, const StageArgs& a, const detail::Problem& p, const RouterParams& rp,
                       bool decode, cudaStream_t stream) {
-  visit_format<FusedLaunch, kInBF16>(pl, FusedLaunch{pl, a, p, rp, decode, stream});
+  visit_fused_format<FusedLaunch, kInBF16>(pl, FusedLaunch{pl, a, p, rp, decode, stream});
 }
 
 }  // namespace cuda

@@ -36,7 +36,7 @@
 #endif
 #include <cfenv>
 
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "cpu/pool.h"
 #include "cpu/simd.h"
 #include "megamoe/cpu.h"

@@ -19,12 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "core/e2m1_f16.h"
-#include "core/e2m1_f16mul.h"
-#include "core/e2m1_fp32.h"
-#include "core/e2m1_pairs.h"
+#include "formats/e2m1/f16.h"
+#include "formats/e2m1/f16mul.h"
+#include "formats/e2m1/fp32.h"
+#include "formats/e2m1/pairs.h"
 #include "core/fastdiv.h"
-#include "core/formats.h"
+#include "formats/recipe.h"
 #include "core/layout.h"
 #include "core/numerics.h"
 #include "megamoe_reference.h"
@@ -408,7 +408,7 @@ int64_t sweep_bf16_pairs(const core::E2m1PairKeys& keys, Want want, Have have, c
   return bad;
 }
 
-// The two-at-a-time MXFP4 codec of the CUDA kernels (core/e2m1_pairs.h) against the
+// The two-at-a-time MXFP4 codec of the CUDA kernels (formats/e2m1/pairs.h) against the
 // reference's e2m1 of fl(x * 2^(127-e)) and against core::encode, for every non-NaN bf16
 // bit pattern in each half of a word and every UE8M0 byte e it takes, both tie rules; the
 // NaN flag for every pattern; the byte packing of two pairs.
@@ -496,7 +496,7 @@ std::vector<float> static_divisors() {
   return ds;
 }
 
-// NVFP4 static's f16 chunk codec (core/e2m1_f16.h, its host form) against the reference's
+// NVFP4 static's f16 chunk codec (formats/e2m1/f16.h, its host form) against the reference's
 // e2m1 of fl(x / d) and core::encode, every bf16 (NaN included) at a position that moves
 // with the divisor, for the divisors of static_divisors().
 TEST(CoreVsReference, Nvfp4StaticF16ChunksEveryBf16AndManyDivisors) {
@@ -613,7 +613,7 @@ TEST(CoreVsReference, Nvfp4StaticMultiplierOfEveryScaleByte) {
 }
 
 // NVFP4 per-token's chunk codec of fl(x * m) (core::e2m1_mul_chunk, its host form: the f16
-// form of core/e2m1_f16mul.h, below its range the fp32 one of core/e2m1_fp32.h) against the
+// form of formats/e2m1/f16mul.h, below its range the fp32 one of formats/e2m1/fp32.h) against the
 // reference's e2m1 of fl(x * m) and core::encode, every bf16 (NaN included) at a position
 // that moves with the multiplier: 0, powers of two and their neighbours, the fp32 ends
 // and Inf, both sides of the f16 form's least multiplier, the multipliers the per-token
@@ -663,7 +663,7 @@ TEST(CoreVsReference, Nvfp4PerTokenMulChunksEveryBf16AndManyMultipliers) {
   EXPECT_EQ(checked, used * 65536);
 }
 
-/// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (core/e2m1_fp32.h, its host form)
+/// The fp32-pipe MXFP4 chunk codec of the CUDA kernels (formats/e2m1/fp32.h, its host form)
 /// against the reference's e2m1 of x * 2^(127-e) and core::encode: for every exponent in
 /// range, chunks that hold every bf16 pattern once (at a position that moves with e); for a
 /// few exponents, every pattern at every one of the 16 positions. NaN patterns only for

@@ -11,11 +11,11 @@
 
 #include <vector>
 
-#include "core/e2m1_f16.h"
-#include "core/e2m1_f16mul.h"
-#include "core/e2m1_fp32.h"
-#include "core/e2m1_pairs.h"
-#include "core/formats.h"
+#include "formats/e2m1/f16.h"
+#include "formats/e2m1/f16mul.h"
+#include "formats/e2m1/fp32.h"
+#include "formats/e2m1/pairs.h"
+#include "formats/recipe.h"
 #include "core/numerics.h"
 #include "cuda/chunk.cuh"
 #include "cuda/packed_amax.cuh"
@@ -277,7 +277,7 @@ TEST(CudaNumerics, ChunkVectorFormsMatchTheCoreRules) {
   check_chunk_forms<mcu::kInBF16, Format::kNvfp4Static>();
 }
 
-// core/e2m1_pairs.h (MXFP4 before sm_89) on the device against core::encode, every non-NaN
+// formats/e2m1/pairs.h (MXFP4 before sm_89) on the device against core::encode, every non-NaN
 // bf16 in the low half (the high half a fixed partner) for every MXFP4 exponent in range.
 template <megamoe::core::Format F>
 __global__ void pairs_exhaustive(uint32_t params, unsigned long long* mismatches, uint32_t* first) {
@@ -341,7 +341,7 @@ TEST(CudaNumerics, Fp4PairsMatchTheCoreRules) {
   check_pairs<Format::kMxfp4Rne>(exponents);
 }
 
-// core/e2m1_f16.h with the device's instructions (fma.rm, cvt.rz/rn f16x2, add.sat.f16x2)
+// formats/e2m1/f16.h with the device's instructions (fma.rm, cvt.rz/rn f16x2, add.sat.f16x2)
 // against core::encode: every bf16 pattern (NaN included) for divisors of every binade in
 // range (a pseudo-random significand each), at a position of the chunk that moves, the
 // other 15 values pseudo-random ones around the group's midpoints times d.
@@ -394,7 +394,7 @@ TEST(CudaNumerics, Nvfp4F16ChunksMatchTheCoreRules) {
 }
 
 
-// core/e2m1_fp32.h with the device's instructions (fma.rm.sat, cvt e5m2x2, prmt) against
+// formats/e2m1/fp32.h with the device's instructions (fma.rm.sat, cvt e5m2x2, prmt) against
 // core::encode: every bf16 pattern (nearest even: every non-NaN one) for every exponent in
 // range, at a position of the chunk that moves with the exponent, the other 15 values
 // pseudo-random patterns of the moderate range.

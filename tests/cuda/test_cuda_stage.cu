@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/e2m1_fp32.h"
-#include "core/formats.h"
+#include "formats/e2m1/fp32.h"
+#include "formats/recipe.h"
 #include "megamoe/plan.h"
 #include "stage_harness.h"
 

@@ -1,7 +1,7 @@
 // e2m1_fp32.h: MXFP4 codes of a 16-element bf16 chunk through fp32 arithmetic and the
 // e5m2 conversion instruction, for the CUDA kernels on sm_89+.
 //
-// Why: the integer forms (core::encode's compares, core/e2m1_pairs.h's paired compares)
+// Why: the integer forms (core::encode's compares, formats/e2m1/pairs.h's paired compares)
 // issue ~12 integer instructions a value, and the SM's integer pipe executes a warp's
 // instruction every other cycle: at prefill sizes the MXFP4 kernel was bound by that
 // pipe, not by memory. This form spends three fp32 instructions a value (the fp32 pipes
@@ -33,7 +33,7 @@
 
 #include <cstdint>
 
-#include "core/e2m1_pairs.h"
+#include "formats/e2m1/pairs.h"
 #include "core/numerics.h"
 
 namespace megamoe {
@@ -223,9 +223,9 @@ MEGAMOE_HD float recip_rz(float d) {
 /// gives every bf16 x the code of fl(x / d) (the divisor d = fl(sf * gs) of the group's scale
 /// byte), or 0 when this d has none (then the caller takes another form). The kernels
 /// compute it once per scale byte (a table of 126 entries a block) instead of a group's
-/// seven thresholds (core/e2m1_f16.h) for every group.
+/// seven thresholds (formats/e2m1/f16.h) for every group.
 /// Why it holds: the form's code is #{M : fl(|x| r) > M} (see e2m1_fp32_mul_chunk), the
-/// code of fl(x / d) is #{M : |x| > T_M} with T_M = rd(H d) (core/e2m1_pairs.h); both are
+/// code of fl(x / d) is #{M : |x| > T_M} with T_M = rd(H d) (formats/e2m1/pairs.h); both are
 /// counts of steps monotone in |x|. Let b_lo <= T_M < b_hi be the two bf16 next to T_M; if
 /// fl(b_lo r) <= M < fl(b_hi r), then for every bf16 x the two steps at M agree (|x| <=
 /// b_lo on both sides of the inequality, or |x| >= b_hi), so the codes agree for every x,

@@ -2,7 +2,7 @@
 // values and one threshold an instruction, for the CUDA kernels.
 //
 // Why: NVFP4 static's code of v = fl(x / d) counts the midpoints M that v exceeds, which
-// is x beyond the per-group threshold rd(H * d) (core/e2m1_pairs.h: H = M + ulp(M) / 2).
+// is x beyond the per-group threshold rd(H * d) (formats/e2m1/pairs.h: H = M + ulp(M) / 2).
 // Seven thresholds that no affine map sends onto a conversion's rounding points, so the
 // code is a count; the integer form counts with ~12 integer instructions a value on the
 // SM's integer pipe, which bound the kernel at prefill sizes. Here the count runs on the
@@ -28,7 +28,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/e2m1_pairs.h"
+#include "formats/e2m1/pairs.h"
 #include "core/numerics.h"
 
 namespace megamoe {

@@ -1,7 +1,7 @@
 // e2m1_pairs.h: MXFP4 codes of bf16 values two at a time, in the 16-bit halves of one
 // 32-bit word, by integer compares of the inputs' bits against per-group thresholds (the
-// kernels' form before sm_89, which has no e5m2 conversion; core/e2m1_fp32.h from sm_89);
-// and the thresholds of NVFP4 static's e2m1 of fl(x / d), which core/e2m1_f16.h compares.
+// kernels' form before sm_89, which has no e5m2 conversion; formats/e2m1/fp32.h from sm_89);
+// and the thresholds of NVFP4 static's e2m1 of fl(x / d), which formats/e2m1/f16.h compares.
 //
 // Why: the per-element e2m1 rule (core::encode: a multiply, then compares and selects on
 // each fp32 value) costs most of the FP4 kernels' instructions. For MXFP4 the multiplier is

@@ -1,6 +1,6 @@
 // e2m1_f16mul.h: the ties-toward-zero e2m1 codes of v = fl(x * m) for a 16-element bf16
 // chunk (NVFP4 per-token's values; NVFP4 static's through a multiplier), with the z map of
-// core/e2m1_fp32.h evaluated on f16 pairs, for the CUDA kernels on sm_89+.
+// formats/e2m1/fp32.h evaluated on f16 pairs, for the CUDA kernels on sm_89+.
 //
 // Why: the fp32 form (e2m1_fp32_mul_chunk) spends 7.5 instructions a value: unpack, the
 // product, two integer ones rounding it up to the bf16 grid, three fp32 FMAs and half a
@@ -16,7 +16,7 @@
 // to f16 (cvt.rz.f16x2.f32, exact down to 11 bits) and one mask of a pair to 4 bits. On
 // the pair, exactly in f16 (u is a multiple of 2^-8 from the first midpoint M/8 = 2^-5 up):
 //   t1 = sat(u + 1/4 - 2^-9),  t2 = sat(4u - 2),  z = 8 t1 - t2
-// is the z of core/e2m1_fp32.h for v = 8u, lowered by 2^-6: 8u + 2 - 2^-6 up to v = 4,
+// is the z of formats/e2m1/fp32.h for v = 8u, lowered by 2^-6: 8u + 2 - 2^-6 up to v = 4,
 // 6 + (8u - 4) / 2 - 2^-6 up to v = 6, 7 above. The e5m2 byte of z is 0x40 | code: an
 // exact tie v = M lands 2^-6 below its midpoint of z and goes down, and the next u above M
 // (at least 2^-8 above M/8: z at least 2^-5 above the midpoint on the slope 1, 2^-4 on the
@@ -30,8 +30,8 @@
 
 #include <cstdint>
 
-#include "core/e2m1_f16.h"
-#include "core/e2m1_fp32.h"
+#include "formats/e2m1/f16.h"
+#include "formats/e2m1/fp32.h"
 #include "core/numerics.h"
 
 namespace megamoe {

@@ -1,0 +1,127 @@
+// format_list.h: the registry of activation formats, one row each. It is the only list of
+// formats: the Format enum, the codecs and traits below, the scheme -> format resolution
+// (src/scheme.cpp) and the one switch on a format (visit_format, formats/visit.h) are all
+// generated from it, so a format cannot lack a row and a row cannot lack a case. A row's
+// recipe (scale and value math) lives in its folder: formats/fp8/, formats/mxfp4/,
+// formats/nvfp4/ (formats/recipe.h gathers them); docs/DESIGN.md "Adding a format".
+//
+// Columns:
+//   name     the format's name in plans and messages
+//   elem     element codec (Elem): e4m3, e2m1
+//   qelem    the public QuantElem a scheme names
+//   rounds   the Rounding values a scheme may give (kDefault is the codec's own rule)
+//   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, or fp32
+//   scale    the public ScaleType a scheme names
+//   s2       second-level scale (Scale2): none, static, per token
+//   group    the group size G it fixes (0: any G dividing 128)
+//   fast     the fast kernel's group sizes, a bit per G (kG16 | kG32 | kG128; 0: none)
+//   floor    the smallest amax floor the format accepts
+#pragma once
+
+#include <cstdint>
+
+#include "core/numerics.h"
+#include "megamoe/quant.h"
+
+namespace megamoe {
+namespace core {
+
+/// Element codecs.
+enum class Elem : uint8_t { kE4M3, kE2M1 };
+/// Scale codecs.
+enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32 };
+
+/// Group sizes of the fast kernel, one bit each (the "fast" column).
+constexpr uint32_t kG16 = 1u << 0, kG32 = 1u << 1, kG128 = 1u << 2;
+/// The Rounding values a row accepts, one bit each (the "rounds" column).
+MEGAMOE_HD constexpr uint32_t round_bit(Rounding r) { return 1u << static_cast<uint32_t>(r); }
+constexpr uint32_t kRoundFp8 = round_bit(Rounding::kDefault) | round_bit(Rounding::kNearestEven);
+constexpr uint32_t kRoundTtz = round_bit(Rounding::kDefault) | round_bit(Rounding::kTiesTowardZero);
+constexpr uint32_t kRoundRne = round_bit(Rounding::kNearestEven);
+
+/// Formats that store an fp32 scale derived from the floor (fp8 with fp32 scales: s =
+/// floor / 448; NVFP4 per-token: pts = floor / 2688 and each group's sf * pts, sf >= 2^-9)
+/// need floors from 2^-100 up: there every such scale is a normal fp32 (>= 2^-126 after the
+/// divisions) with a finite reciprocal, so a zero group encodes as zero codes with a
+/// nonzero scale. Below ~3e-43 the scale underflows to zero and a zero group's codes become
+/// NaN (0 * (1 / 0)). The UE8M0 formats clamp their exponent byte to >= 1 and accept any
+/// positive floor; NVFP4 static reads no floor.
+constexpr float kMinFp32ScaleFloor = 0x1p-100f;
+
+// clang-format off
+//   Enum            name               elem  qelem        rounds     sf        scale        s2         group fast          floor
+#define MEGAMOE_FORMAT_LIST(X)                                                                                                        \
+  X(kFp8Ue8m0,      "fp8_ue8m0",       kE4M3, kFloat8E4M3, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     0,    kG32 | kG128, 0.0f) \
+  X(kFp8Fp32,       "fp8_fp32",        kE4M3, kFloat8E4M3, kRoundFp8, kFp32,    kFloat32,    kNone,     0,    kG32 | kG128, kMinFp32ScaleFloor) \
+  X(kMxfp4,         "mxfp4",           kE2M1, kFloat4E2M1, kRoundTtz, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
+  X(kMxfp4Rne,      "mxfp4_rne",       kE2M1, kFloat4E2M1, kRoundRne, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
+  X(kNvfp4Static,   "nvfp4_static",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kStatic,   16,   kG16,         0.0f) \
+  X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor)
+// clang-format on
+
+/// The launch table: one enumerator per row.
+enum class Format : uint8_t {
+#define MEGAMOE_FORMAT_ENUM(E, ...) E,
+  MEGAMOE_FORMAT_LIST(MEGAMOE_FORMAT_ENUM)
+#undef MEGAMOE_FORMAT_ENUM
+};
+
+/// One row of the registry as a value.
+struct FormatRow {
+  Format format = Format{};
+  const char* name = "";
+  Elem elem = Elem::kE4M3;
+  QuantElem qelem = QuantElem::kFloat8E4M3;
+  uint32_t rounds = 0;
+  Sf sf = Sf::kFp32;
+  ScaleType scale = ScaleType::kFloat32;
+  Scale2 s2 = Scale2::kNone;
+  int group = 0;
+  uint32_t fast = 0;
+  float floor = 0.0f;
+};
+
+/// The row of @p f (a generated switch: usable in device code, unlike a table).
+MEGAMOE_HD constexpr FormatRow row_of(Format f) {
+  switch (f) {
+#define MEGAMOE_FORMAT_CASE(E, name, elem, qelem, rounds, sf, scale, s2, group, fast, floor) \
+  case Format::E:                                                                          \
+    return FormatRow{Format::E, name, Elem::elem, QuantElem::qelem, rounds, Sf::sf, ScaleType::scale, Scale2::s2, group, fast, floor};
+    MEGAMOE_FORMAT_LIST(MEGAMOE_FORMAT_CASE)
+#undef MEGAMOE_FORMAT_CASE
+  }
+  return FormatRow{};
+}
+
+/// Every row, in enum order (host code: scheme resolution walks them).
+constexpr FormatRow kFormatRows[] = {
+#define MEGAMOE_FORMAT_ROW(E, ...) row_of(Format::E),
+    MEGAMOE_FORMAT_LIST(MEGAMOE_FORMAT_ROW)
+#undef MEGAMOE_FORMAT_ROW
+};
+
+MEGAMOE_HD constexpr Elem elem_of(Format f) { return row_of(f).elem; }
+MEGAMOE_HD constexpr Sf sf_of(Format f) { return row_of(f).sf; }
+/// e2m1 ties toward zero (every e2m1 row whose rule is not nearest even).
+MEGAMOE_HD constexpr bool ttz_of(Format f) {
+  return elem_of(f) == Elem::kE2M1 && (row_of(f).rounds & round_bit(Rounding::kNearestEven)) == 0;
+}
+/// The group size a format fixes (0: any G dividing 128).
+MEGAMOE_HD constexpr int fixed_group_of(Format f) { return row_of(f).group; }
+/// Scale bytes packed four per int32 word (UE8M0 and e4m3 scales).
+MEGAMOE_HD constexpr bool packed_scales(Format f) { return sf_of(f) != Sf::kFp32; }
+/// Values per byte of x_q.
+MEGAMOE_HD constexpr int values_per_byte(Format f) { return elem_of(f) == Elem::kE2M1 ? 2 : 1; }
+constexpr const char* format_name(Format f) { return row_of(f).name; }
+/// The smallest amax floor the format accepts (kMinFp32ScaleFloor above).
+constexpr float min_amax_floor(Format f) { return row_of(f).floor; }
+/// The fast kernel has a variant for format @p f with group size @p G.
+constexpr bool fast_group(Format f, int64_t G) {
+  const uint32_t bit = G == 16 ? kG16 : G == 32 ? kG32 : G == 128 ? kG128 : 0u;
+  return (row_of(f).fast & bit) != 0u;
+}
+/// The row kernel (a whole row's amax before any group) is the per-token scale's.
+constexpr bool row_scaled(Format f) { return row_of(f).s2 == Scale2::kPerToken; }
+
+}  // namespace core
+}  // namespace megamoe
