@@ -434,7 +434,7 @@ int main(int argc, char** argv) {
       StageArgs a = mxfp8_args(T, H);
       both("none", a);
       for (int64_t bm : {int64_t{128}, int64_t{64}}) {
-        const int64_t R = megamoe::core::shared_sf_rows_required(T, bm);
+        const int64_t R = megamoe::output_shapes(T, H, 8, megamoe::QuantScheme::mxfp8(), bm).shared_x_sf->shape[0];
         a.shared_block_m = bm;
         a.shared_x_sf = TensorRef(cpy, DType::kInt32, {R, W}, {1, R}, d);
         both("shared_tr_bm" + std::to_string(bm), a);

@@ -194,7 +194,8 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
   }
   OutputShapes o;
   const bool fp4 = core::values_per_byte(f) == 2;
-  o.x_q = spec2(fp4 ? DType::kUInt8 : DType::kFloat8E4M3, T, H / core::values_per_byte(f));
+  const DType xq = fp4 ? DType::kUInt8 : core::elem_of(f) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+  o.x_q = spec2(xq, T, H / core::values_per_byte(f));
   o.x_sf = packed ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
   o.topk_idx_out = spec2(DType::kInt64, T, K);
   o.topk_weights_out = spec2(DType::kFloat32, T, K);

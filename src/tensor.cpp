@@ -17,6 +17,7 @@ int64_t dtype_size(DType t) noexcept {
     case DType::kInt32: return 4;
     case DType::kInt64: return 8;
     case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
     case DType::kUInt8:
     case DType::kInt8:
     case DType::kBool: return 1;
@@ -30,6 +31,7 @@ const char* dtype_name(DType t) noexcept {
     case DType::kFloat16: return "float16";
     case DType::kFloat32: return "float32";
     case DType::kFloat8E4M3: return "float8_e4m3fn";
+    case DType::kFloat8E5M2: return "float8_e5m2";
     case DType::kUInt8: return "uint8";
     case DType::kBool: return "bool";
     case DType::kInt32: return "int32";

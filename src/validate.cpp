@@ -1,4 +1,4 @@
-// validate.cpp: every argument check of SPEC.md, run before any backend writes a byte.
+// validate.cpp: every argument check of the contract (docs/CONTRACT.md), run before any backend writes a byte.
 #include "validate.h"
 
 #include <algorithm>
@@ -390,7 +390,7 @@ Problem validate_args(const StageArgs& a) {
   // Outputs: in full-buffer mode every output has the M rows of the top-k buffers.
   check_shape2(a.x_q, "x_q", p.M, p.xq_cols);
   if (core::values_per_byte(p.fmt) == 1) {
-    check_dtype(a.x_q, "x_q", {DType::kFloat8E4M3, DType::kUInt8});
+    check_dtype(a.x_q, "x_q", {core::elem_of(p.fmt) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3, DType::kUInt8});
   } else {
     check_dtype(a.x_q, "x_q", {DType::kUInt8, DType::kInt8});
   }

@@ -23,7 +23,7 @@ inline TensorRef from_dlpack(const DLTensor& t, const char* name = "tensor") {
   auto fail = [&](const std::string& what) -> void {
     throw Error(ErrorCode::kInvalidArgument, std::string("megamoe: ") + name + ": " + what);
   };
-  constexpr int kBool = 6, kFloat8E4M3FN = 10;  // DLPack >= 0.8 / 1.0 enum values
+  constexpr int kBool = 6, kFloat8E4M3FN = 10, kFloat8E5M2 = 12;  // DLPack >= 0.8 / 1.0 enum values
   const int code = static_cast<int>(t.dtype.code), bits = t.dtype.bits;
   DType dt = DType::kUInt8;
   bool known = t.dtype.lanes == 1;
@@ -37,6 +37,7 @@ inline TensorRef from_dlpack(const DLTensor& t, const char* name = "tensor") {
     else if (code == kDLUInt && bits == 8) dt = DType::kUInt8;
     else if (code == kBool && bits == 8) dt = DType::kBool;
     else if (code == kFloat8E4M3FN && bits == 8) dt = DType::kFloat8E4M3;
+    else if (code == kFloat8E5M2 && bits == 8) dt = DType::kFloat8E5M2;
     else known = false;
   }
   if (!known) {

@@ -7,6 +7,8 @@
 ///    groups of 1 x G along H with G dividing 128 (UE8M0: H/G a multiple of 4), ties to
 ///    nearest even. Presets mxfp8() (the default), fp8_ue8m0_g128(), fp8_fp32_g128()
 ///    (Hopper / DeepGEMM SM90), fp8_fp32_g32().
+///  - **MXFP8 e5m2** (e5m2 elements, max 57344): UE8M0 scales, G = 32, ties to nearest
+///    even. Preset mxfp8_e5m2() (FlashInfer's mxfp8_e5m2).
 ///  - **MXFP4** (e2m1 elements, two per byte): UE8M0 scales, G = 32, ties toward zero
 ///    (DeepGEMM's per_token_cast_to_fp4, the default) or to nearest even (PTX
 ///    cvt.rn.satfinite.e2m1x2). Preset mxfp4().
@@ -16,7 +18,8 @@
 ///    StageArgs::x_scales). Presets nvfp4_static(), nvfp4_per_token().
 /// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
 /// pre-dispatch and SGLang's kernels): with_amax_floor(). The numeric recipe of each is in
-/// src/formats/recipe.h and docs/CONTRACT.md.
+/// src/formats/ (one folder per family; formats/format_list.h the registry) and
+/// docs/CONTRACT.md.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +38,7 @@ enum class ScaleType : uint8_t {
 /// @brief Element type (codec) of the quantized values.
 enum class QuantElem : uint8_t {
   kFloat8E4M3,  ///< fp8 e4m3fn, one byte per value
-  kFloat8E5M2,  ///< fp8 e5m2 (rejected)
+  kFloat8E5M2,  ///< fp8 e5m2, one byte per value (MXFP8 e5m2)
   kInt8,        ///< int8 (rejected)
   kFloat4E2M1,  ///< fp4 e2m1, two values per byte (low nibble = even column)
 };
@@ -74,6 +77,8 @@ struct QuantScheme {
   static constexpr QuantScheme fp8_fp32_g128() noexcept { return fp8(ScaleType::kFloat32, 128); }
   /// @brief fp8 e4m3 + fp32 scales, G = 32.
   static constexpr QuantScheme fp8_fp32_g32() noexcept { return fp8(ScaleType::kFloat32, 32); }
+  /// @brief fp8 e5m2 + UE8M0 scales, G = 32 (FlashInfer's mxfp8_e5m2: scale from amax / 57344).
+  static constexpr QuantScheme mxfp8_e5m2() noexcept { return QuantScheme{QuantElem::kFloat8E5M2, ScaleType::kUE8M0, 1, 32}; }
   /// @brief fp4 e2m1 + UE8M0 scales, G = 32 (MXFP4); ties toward zero unless @p r says otherwise.
   static constexpr QuantScheme mxfp4(Rounding r = Rounding::kTiesTowardZero) noexcept {
     QuantScheme q{QuantElem::kFloat4E2M1, ScaleType::kUE8M0, 1, 32};

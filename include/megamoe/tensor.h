@@ -24,6 +24,7 @@ enum class DType : uint8_t {
   kInt32,        ///< int32 (top-k ids, packed UE8M0 scale words)
   kInt64,        ///< int64 (top-k ids, non-finite counter)
   kInt8,         ///< int8: accepted for packed fp4 x_q (vLLM's MXFP4 buffers)
+  kFloat8E5M2,   ///< float8 e5m2, one byte (quantized activations of MXFP8 e5m2)
 };
 
 /// @brief Size of one element of @p t in bytes.

@@ -28,17 +28,9 @@ MEGAMOE_HD I shared_sf_row(I t, I bm) {
   return shared_sf_row_qm(t / bm, t % bm, aligned_block_m(bm));
 }
 
-/// Rows shared_x_sf must have for T tokens.
-MEGAMOE_HD int64_t shared_sf_rows_required(int64_t T, int64_t bm) {
-  return (T + bm - 1) / bm * aligned_block_m(bm);
-}
-
 /// Word of the packed UE8M0 scale row holding group g, and the byte shift inside it.
 MEGAMOE_HD int64_t ue8m0_word(int64_t g) { return g / 4; }
 MEGAMOE_HD uint32_t ue8m0_shift(int64_t g) { return static_cast<uint32_t>(g % 4) * 8u; }
-
-/// Width of the scale row: H/(4G) words for UE8M0, H/G floats for fp32.
-MEGAMOE_HD int64_t sf_width(int64_t H, int64_t G, bool ue8m0) { return ue8m0 ? H / (4 * G) : H / G; }
 
 }  // namespace core
 }  // namespace megamoe

@@ -1,5 +1,5 @@
 // numerics.h: the numeric rules of MegaMoE staging, shared bit-for-bit by the CPU backend
-// and the CUDA kernels (this is the only copy of the math; see SPEC.md "Scale and value").
+// and the CUDA kernels (this is the only copy of the math; see docs/CONTRACT.md "Formats").
 //
 // Per group of G hidden elements of one token:
 //   amax  = NaN-ignoring max |x| in fp32           (fmaxf semantics)
@@ -216,11 +216,6 @@ MEGAMOE_HD float half_to_float(uint16_t h) {
   return bits_float(sign | (e << 23) | ((man & 0x3FFu) << 13));
 }
 
-/// s = max(amax, floor) * (1/448) rounded to nearest even.
-MEGAMOE_HD float scale_from_amax(float amax, float floor = kAmaxFloor) {
-  return mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInv448Bits));
-}
-
 /// UE8M0 exponent byte of scale s: ceil to a power of two, clamped to [1, 254].
 MEGAMOE_HD uint32_t ue8m0_exponent(float s) {
   const uint32_t b = float_bits(s);
@@ -233,38 +228,41 @@ MEGAMOE_HD uint32_t ue8m0_exponent(float s) {
 /// The scale 2^(e-127) of a UE8M0 byte e in [1, 254].
 MEGAMOE_HD float ue8m0_scale(uint32_t e) { return bits_float(e << 23); }
 
-/// Multiplier applied to x: 1.0f / scale, IEEE-rounded.
-MEGAMOE_HD float inv_scale(float scale) { return div_rn(1.0f, scale); }
-
 /// 1.0f / 2^(e-127) for a UE8M0 byte e in [1, 254], exactly (no division): 2^(127-e) is a
 /// normal fp32 for e <= 253 and the subnormal 2^-127 for e = 254. Equal to
-/// inv_scale(ue8m0_scale(e)) for every e (the quotient is exact, so rounding plays no part).
+/// 1 / ue8m0_scale(e) for every e (the quotient is exact, so rounding plays no part).
 MEGAMOE_HD float ue8m0_inv_scale(uint32_t e) {
   return bits_float(e < 254u ? (254u - e) << 23 : 0x00400000u);
 }
 
-/// fp32 -> fp8 e4m3fn, round to nearest even, finite values saturate to +-448, NaN -> 0x7F,
-/// +-Inf -> +-448. Bit-identical to PTX cvt.rn.satfinite.e4m3x2.f32 (portable software path).
-MEGAMOE_HD uint8_t fp8_e4m3_from_float_sw(float x) {
+/// fp32 -> an fp8 byte with kMan mantissa bits whose normals start at 2^kMinE, round to
+/// nearest even, finite values saturating to kMax, +-Inf to +-kMax, NaN (either sign) to
+/// kNaN: PTX cvt.rn.satfinite's rule, in software (e4m3 below, e5m2 in formats/fp8/e5m2.h).
+template <int kMan, int kMinE, uint32_t kMax, uint32_t kNaN>
+MEGAMOE_HD uint8_t fp8_from_float_sw(float x) {
   const uint32_t b = float_bits(x);
   const uint32_t sign = (b >> 24) & 0x80u;
   const uint32_t exp = (b >> 23) & 0xFFu;
   const uint32_t man = b & 0x7FFFFFu;
-  if (exp == 0xFFu) return man != 0u ? kFp8NaN : static_cast<uint8_t>(sign | kFp8Max);
+  if (exp == 0xFFu) return static_cast<uint8_t>(man != 0u ? kNaN : sign | kMax);
   if (exp == 0u) return static_cast<uint8_t>(sign);  // fp32 zero/subnormal < 2^-126: rounds to 0
   const int E = static_cast<int>(exp) - 127;
-  // Keep 3 fraction bits for fp8 normals (E >= -6); fewer for fp8 subnormals.
-  const int shift = E >= -6 ? 20 : 14 - E;
+  // Keep kMan fraction bits for fp8 normals (E >= kMinE); fewer for fp8 subnormals.
+  const int shift = E >= kMinE ? 23 - kMan : 23 - kMan + kMinE - E;
   if (shift > 24) return static_cast<uint8_t>(sign);  // below half the smallest subnormal
   const uint32_t m24 = man | 0x800000u;
   uint32_t q = m24 >> shift;
   const uint32_t rem = m24 & ((1u << shift) - 1u);
   const uint32_t half = 1u << (shift - 1);
   if (rem > half || (rem == half && (q & 1u))) ++q;
-  const int base = E + 6 > 0 ? E + 6 : 0;
-  const int64_t enc = (static_cast<int64_t>(base) << 3) + static_cast<int64_t>(q);
-  return static_cast<uint8_t>(sign | static_cast<uint32_t>(enc > kFp8Max ? kFp8Max : enc));
+  const int base = E - kMinE > 0 ? E - kMinE : 0;
+  const int64_t enc = (static_cast<int64_t>(base) << kMan) + static_cast<int64_t>(q);
+  return static_cast<uint8_t>(sign | static_cast<uint32_t>(enc > kMax ? kMax : enc));
 }
+
+/// fp32 -> fp8 e4m3fn, round to nearest even, finite values saturate to +-448, NaN -> 0x7F,
+/// +-Inf -> +-448. Bit-identical to PTX cvt.rn.satfinite.e4m3x2.f32 (portable software path).
+MEGAMOE_HD uint8_t fp8_e4m3_from_float_sw(float x) { return fp8_from_float_sw<3, -6, kFp8Max, kFp8NaN>(x); }
 
 /// fp32 -> fp8 e4m3fn with the hardware instruction where the device has it (sm_89+),
 /// else the software path. Same bytes either way.
@@ -289,9 +287,6 @@ MEGAMOE_HD uint16_t fp8x2_e4m3_from_float(float a, float b) {
                                (static_cast<uint16_t>(fp8_e4m3_from_float_sw(b)) << 8));
 #endif
 }
-
-/// Quantize one value with multiplier r: fp8(x * r).
-MEGAMOE_HD uint8_t quantize(float x, float r) { return fp8_e4m3_from_float(mul_rn(x, r)); }
 
 constexpr float kE4M3MinSubnormal = 0.001953125f;  ///< 2^-9, the smallest e4m3 magnitude
 
@@ -321,29 +316,6 @@ MEGAMOE_HD float e4m3_to_float(uint32_t c) {
 
 /// True for NaN and +-Inf (the non-finite counter).
 MEGAMOE_HD bool non_finite(float x) { return (float_bits(x) & 0x7F800000u) == 0x7F800000u; }
-
-/// Per-group result: the stored scale (UE8M0 byte or fp32) and the multiplier.
-struct GroupScale {
-  uint32_t ue8m0;  ///< exponent byte (valid for UE8M0 schemes)
-  float scale;     ///< the scale as fp32 (2^(e-127) or s)
-  float inv;       ///< 1.0f / scale
-};
-
-/// Scale of a group with maximum |x| amax (NaN-free), for UE8M0 or fp32 scales.
-MEGAMOE_HD GroupScale group_scale(float amax, bool ue8m0) {
-  GroupScale g;
-  const float s = scale_from_amax(amax);
-  if (ue8m0) {
-    g.ue8m0 = ue8m0_exponent(s);
-    g.scale = ue8m0_scale(g.ue8m0);
-    g.inv = ue8m0_inv_scale(g.ue8m0);
-  } else {
-    g.ue8m0 = 0;
-    g.scale = s;
-    g.inv = inv_scale(g.scale);
-  }
-  return g;
-}
 
 }  // namespace core
 }  // namespace megamoe

@@ -87,8 +87,8 @@ __device__ __forceinline__ uint32_t chunk_nonfinite(const RawChunk<In>& c) {
   return n;
 }
 
-/// The chunk's 16 values encoded with group parameters gp: 16 e4m3 bytes (4 words, the
-/// two-at-a-time conversion of core::fp8x2_e4m3_from_float) or 16 e2m1 nibbles (2 words,
+/// The chunk's 16 values encoded with group parameters gp: 16 fp8 bytes (4 words, the
+/// two-at-a-time conversion of core::fp8x2_from_float) or 16 e2m1 nibbles (2 words,
 /// low nibble first), by core::encode.
 template <core::Format F>
 struct Encoded {
@@ -118,10 +118,11 @@ __device__ __forceinline__ Encoded<F> encode_chunk(const RawChunk<In>& x, const 
   if constexpr (core::values_per_byte(F) == 1) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 0), gp.m),
-                                                      core::mul_rn(element<In>(x, 4 * i + 1), gp.m));
-      const uint32_t hi = core::fp8x2_e4m3_from_float(core::mul_rn(element<In>(x, 4 * i + 2), gp.m),
-                                                      core::mul_rn(element<In>(x, 4 * i + 3), gp.m));
+      constexpr core::Elem E = core::elem_of(F);
+      const uint32_t lo = core::fp8x2_from_float<E>(core::mul_rn(element<In>(x, 4 * i + 0), gp.m),
+                                                    core::mul_rn(element<In>(x, 4 * i + 1), gp.m));
+      const uint32_t hi = core::fp8x2_from_float<E>(core::mul_rn(element<In>(x, 4 * i + 2), gp.m),
+                                                    core::mul_rn(element<In>(x, 4 * i + 3), gp.m));
       out.w[i] = lo | (hi << 16);
     }
   } else if constexpr (In == kInBF16 && F == core::Format::kNvfp4PerToken && kHasE5m2) {

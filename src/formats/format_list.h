@@ -7,7 +7,7 @@
 //
 // Columns:
 //   name     the format's name in plans and messages
-//   elem     element codec (Elem): e4m3, e2m1
+//   elem     element codec (Elem): e4m3, e5m2, e2m1
 //   qelem    the public QuantElem a scheme names
 //   rounds   the Rounding values a scheme may give (kDefault is the codec's own rule)
 //   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, or fp32
@@ -27,7 +27,7 @@ namespace megamoe {
 namespace core {
 
 /// Element codecs.
-enum class Elem : uint8_t { kE4M3, kE2M1 };
+enum class Elem : uint8_t { kE4M3, kE5M2, kE2M1 };
 /// Scale codecs.
 enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32 };
 
@@ -56,7 +56,8 @@ constexpr float kMinFp32ScaleFloor = 0x1p-100f;
   X(kMxfp4,         "mxfp4",           kE2M1, kFloat4E2M1, kRoundTtz, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
   X(kMxfp4Rne,      "mxfp4_rne",       kE2M1, kFloat4E2M1, kRoundRne, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
   X(kNvfp4Static,   "nvfp4_static",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kStatic,   16,   kG16,         0.0f) \
-  X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor)
+  X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor) \
+  X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f)
 // clang-format on
 
 /// The launch table: one enumerator per row.
@@ -112,6 +113,8 @@ MEGAMOE_HD constexpr int fixed_group_of(Format f) { return row_of(f).group; }
 MEGAMOE_HD constexpr bool packed_scales(Format f) { return sf_of(f) != Sf::kFp32; }
 /// Values per byte of x_q.
 MEGAMOE_HD constexpr int values_per_byte(Format f) { return elem_of(f) == Elem::kE2M1 ? 2 : 1; }
+/// An fp8 element codec (e4m3 or e5m2): one byte a value, UE8M0 or fp32 scales from amax.
+MEGAMOE_HD constexpr bool fp8_elem(Format f) { return elem_of(f) != Elem::kE2M1; }
 constexpr const char* format_name(Format f) { return row_of(f).name; }
 /// The smallest amax floor the format accepts (kMinFp32ScaleFloor above).
 constexpr float min_amax_floor(Format f) { return row_of(f).floor; }

@@ -496,10 +496,38 @@ TEST(Nvfp4Golden, StaticZeroGlobalScaleOnZeroGroup) {
   EXPECT_EQ(nib(r, 128, 0, 16), 0xF);  // -1 / 0 = -Inf -> -6
 }
 
+// MXFP8 e5m2 (FlashInfer's mxfp8_e5m2): e = ue8m0(fl(max(amax, floor) * fl(1/57344))),
+// v = x * 2^(127-e), e5m2 RNE satfinite. H = 128, one word of four UE8M0 bytes.
+//  g0: amax 57344 -> s = 1.0 exactly (57344 * fl(1/57344) = 448 * fl(1/448) rounds to 1),
+//      e = 127: 57344 -> 0x7B, 1.125 (tie 1.0 / 1.25) -> 0x3C, 1.375 (tie) -> 0x3E,
+//      53248 (tie 49152 / 57344) -> 0x7A, 2^-16 -> 0x01, 2^-17 (tie with 0) -> 0x00.
+//  g1: amax 7 -> s = 2^-13 exactly, e = 114: 7 -> 57344 (0x7B), 3.5 -> 28672 (0x77),
+//      NaN -> 0x7F, 1e-9 -> 8.2e-6, above half of 2^-16 -> 0x01.
+//  g2: zeros -> the floor: s = fl(1e-4 * fl(1/57344)) (0x30EFB6AD), e = 98; -0.0 -> 0x80.
+//  g3: +Inf -> s = Inf, e = 254: Inf -> 0x7B (satfinite), -Inf -> 0xFB, 1 -> 0.
+TEST(Fp8Golden, Mxfp8E5m2Groups) {
+  mt::Problem p = mt::make_problem(1, 128, 1, QuantScheme::mxfp8_e5m2());
+  fill_group(p, 0, 0, {57344.0f, -57344.0f, 1.125f, 1.375f, 53248.0f, 0x1p-16f, 0x1p-17f});
+  fill_group(p, 0, 1, {7.0f, -7.0f, 3.5f, kNaN, 1e-9f});
+  fill_group(p, 0, 2, {0.0f, -0.0f});
+  fill_group(p, 0, 3, {kInf, -kInf, 1.0f});
+  const auto r = staged(p);
+  EXPECT_EQ(r.sf_words[0], 0xFE62727Fu);
+  const std::vector<int> want[4] = {{0x7B, 0xFB, 0x3C, 0x3E, 0x7A, 0x01, 0x00},
+                                    {0x7B, 0xFB, 0x77, 0x7F, 0x01},
+                                    {0x00, 0x80},
+                                    {0x7B, 0xFB, 0x00}};
+  for (int g = 0; g < 4; ++g) {
+    for (size_t i = 0; i < want[g].size(); ++i) {
+      EXPECT_EQ(r.x_q[static_cast<size_t>(32 * g) + i], want[g][i]) << "group " << g << " element " << i;
+    }
+  }
+}
+
 // Zero in never comes out NaN: at each format's lowest accepted amax floor (any positive
-// floor for the UE8M0 formats, 2^-100 for fp32 scales and NVFP4 per-token), rows of +0.0,
-// of -0.0, and of values far below the floor encode as zero codes with finite scales (no
-// NaN e4m3 byte, no NaN or zero fp32 scale, a finite nonzero per-token scale). Below the
+// floor for the UE8M0 formats, 2^-100 for fp32 scales and NVFP4 per-token), rows of +0.0
+// and of -0.0 encode as zero codes with finite scales (no NaN or zero fp32 scale, a finite
+// nonzero per-token scale), and a row of tiny values (fp32 subnormals) gives no NaN byte. Below the
 // bound such floors are rejected (Validation.AmaxFloorBounds).
 TEST(FormatsGolden, ZeroGroupsAtTheLowestFloors) {
   const float tiny = std::numeric_limits<float>::denorm_min();
@@ -507,7 +535,7 @@ TEST(FormatsGolden, ZeroGroupsAtTheLowestFloors) {
       QuantScheme::mxfp8().with_amax_floor(tiny),          QuantScheme::fp8_ue8m0_g128().with_amax_floor(tiny),
       QuantScheme::mxfp4().with_amax_floor(tiny),          QuantScheme::mxfp4(Rounding::kNearestEven).with_amax_floor(tiny),
       QuantScheme::fp8_fp32_g128().with_amax_floor(0x1p-100f), QuantScheme::fp8_fp32_g32().with_amax_floor(0x1p-100f),
-      QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)};
+      QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f), QuantScheme::mxfp8_e5m2().with_amax_floor(tiny)};
   for (const QuantScheme& q : schemes) {
     SCOPED_TRACE(megamoe::to_string(q));
     const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
@@ -517,9 +545,15 @@ TEST(FormatsGolden, ZeroGroupsAtTheLowestFloors) {
       mt::set_hidden(p, 2, h, h % 3 == 0 ? 0.0f : (h % 2 ? 0x1p-140f : -0x1p-149f));
     }
     const auto r = staged(p);  // equal to the independent reference, dense and odd layouts
+    const size_t row_bytes = r.x_q.size() / 3;
     for (size_t i = 0; i < r.x_q.size(); ++i) {
-      // Every code's magnitude zero: e4m3 bytes 0x00 / 0x80 (never 0x7F, NaN), e2m1 nibbles 0 / 8.
-      EXPECT_EQ(r.x_q[i] & (fp4 ? 0x77 : 0x7F), 0) << "x_q byte " << i;
+      if (i < 2 * row_bytes) {
+        // Rows of zeros: every code's magnitude zero (fp8 bytes 0x00 / 0x80, e2m1 nibbles 0 / 8).
+        EXPECT_EQ(r.x_q[i] & (fp4 ? 0x77 : 0x7F), 0) << "x_q byte " << i;
+      } else if (!fp4) {
+        // Tiny values: no NaN byte (e4m3 0x7F; e5m2 0x7D-0x7F).
+        EXPECT_LT(r.x_q[i] & 0x7F, q.elem == megamoe::QuantElem::kFloat8E5M2 ? 0x7C : 0x7F) << "x_q byte " << i;
+      }
     }
     if (q.scale == megamoe::ScaleType::kFloat32) {
       for (float s : r.sf_f32) EXPECT_TRUE(std::isfinite(s) && s > 0.0f) << s;

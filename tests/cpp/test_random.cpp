@@ -170,6 +170,8 @@ void run_case(const CaseSpec& cs, uint32_t seed, const std::string& replay) {
     p.x_fp8_dt = pct(rng) < 50 ? DType::kUInt8 : DType::kInt8;
   } else if (pct(rng) < 30) {
     p.x_fp8_dt = DType::kUInt8;
+  } else if (f.elem == megamoe_ref::Elem::kFp8E5M2) {
+    p.x_fp8_dt = DType::kFloat8E5M2;
   }
   if (cs.q.ue8m0() && pct(rng) < 50) p.bm = pick<int64_t>(rng, {8, 32, 96, 128, 192});
   // NVFP4 static: ordinary calibration scales, a power of two now and then (exact unit
@@ -328,7 +330,7 @@ std::vector<FormatCase> format_cases() {
         {QuantScheme::fp8_fp32_g128(), false},   {QuantScheme::fp8_fp32_g32(), false},
         {QuantScheme::mxfp4(), false},           {QuantScheme::mxfp4(Rounding::kNearestEven), false},
         {QuantScheme::mxfp8(), true},            {QuantScheme::nvfp4_static(), false},
-        {QuantScheme::nvfp4_per_token(), false}};
+        {QuantScheme::nvfp4_per_token(), false}, {QuantScheme::mxfp8_e5m2(), false}};
     for (const auto& [q0, dropin] : formats) {
       const bool fp32_scale = q0.scale == megamoe::ScaleType::kFloat32 || q0.scale2 == megamoe::Scale2::kPerToken;
       if (fp32_scale && floor < 0x1p-100f) continue;  // rejected (Validation.AmaxFloorBounds)

@@ -19,14 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/fastdiv.h"
+#include "core/layout.h"
+#include "core/numerics.h"
 #include "formats/e2m1/f16.h"
 #include "formats/e2m1/f16mul.h"
 #include "formats/e2m1/fp32.h"
 #include "formats/e2m1/pairs.h"
-#include "core/fastdiv.h"
+#include "formats/fp8/e5m2.h"
 #include "formats/recipe.h"
-#include "core/layout.h"
-#include "core/numerics.h"
+#include "megamoe/shapes.h"
 #include "megamoe_reference.h"
 
 namespace {
@@ -115,6 +117,50 @@ TEST(ReferenceFp8, RoundTripsEveryFiniteByte) {
     if (c & 0x80) v = -v;
     EXPECT_EQ(megamoe_ref::fp8_e4m3(v), c) << "byte 0x" << std::hex << c;
   }
+}
+
+// e5m2: normals (1 + m/4) 2^(e-15) up to 57344 (0x7B), subnormals m 2^-16; RNE, satfinite.
+TEST(ReferenceE5m2, GoldenBytes) {
+  const float t16 = std::ldexp(1.0f, -16), t17 = std::ldexp(1.0f, -17);
+  const Fp8Golden cases[] = {
+      {0.0f, 0x00, "+0"},
+      {-0.0f, 0x80, "-0"},
+      {1.0f, 0x3C, "1 = 2^0: exponent field 15"},
+      {-1.0f, 0xBC, "-1"},
+      {1.25f, 0x3D, "1 + 1/4"},
+      {1.125f, 0x3C, "tie 1.0 / 1.25 -> 1.0 (even)"},
+      {1.375f, 0x3E, "tie 1.25 / 1.5 -> 1.5 (even)"},
+      {std::nextafter(1.125f, 2.0f), 0x3D, "just above the 1.0/1.25 tie"},
+      {57344.0f, 0x7B, "max finite"},
+      {-57344.0f, 0xFB, "-max finite"},
+      {49152.0f, 0x7A, "57344 - one step"},
+      {53248.0f, 0x7A, "tie 49152 (0x7A, even) / 57344 -> 49152"},
+      {61440.0f, 0x7B, "tie 57344 / 65536 -> saturates"},
+      {65536.0f, 0x7B, "2^16 saturates (Inf in plain e5m2)"},
+      {1e30f, 0x7B, "saturates"},
+      {std::numeric_limits<float>::infinity(), 0x7B, "+Inf -> 0x7B"},
+      {-std::numeric_limits<float>::infinity(), 0xFB, "-Inf -> 0xFB"},
+      {u2f(0x7FC00000u), 0x7F, "quiet NaN"},
+      {u2f(0xFFC00000u), 0x7F, "negative NaN -> 0x7F too"},
+      {t16, 0x01, "smallest subnormal 2^-16"},
+      {-t16, 0x81, "-2^-16"},
+      {t17, 0x00, "2^-17: tie 0 / 2^-16 -> 0 (even)"},
+      {std::nextafter(t17, 1.0f), 0x01, "just above 2^-17"},
+      {3 * t17, 0x02, "1.5 * 2^-16: tie 1 / 2 -> 2"},
+      {3 * t16, 0x03, "largest subnormal"},
+      {7 * t17, 0x04, "3.5 * 2^-16: tie 3 / 4 -> 4 = 2^-14, smallest normal"},
+      {std::ldexp(1.0f, -14), 0x04, "smallest normal"},
+      {u2f(0x00000001u), 0x00, "fp32 denormal"},
+  };
+  for (const Fp8Golden& c : cases) {
+    EXPECT_EQ(megamoe_ref::fp8_e5m2(c.in), c.out) << c.why << " (input bits 0x" << std::hex << f2u(c.in) << ")";
+    EXPECT_EQ(core::fp8_e5m2_from_float_sw(c.in), c.out) << c.why;
+  }
+  for (int c = 0; c < 256; ++c) {  // every finite byte decodes back to itself
+    if ((c & 0x7F) > 0x7B) continue;  // Inf, NaN
+    EXPECT_EQ(megamoe_ref::fp8_e5m2(core::e5m2_to_float(static_cast<uint32_t>(c))), c) << std::hex << c;
+  }
+  EXPECT_EQ(core::bits_float(core::kInv57344Bits), static_cast<float>(1.0 / 57344.0));
 }
 
 TEST(ReferenceScalars, Ue8m0AndWidening) {
@@ -242,6 +288,30 @@ TEST(CoreVsReference, Fp8AllFloatBitPatterns) {
   }
 }
 
+TEST(CoreVsReference, E5m2AllFloatBitPatterns) {
+  const bool all = kFullSweeps;
+  const std::vector<uint32_t> sample = all ? std::vector<uint32_t>{} : fp8_sample_patterns();
+  const uint64_t n = all ? uint64_t{1} << 32 : sample.size();
+  std::atomic<uint64_t> bad{0};
+  parallel_for(n, [&](uint64_t lo, uint64_t hi) {
+    uint64_t local = 0;
+    for (uint64_t i = lo; i < hi; ++i) {
+      const float f = u2f(all ? static_cast<uint32_t>(i) : sample[i]);
+      const uint8_t want = megamoe_ref::fp8_e5m2(f);
+      if (core::fp8_e5m2_from_float_sw(f) != want || core::fp8_e5m2_from_float(f) != want) ++local;
+    }
+    bad += local;
+  });
+  EXPECT_EQ(bad.load(), 0u);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 100000; ++i) {
+    const float a = u2f(rng()), b = u2f(rng());
+    const uint16_t p = core::fp8x2_e5m2_from_float(a, b);
+    ASSERT_EQ(p & 0xFF, megamoe_ref::fp8_e5m2(a));
+    ASSERT_EQ(p >> 8, megamoe_ref::fp8_e5m2(b));
+  }
+}
+
 TEST(CoreVsReference, Fp8PairPacking) {
   std::mt19937 rng(7);
   for (int i = 0; i < 100000; ++i) {
@@ -298,14 +368,17 @@ TEST(CoreVsReference, GroupScaleDenseSample) {
       const float amax = u2f(pats[i]);
       if (std::isnan(amax)) continue;
       for (bool ue8m0 : {true, false}) {
-        const core::GroupScale g = core::group_scale(amax, ue8m0);
+        // The fp8 recipe's group parameters (formats/fp8/recipe.h) at the default floor.
+        const core::GroupParams g = ue8m0 ? core::fp8_group_params<core::Sf::kUE8M0x4, core::Elem::kE4M3>(amax, core::kAmaxFloor)
+                                          : core::fp8_group_params<core::Sf::kFp32, core::Elem::kE4M3>(amax, core::kAmaxFloor);
+        const float scale = ue8m0 ? core::ue8m0_scale(g.sf) : u2f(g.sf);
         const RefScale r = ref_scale(amax, ue8m0);
-        const bool ok = f2u(g.scale) == f2u(r.scale) && f2u(g.inv) == f2u(r.inv) &&
-                        (!ue8m0 || static_cast<int>(g.ue8m0) == r.e);
+        const bool ok = f2u(scale) == f2u(r.scale) && f2u(g.m) == f2u(r.inv) &&
+                        (!ue8m0 || static_cast<int>(g.sf) == r.e);
         if (!ok && bad++ < 5) {
           ADD_FAILURE() << "amax 0x" << std::hex << pats[i] << (ue8m0 ? " ue8m0" : " fp32")
-                        << ": core scale 0x" << f2u(g.scale) << " inv 0x" << f2u(g.inv)
-                        << " e " << std::dec << g.ue8m0 << "; reference scale 0x" << std::hex
+                        << ": core scale 0x" << f2u(scale) << " inv 0x" << f2u(g.m)
+                        << " sf " << std::dec << g.sf << "; reference scale 0x" << std::hex
                         << f2u(r.scale) << " inv 0x" << f2u(r.inv) << " e " << std::dec << r.e;
         }
       }
@@ -356,8 +429,10 @@ TEST(CoreVsReference, SharedRowMap) {
       int64_t max_row = 0;
       for (int64_t t = 0; t < T; ++t) max_row = std::max(max_row, megamoe_ref::shared_row(t, bm));
       const int64_t abm = (bm + 127) / 128 * 128;
-      EXPECT_EQ(core::shared_sf_rows_required(T, bm), (T + bm - 1) / bm * abm);
-      EXPECT_GT(core::shared_sf_rows_required(T, bm), max_row);
+      // output_shapes, the one shape rule, sizes shared_x_sf.
+      const int64_t rows = megamoe::output_shapes(T, 256, 1, megamoe::QuantScheme::mxfp8(), bm).shared_x_sf->shape[0];
+      EXPECT_EQ(rows, (T + bm - 1) / bm * abm);
+      EXPECT_GT(rows, max_row);
     }
   }
   // Large t: no overflow in the 64-bit index math.
@@ -370,9 +445,6 @@ TEST(CoreVsReference, Ue8m0WordPacking) {
     EXPECT_EQ(core::ue8m0_word(g), g / 4);
     EXPECT_EQ(core::ue8m0_shift(g), static_cast<uint32_t>(8 * (g % 4)));
   }
-  EXPECT_EQ(core::sf_width(7168, 32, true), 56);
-  EXPECT_EQ(core::sf_width(7168, 128, false), 56);
-  EXPECT_EQ(core::sf_width(7168, 32, false), 224);
 }
 
 /// Every bf16 bit pattern, NaN ones too unless @p nan is false.

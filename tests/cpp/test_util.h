@@ -298,6 +298,7 @@ struct Problem {
       const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
       return Format::mxfp4(rne ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero, q.amax_floor);
     }
+    if (q.elem == megamoe::QuantElem::kFloat8E5M2) return Format::mxfp8_e5m2(q.amax_floor);
     return Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
   }
   int64_t groups() const { return H / format().G; }
@@ -321,6 +322,7 @@ inline Problem make_problem(int64_t T, int64_t H, int64_t K, QuantScheme q,
   p.ids.assign(static_cast<size_t>(T * K * 8), 0);
   p.w.assign(static_cast<size_t>(T * K * 4), 0);
   if (q.elem == megamoe::QuantElem::kFloat4E2M1) p.x_fp8_dt = DType::kUInt8;
+  if (q.elem == megamoe::QuantElem::kFloat8E5M2) p.x_fp8_dt = DType::kFloat8E5M2;
   return p;
 }
 
@@ -607,7 +609,9 @@ inline megamoe_ref::Result staged(const Problem& p) {
 /// "nvfp4_static", "nvfp4_per_token"; "_floor1e10" (etc.) for a non-default floor.
 inline std::string scheme_tag(const QuantScheme& q) {
   std::string tag;
-  if (q.elem != megamoe::QuantElem::kFloat4E2M1) {
+  if (q.elem == megamoe::QuantElem::kFloat8E5M2) {
+    tag = "mxfp8_e5m2";
+  } else if (q.elem != megamoe::QuantElem::kFloat4E2M1) {
     tag = std::string(q.ue8m0() ? "ue8m0" : "fp32") + "_g" + std::to_string(q.group_k);
   } else if (q.scale2 == megamoe::Scale2::kNone) {
     tag = q.rounding == megamoe::Rounding::kNearestEven ? "mxfp4_rne" : "mxfp4";

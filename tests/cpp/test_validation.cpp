@@ -274,7 +274,9 @@ TEST_F(Validation, UnsupportedSchemes) {
   q = QuantScheme::mxfp8(); q.is_static = true; bad.emplace_back("static", q);
   q = QuantScheme::mxfp8(); q.symmetric = false; bad.emplace_back("asymmetric", q);
   q = QuantScheme::mxfp8(); q.scale2 = megamoe::Scale2::kStatic; bad.emplace_back("scale2", q);
-  q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kFloat8E5M2; bad.emplace_back("e5m2", q);
+  q = QuantScheme::mxfp8_e5m2(); q.scale = ScaleType::kFloat32; bad.emplace_back("e5m2 fp32 scales", q);
+  q = QuantScheme::mxfp8_e5m2(); q.group_k = 128; bad.emplace_back("e5m2 G=128", q);
+  q = QuantScheme::mxfp8_e5m2(); q.rounding = megamoe::Rounding::kTiesTowardZero; bad.emplace_back("e5m2 ttz", q);
   q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kInt8; bad.emplace_back("int8", q);
   q = QuantScheme::mxfp8(); q.amax_floor = 0.0f; bad.emplace_back("floor 0", q);
   q = QuantScheme::mxfp8(); q.amax_floor = -1e-4f; bad.emplace_back("floor < 0", q);

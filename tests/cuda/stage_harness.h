@@ -350,6 +350,7 @@ struct Staged {
   megamoe_ref::Format ref_format() const {
     const QuantScheme& q = c.q;
     if (q.elem == megamoe::QuantElem::kFloat8E4M3) return megamoe_ref::Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
+    if (q.elem == megamoe::QuantElem::kFloat8E5M2) return megamoe_ref::Format::mxfp8_e5m2(q.amax_floor);
     if (q.scale2 == megamoe::Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(c.gs);
     if (q.scale2 == megamoe::Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
     const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
@@ -549,7 +550,7 @@ inline void run_all_modes(const Case& c, const Force& force = {}) {
   }
 }
 
-/// The schemes of every format (fp8 with both scale types and group sizes, MXFP4 with
+/// The schemes of every format (fp8 with both scale types and group sizes, MXFP8 e5m2, MXFP4 with
 /// both tie rules, NVFP4 with both second-level scales), the SM90 pre-dispatch floor, and
 /// the lowest floors each format accepts (subnormal for the UE8M0 formats, whose exponent
 /// clamps to byte 1; 2^-100 for fp32 scales and NVFP4 per-token).
@@ -570,7 +571,9 @@ inline std::vector<QuantScheme> all_schemes() {
           QuantScheme::mxfp8().with_amax_floor(tiny),
           QuantScheme::fp8_fp32_g128().with_amax_floor(0x1p-100f),
           QuantScheme::mxfp4().with_amax_floor(tiny),
-          QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)};
+          QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f),
+          QuantScheme::mxfp8_e5m2(),
+          QuantScheme::mxfp8_e5m2().with_amax_floor(tiny)};
 }
 
 }  // namespace harness

@@ -15,6 +15,7 @@
 #include "formats/e2m1/f16mul.h"
 #include "formats/e2m1/fp32.h"
 #include "formats/e2m1/pairs.h"
+#include "formats/fp8/e5m2.h"
 #include "formats/recipe.h"
 #include "core/numerics.h"
 #include "cuda/chunk.cuh"
@@ -27,17 +28,21 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+/// Every fp32 through the hardware conversion (sm_89+) and the software rule of fp8 codec
+/// kE5m2 ? e5m2 : e4m3, single and paired.
+template <bool kE5m2>
 __global__ void fp8_exhaustive(unsigned long long* mismatches, uint32_t* first,
                                unsigned long long* nan_outputs) {
+  namespace core = megamoe::core;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
        i += stride) {
     const uint32_t b = static_cast<uint32_t>(i);
     const float x = __uint_as_float(b);
-    const uint8_t sw = megamoe::core::fp8_e4m3_from_float_sw(x);
-    const uint8_t hw = megamoe::core::fp8_e4m3_from_float(x);
-    const uint16_t pair = megamoe::core::fp8x2_e4m3_from_float(x, -x);
-    const uint8_t sw_neg = megamoe::core::fp8_e4m3_from_float_sw(-x);
+    const uint8_t sw = kE5m2 ? core::fp8_e5m2_from_float_sw(x) : core::fp8_e4m3_from_float_sw(x);
+    const uint8_t hw = kE5m2 ? core::fp8_e5m2_from_float(x) : core::fp8_e4m3_from_float(x);
+    const uint16_t pair = kE5m2 ? core::fp8x2_e5m2_from_float(x, -x) : core::fp8x2_e4m3_from_float(x, -x);
+    const uint8_t sw_neg = kE5m2 ? core::fp8_e5m2_from_float_sw(-x) : core::fp8_e4m3_from_float_sw(-x);
     if (sw != hw || (pair & 0xFF) != sw || (pair >> 8) != sw_neg) {
       if (atomicAdd(mismatches, 1ull) == 0) *first = b;
     }
@@ -144,10 +149,17 @@ TEST(CudaNumerics, PackedAmaxMatchesScalarRuleF16) {
 
 TEST(CudaNumerics, Fp8HardwareMatchesSoftwareOnAllFloats) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Tally t = run_exhaustive(fp8_exhaustive);
+  const Tally t = run_exhaustive(fp8_exhaustive<false>);
   EXPECT_EQ(t.mismatches, 0ull) << "first mismatching fp32 bits 0x" << std::hex << t.first;
   // Every fp32 NaN (2 signs x (2^23 - 1) payloads) and nothing else gives 0x7F.
   EXPECT_EQ(t.positives, 2ull * ((1ull << 23) - 1));
+}
+
+TEST(CudaNumerics, E5m2HardwareMatchesSoftwareOnAllFloats) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tally t = run_exhaustive(fp8_exhaustive<true>);
+  EXPECT_EQ(t.mismatches, 0ull) << "first mismatching fp32 bits 0x" << std::hex << t.first;
+  EXPECT_EQ(t.positives, 2ull * ((1ull << 23) - 1));  // every fp32 NaN, and nothing else, gives 0x7F
 }
 
 // The hardware fp16 -> fp32 conversion (used for fp16 hidden states, where only amax and

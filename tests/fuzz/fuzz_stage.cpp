@@ -626,8 +626,10 @@ int fuzz_one(const uint8_t* data, size_t size) {
   // Definitely outside every family the contract names (fp8 e4m3 with UE8M0/fp32 scales;
   // MXFP4; NVFP4): the call must be rejected.
   const bool g_ok = q.group_k > 0 && 128 % q.group_k == 0;
+  // MXFP8 e5m2: e5m2 values, UE8M0 scales, G = 32 only.
+  const bool e5m2 = q.elem == QuantElem::kFloat8E5M2;
   const bool scheme_bad =
-      !(q.elem == QuantElem::kFloat8E4M3 || fp4) ||
+      !(q.elem == QuantElem::kFloat8E4M3 || fp4 || e5m2) || (e5m2 && (!ue8m0 || q.group_k != 32)) ||
       !(q.scale == ScaleType::kUE8M0 || q.scale == ScaleType::kFloat32 ||
         q.scale == ScaleType::kFloat8E4M3) ||
       q.is_static || !q.symmetric || q.group_m != 1 || !g_ok || in.scale2 > 2 || in.rounding > 2 ||
@@ -637,7 +639,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   // modelled in full, acceptance included; for the rest (other amax floors, MXFP4, NVFP4)
   // the library may accept or refuse, and what it writes when it accepts is checked
   // through the reference wherever the reference models the scheme (ref_format below).
-  const bool fp8 = !scheme_bad && !fp4;
+  const bool fp8 = !scheme_bad && !fp4 && !e5m2;
   const bool floor_ok = std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
   const bool fp8_plain =
       fp8 && q.amax_floor == 1e-4f &&
@@ -1015,7 +1017,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
     if (scheme_bad) violate("scheme outside every accepted family");
     if (!scheme_bad && packed && (aH / q.group_k) % 4 != 0)
       violate("packed scales with H/G not a multiple of 4");
-    if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP4/NVFP4 family)");
+    if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP8 e5m2, MXFP4/NVFP4 family)");
     if (fp8 && !fp8_plain) maybe("fp8 with a non-default amax floor or tie rule");
     // SPEC: the default scheme with an int8/uint8 x_q of width H/2 means MXFP4 (also at
     // H == 0, where that width is the fp8 one too: the library applies the rule as written).
@@ -1157,6 +1159,9 @@ int fuzz_one(const uint8_t* data, size_t size) {
     aE = lg.shape[1];
     if (lg.ndim != 2) {
       violate("router_logits is not 2-D");
+    } else if (entry == kEntryFused && (hs.ndim != 2 || hs.shape[0] != aT)) {
+      // Checked before the T == 0 return: [0, E] logits never hide a non-empty batch.
+      violate("route_and_stage: hidden_states is not 2-D with the logits' rows");
     } else if (aT < 0) {
       violate("T < 0");
     } else if (aT == 0 && !(entry == kEntryFused && full_buffer)) {
@@ -1491,6 +1496,8 @@ int fuzz_one(const uint8_t* data, size_t size) {
         q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kTiesTowardZero;
     if (floor_ok && dropin) {
       ref_format = RF::mxfp4(megamoe_ref::Fp4Ties::kTowardZero, q.amax_floor);
+    } else if (floor_ok && e5m2 && (q.rounding == megamoe::Rounding::kDefault || ties_rne)) {
+      ref_format = RF::mxfp8_e5m2(q.amax_floor);
     } else if (floor_ok && fp8 && (q.rounding == megamoe::Rounding::kDefault || ties_rne)) {
       ref_format = RF::fp8(ue8m0, q.group_k, q.amax_floor);
     } else if (floor_ok && fp4 && ue8m0 && q.group_k == 32 && q.scale2 == megamoe::Scale2::kNone &&

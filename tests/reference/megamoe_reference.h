@@ -6,6 +6,8 @@
 //    bytes; the nearest one is found by comparing |v| (exactly, in double) with the
 //    midpoints between neighbours, a tie going to the even byte (even byte == even
 //    mantissa). Finite values beyond 448 saturate to 448, NaN -> 0x7F, +-Inf -> 0x7E/0xFE.
+//  - fp8 e5m2 (MXFP8 e5m2): the same table method over its 124 non-negative finite values
+//    (beyond 57344 saturate to 57344, NaN -> 0x7F, +-Inf -> 0x7B/0xFB).
 //  - fp32 products: the exact product of two floats in double (48 significant bits fit
 //    in 53), rounded once to float.
 //  - 1/scale: double division rounded to float; double rounding is innocuous for a
@@ -74,6 +76,28 @@ inline const Fp8Table& fp8_table() {
   return t;
 }
 
+/// Value of the non-negative fp8 e5m2 byte c in [0, 0x7B].
+inline double e5m2_value(int c) {
+  const int e = c >> 2, m = c & 3;
+  return e == 0 ? std::ldexp(static_cast<double>(m), -16)       // subnormal: m * 2^-16
+                : std::ldexp(static_cast<double>(4 + m), e - 17);  // (1 + m/4) * 2^(e-15)
+}
+
+/// The 124 non-negative finite e5m2 values (index = byte) and the 123 midpoints.
+struct E5m2Table {
+  std::array<double, 124> value;
+  std::array<double, 123> mid;
+  E5m2Table() {
+    for (int c = 0; c <= 0x7B; ++c) value[c] = e5m2_value(c);
+    for (int c = 0; c < 0x7B; ++c) mid[c] = (value[c] + value[c + 1]) / 2;
+  }
+};
+
+inline const E5m2Table& e5m2_table() {
+  static const E5m2Table t;
+  return t;
+}
+
 /// fp32 product of two floats, rounded to nearest even once.
 inline float mul_f32(float a, float b) {
   return static_cast<float>(static_cast<double>(a) * static_cast<double>(b));
@@ -86,6 +110,8 @@ inline float div_f32(float a, float b) {
 
 /// C = 1/448 rounded to fp32 (bits 0x3B124925).
 inline float inv448() { return static_cast<float>(1.0 / 448.0); }
+/// 1/57344 rounded to fp32 (e5m2's largest value; DeepGEMM-style amax / max).
+inline float inv57344() { return static_cast<float>(1.0 / 57344.0); }
 
 /// UE8M0 exponent byte of a scale s >= 0: ceil(log2 s) + 127, clamped to [1, 254]. A zero
 /// s (a subnormal amax floor times 1/448 underflows) has log2 = -Inf: byte 1 (frexp would
@@ -112,6 +138,22 @@ inline uint8_t fp8_e4m3(float v) {
   if (a >= tb.value[0x7E]) return static_cast<uint8_t>(sign | 0x7E);
   if (a <= tb.mid[0]) return sign;  // at most half the smallest subnormal (tie -> 0, even)
   // First midpoint >= a: a lies between value[c] and value[c+1] with c = that index.
+  const auto it = std::lower_bound(tb.mid.begin(), tb.mid.end(), a);
+  int c = static_cast<int>(it - tb.mid.begin());
+  if (it != tb.mid.end() && *it == a && (c & 1)) ++c;  // exact tie: the even byte
+  return static_cast<uint8_t>(sign | c);
+}
+
+/// fp32 -> fp8 e5m2 byte, round to nearest even, finite values saturate to +-57344, NaN
+/// (either sign) -> 0x7F, +Inf -> 0x7B, -Inf -> 0xFB (PTX cvt.rn.satfinite.e5m2x2.f32).
+inline uint8_t fp8_e5m2(float v) {
+  if (std::isnan(v)) return 0x7F;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  if (std::isinf(v)) return static_cast<uint8_t>(sign | 0x7B);
+  const double a = std::fabs(static_cast<double>(v));
+  const detail::E5m2Table& tb = detail::e5m2_table();
+  if (a >= tb.value[0x7B]) return static_cast<uint8_t>(sign | 0x7B);
+  if (a <= tb.mid[0]) return sign;  // at most half the smallest subnormal (tie -> 0, even)
   const auto it = std::lower_bound(tb.mid.begin(), tb.mid.end(), a);
   int c = static_cast<int>(it - tb.mid.begin());
   if (it != tb.mid.end() && *it == a && (c & 1)) ++c;  // exact tie: the even byte
@@ -215,7 +257,7 @@ inline uint8_t fp4_e2m1(float v, Fp4Ties ties) {
 }
 
 /// Codec of the element values.
-enum class Elem { kFp8E4M3, kFp4E2M1 };
+enum class Elem { kFp8E4M3, kFp8E5M2, kFp4E2M1 };
 /// Codec of the group scales (and where the second-level scale comes from).
 enum class ScaleCodec {
   kUe8m0,          ///< power-of-two exponent bytes, four per int32 word
@@ -246,6 +288,12 @@ struct Format {
     f.scale = ue8m0 ? ScaleCodec::kUe8m0 : ScaleCodec::kFp32;
     f.G = G;
     f.amax_floor = floor;
+    return f;
+  }
+  /// MXFP8 with e5m2 values: UE8M0 scales from amax / 57344, G = 32.
+  static Format mxfp8_e5m2(float floor = 1e-4f) {
+    Format f = fp8(true, 32, floor);
+    f.elem = Elem::kFp8E5M2;
     return f;
   }
   static Format mxfp4(Fp4Ties ties, float floor = 1e-4f) {
@@ -295,9 +343,9 @@ namespace detail {
 /// SPEC "Scale and value": fp8 e4m3 values of group x[0..G) with UE8M0 or fp32 scale;
 /// returns the scale byte (UE8M0) and writes the fp32 scale to *s_out (fp32).
 inline int fp8_group(const float* x, int64_t G, bool ue8m0, float floor, float* s_out,
-                     uint8_t* q) {
+                     uint8_t* q, bool e5m2 = false) {
   const float amax = std::max(amax_of(x, G), floor);
-  const float s = mul_f32(amax, inv448());
+  const float s = mul_f32(amax, e5m2 ? inv57344() : inv448());
   float scale = s;
   int e = 0;
   if (ue8m0) {
@@ -306,7 +354,7 @@ inline int fp8_group(const float* x, int64_t G, bool ue8m0, float floor, float* 
   }
   *s_out = s;
   const float inv = div_f32(1.0f, scale);
-  for (int64_t i = 0; i < G; ++i) q[i] = fp8_e4m3(mul_f32(x[i], inv));
+  for (int64_t i = 0; i < G; ++i) q[i] = e5m2 ? fp8_e5m2(mul_f32(x[i], inv)) : fp8_e4m3(mul_f32(x[i], inv));
   return e;
 }
 
@@ -376,9 +424,10 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
     for (int64_t g = 0; g < groups; ++g) {
       const float* x = row + g * G;
       int byte = 0;  // the group's packed scale byte (UE8M0 or e4m3)
-      if (f.elem == Elem::kFp8E4M3) {
+      if (f.elem != Elem::kFp4E2M1) {
         float s = 0.0f;
-        byte = detail::fp8_group(x, G, f.scale == ScaleCodec::kUe8m0, f.amax_floor, &s, q.data());
+        byte = detail::fp8_group(x, G, f.scale == ScaleCodec::kUe8m0, f.amax_floor, &s, q.data(),
+                                 f.elem == Elem::kFp8E5M2);
         if (!f.packed_scales()) r.sf_f32[static_cast<size_t>(t * sc + g)] = s;
       } else if (f.scale == ScaleCodec::kUe8m0) {
         byte = detail::mxfp4_group(x, G, f.amax_floor, f.ties, q.data());

@@ -1,25 +1,31 @@
-// fp8/recipe.h: the fp8 formats' scales (fp8 e4m3 values, groups of G dividing 128), per
-// group of a token with NaN-ignoring max |x| = amax (fmaxf semantics):
-//   s = fl(max(amax, floor) * fl(1/448))          (PyTorch's CUDA division by a scalar)
+// fp8/recipe.h: the fp8 formats' scales (one fp8 byte a value: e4m3, max 448, or e5m2,
+// max 57344), per group of a token with NaN-ignoring max |x| = amax (fmaxf semantics):
+//   s = fl(max(amax, floor) * fl(1/max))          (PyTorch's CUDA division by a scalar)
 //   UE8M0  e = exponent(s) + (mantissa(s) != 0), clamped to [1, 254]; multiplier 2^(127-e)
 //   fp32   the scale is s; multiplier fl(1/s)
-//   value  e4m3(fl(x * multiplier))               (core/numerics.h, satfinite)
+//   value  fp8(fl(x * multiplier))                (RNE, satfinite: core/numerics.h, e5m2.h)
 #pragma once
 
 #include <cstdint>
 
 #include "core/numerics.h"
 #include "formats/format_list.h"
+#include "formats/fp8/e5m2.h"
 #include "formats/group_params.h"
 
 namespace megamoe {
 namespace core {
 
-/// The scale and multiplier of an fp8 group with UE8M0 (@p S = Sf::kUE8M0x4) or fp32 scales.
-template <Sf S>
+/// Bits of fl(1 / the largest finite value) of fp8 element codec @p E.
+template <Elem E>
+constexpr uint32_t kInvMaxBits = E == Elem::kE5M2 ? kInv57344Bits : kInv448Bits;
+
+/// The scale and multiplier of a group of fp8 codec @p E with UE8M0 (@p S = Sf::kUE8M0x4)
+/// or fp32 scales.
+template <Sf S, Elem E>
 MEGAMOE_HD GroupParams fp8_group_params(float amax, float floor) {
   GroupParams g;
-  const float s = mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInv448Bits));
+  const float s = mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInvMaxBits<E>));
   if constexpr (S == Sf::kUE8M0x4) {
     g.sf = ue8m0_exponent(s);
     g.m = ue8m0_inv_scale(g.sf);
@@ -30,8 +36,23 @@ MEGAMOE_HD GroupParams fp8_group_params(float amax, float floor) {
   return g;
 }
 
-/// The e4m3 byte of x in a group with parameters g.
-MEGAMOE_HD uint32_t fp8_encode(float x, const GroupParams& g) { return fp8_e4m3_from_float(mul_rn(x, g.m)); }
+/// The fp8 byte of value v (already multiplied) in codec @p E.
+template <Elem E>
+MEGAMOE_HD uint32_t fp8_from_float(float v) {
+  if constexpr (E == Elem::kE5M2) return fp8_e5m2_from_float(v);
+  else return fp8_e4m3_from_float(v);
+}
+
+/// Two fp8 bytes of codec @p E packed little-endian (lo = a) in one 16-bit value.
+template <Elem E>
+MEGAMOE_HD uint32_t fp8x2_from_float(float a, float b) {
+  if constexpr (E == Elem::kE5M2) return fp8x2_e5m2_from_float(a, b);
+  else return fp8x2_e4m3_from_float(a, b);
+}
+
+/// The fp8 byte of x in a group with parameters g.
+template <Elem E>
+MEGAMOE_HD uint32_t fp8_encode(float x, const GroupParams& g) { return fp8_from_float<E>(mul_rn(x, g.m)); }
 
 }  // namespace core
 }  // namespace megamoe
