@@ -37,7 +37,7 @@ struct Problem {
   bool misaligned = false;  ///< a tensor's data pointer is off its element size (cuda/aligned.cuh)
 };
 
-/// Check everything SPEC.md requires; throws megamoe::Error before anything is written.
+/// Check everything the contract (docs/CONTRACT.md) requires; throws megamoe::Error before anything is written.
 /// Returns the resolved problem (T == 0 is valid and means "nothing to do").
 Problem validate_args(const StageArgs& args);
 /// The same for a routing-only call.

@@ -1,4 +1,4 @@
-// router.h: the numeric rules of the fused DeepSeek-V4 router (SPEC.md "Fused router"),
+// router.h: the numeric rules of the fused DeepSeek-V4 router (docs/ROUTER.md),
 // shared bit-for-bit by the CPU backend and the CUDA kernels: this is the only copy of
 // exp, log1p, the score, the selection order, the weights and the EPLB slot rule.
 //

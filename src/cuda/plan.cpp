@@ -21,8 +21,8 @@ constexpr int64_t kStreamStoresFrom = int64_t{1} << 19;  // 16-element chunks
 
 // Token tiles pay for their barrier and shared-memory pass only where scale stores are
 // scattered: an MN-major x_sf or shared_x_sf (consecutive tokens adjacent), from 2^18
-// chunks (T >= 1024 at H = 4096, >= 586 at 7168). Measured (bench_kernel scale_layouts at
-// e429493, H200): at T = 1024-16384 tiles are 2-12% faster for MN-major x_sf and transposed
+// chunks (T >= 1024 at H = 4096, >= 586 at 7168). Measured (bench_kernel scale_layouts,
+// H200): at T = 1024-16384 tiles are 2-12% faster for MN-major x_sf and transposed
 // shared_x_sf (one exception: 4096 x 7168 with bm = 64, +1.2%); up to 23% slower at
 // T <= 256 and 0.4-23% slower with row-major scales.
 constexpr int64_t kTileFrom = int64_t{1} << 18;
@@ -202,8 +202,8 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
     pl.role = Role::kFast;
     const int64_t chunks = p.T * (p.H / kChunkElems);
     // 128-thread blocks up to 1024 chunks per SM (T <= 256 at H = 7168): measured 1-2%
-    // faster than 64 at T = 1..8 and than 256 at T = 256 (bench_kernel tune_block at
-    // 61f4f5a); 256 beyond (the blocks-per-SM limit then caps residency).
+    // faster than 64 at T = 1..8 and than 256 at T = 256 (bench_kernel tune_block, H200);
+    // 256 beyond (the blocks-per-SM limit then caps residency).
     pl.threads = chunks <= int64_t{1024} * dev.sm_count ? 128 : 256;
     if (fits_idx32(p, a)) {
       pl.index = IndexWidth::k32;

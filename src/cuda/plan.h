@@ -84,7 +84,7 @@ struct Plan {
 /// T <= 2 at 4096): there the launch is one warp's chain, and halving its encode took
 /// 0.03 us off it on the H200 (2.1-2.5%), while from T = 64 the doubled per-thread index and
 /// scale work cost more (+0.7-1.3% at T = 64, +4-7% at 256); NVFP4 static's per-group
-/// thresholds made it slower at every size (docs/PERFORMANCE.md, 2026-12-06).
+/// thresholds made it slower at every size.
 bool split_half_applies(core::Format fmt, DType in);
 constexpr int64_t kSplitHalfChunksPerSm = 4;
 

@@ -94,7 +94,7 @@ __device__ __forceinline__ void publish_warp_maxima(float v, float* buf) {
 /// warps' maxima read as two (up to 8 warps) or four 16-byte loads issued together instead
 /// of a shared-memory round trip a warp. The full kernel keeps the loop: a 16-entry vector
 /// form there took 0.04-0.06 us off its decode calls at H = 7168 but cost 5% at T = 16384
-/// (33e4847 against 3c5bfa2, docs/PERFORMANCE.md).
+/// (a same-run A/B on an H200).
 template <bool kVector>
 __device__ __forceinline__ float block_max(float v, float* buf) {
   publish_warp_maxima(v, buf);

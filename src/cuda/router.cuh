@@ -431,7 +431,7 @@ __device__ __forceinline__ void router_hash(const RouterParams& r, int64_t t, bo
   const uint32_t lane = threadIdx.x % 32u;
   const int64_t row = (r.flags & kRouteInputIdsI64) ? static_cast<const int64_t*>(r.input_ids)[t * r.iid_s0]
                                                     : static_cast<const int32_t*>(r.input_ids)[t * r.iid_s0];
-  // Warp-uniform. A padded token is never routed (SPEC: ids -1, weights +0.0, not recorded),
+  // Warp-uniform. A padded token is never routed (the contract: ids -1, weights +0.0, not recorded),
   // whatever its table row says.
   const bool keep = !router_padded(r, t) && row >= 0 && row < r.V;
   int64_t id = -1;

@@ -1,4 +1,4 @@
-// topk.cuh: the router top-k repack (SPEC "Top-k repack"), entry by entry, shared by
+// topk.cuh: the router top-k repack (docs/CONTRACT.md), entry by entry, shared by
 // every kernel: the split-topk and tile shapes give it blocks of their own (one entry per
 // thread), the loop shape a grid-stride pass before its chunks, the general and row kernels
 // give each row's entries to the row's first threads.
