@@ -333,7 +333,7 @@ __device__ __forceinline__ void router_finish(const RouterParams& r, int64_t t, 
 /// the real candidates are distinct) and writes it to out[rank] when rank < K (@p out may
 /// be @p c). Every lane reads all n candidates (the same address across the warp:
 /// broadcasts, independent, issued back to back): 299 cycles for n = 24 on the H200 where
-/// 32 shuffles of the 64-bit candidates took 512 (bench/results/h200_3e84726_latency_probe.txt).
+/// 32 shuffles of the 64-bit candidates took 512 (a clock64 latency probe).
 /// How many of the n candidates @p c (shared memory) are larger than @p mine: its rank among
 /// them. Eight reads at a time up to n (warp-uniform; a single token's threshold typically
 /// lets K to 2K experts through), not all 32 slots.
