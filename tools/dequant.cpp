@@ -15,6 +15,13 @@ double e4m3_value(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+double e5m2_value(uint8_t b) {
+  const int e = (b >> 2) & 0x1F, m = b & 3;
+  if (e == 0x1F) return m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  const double v = e == 0 ? std::ldexp(m, -16) : std::ldexp(4 + m, e - 17);
+  return (b & 0x80) ? -v : v;
+}
+
 double e2m1_value(uint8_t nibble) {
   static const double grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
   const double v = grid[nibble & 7];
@@ -24,6 +31,7 @@ double e2m1_value(uint8_t nibble) {
 std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H,
                                std::vector<double>* group_scales) {
   const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
+  const bool e5m2 = q.elem == megamoe::QuantElem::kFloat8E5M2;
   const bool packed = q.scale != megamoe::ScaleType::kFloat32;  // four scale bytes per word
   const int64_t G = q.group_k, groups = G > 0 ? H / G : 0, qcols = x.x_q->shape[1], scols = x.x_sf->shape[1];
   const uint8_t* xq = x.x_q->data.data();
@@ -55,7 +63,8 @@ std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q
       if (group_scales != nullptr) (*group_scales)[static_cast<size_t>(t * groups + g)] = scale;
       for (int64_t i = g * G; i < (g + 1) * G; ++i) {
         const double v = fp4 ? e2m1_value(static_cast<uint8_t>(xq[t * qcols + i / 2] >> (4 * (i % 2))))
-                             : e4m3_value(xq[t * qcols + i]);
+                             : e5m2 ? e5m2_value(xq[t * qcols + i])
+                                    : e4m3_value(xq[t * qcols + i]);
         out[static_cast<size_t>(t * H + i)] = v * scale;
       }
     }

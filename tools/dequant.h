@@ -12,7 +12,7 @@ namespace megamoe_cli {
 
 /// One format's outputs as the dequantizer reads them (rows beyond T are ignored).
 struct Quantized {
-  const Tensor* x_q = nullptr;       ///< [>= T, H] e4m3 bytes or [>= T, H/2] packed e2m1 bytes
+  const Tensor* x_q = nullptr;       ///< [>= T, H] e4m3 / e5m2 bytes or [>= T, H/2] packed e2m1 bytes
   const Tensor* x_sf = nullptr;      ///< packed UE8M0 / e4m3 words, or fp32 scales
   const Tensor* x_scales = nullptr;  ///< [>= T] fp32 per-token scales (NVFP4 per-token)
   float global_scale = 1.0f;         ///< gs (NVFP4 static)
@@ -20,6 +20,8 @@ struct Quantized {
 
 /// fp8 e4m3fn byte -> value (0x7F/0xFF are NaN; no infinities).
 double e4m3_value(uint8_t b);
+/// fp8 e5m2 byte -> value (0x7C/0xFC are +-Inf, 0x7D-0x7F/0xFD-0xFF NaN).
+double e5m2_value(uint8_t b);
 /// e2m1 nibble (sign << 3 | code) -> value.
 double e2m1_value(uint8_t nibble);
 

@@ -66,6 +66,7 @@ const std::map<std::string, megamoe::QuantScheme>& schemes() {
       // DeepGEMM's SM90 MegaMoE pre-dispatch (and SGLang's kernels) floor the amax at 1e-10.
       {"fp32-g128-sm90", megamoe::QuantScheme::fp8_fp32_g128().with_amax_floor(1e-10f)},
       {"fp32-g32", megamoe::QuantScheme::fp8_fp32_g32()},
+      {"mxfp8-e5m2", megamoe::QuantScheme::mxfp8_e5m2()},
       {"mxfp4", megamoe::QuantScheme::mxfp4()},
       {"mxfp4-rne", megamoe::QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)},
       {"nvfp4-static", megamoe::QuantScheme::nvfp4_static()},
@@ -82,14 +83,14 @@ when (t + 1) % --pad-every == 0 (no is_padding tensor when --pad-every is 0).
 Safetensors tensors read by --input (and written by --save-inputs):
   hidden_states [T, H] BF16/F16/F32, topk_ids [T, K] I32/I64,
   topk_weights [T, K] F32/BF16/F16, is_padding [T] BOOL/U8 (optional; nonzero = padded).
-Written by --output: x_fp8 [T, H] F8_E4M3 (fp4 schemes: x_q [T, H/2] U8, column 2j in
-the low nibble of byte j), x_sf [T, H/(4G)] I32 (UE8M0 or, for nvfp4, e4m3 bytes packed
-little-endian, 4 per word) or [T, H/G] F32, x_scales [T] F32 (nvfp4-per-token),
-topk_idx_out [T, K] I64, topk_weights_out [T, K] F32, and shared_x_sf [R, H/(4G)] I32
-with --shared-block-m (rows no token maps to are 0); with --full-buffer every output has
---max-tokens rows. Its __metadata__ (and that of --save-inputs) names the scheme
-(megamoe::scheme_name), group size, tie rule, amax floor and megamoe version; --input
-reports a file's __metadata__ when it has one.
+Written by --output: x_fp8 [T, H] F8_E4M3 (mxfp8-e5m2: F8_E5M2; fp4 schemes: x_q
+[T, H/2] U8, column 2j in the low nibble of byte j), x_sf [T, H/(4G)] I32 (UE8M0 or, for
+nvfp4, e4m3 bytes packed little-endian, 4 per word) or [T, H/G] F32, x_scales [T] F32
+(nvfp4-per-token), topk_idx_out [T, K] I64, topk_weights_out [T, K] F32, and shared_x_sf
+[R, H/(4G)] I32 with --shared-block-m (rows no token maps to are 0); with --full-buffer
+every output has --max-tokens rows. Its __metadata__ (and that of --save-inputs) names
+the scheme (megamoe::scheme_name), group size, tie rule, amax floor and megamoe version;
+--input reports a file's __metadata__ when it has one.
 
 Report:
   time       median wall time of --iters calls after one warmup call (CUDA: event pairs
@@ -100,19 +101,19 @@ Report:
              4-byte global_scale for nvfp4; --full-buffer: the top-k outputs' M rows
              (M*K*(8 + 4)), the activation outputs' T rows (the rest is not written).
   SNR        10*log10(sum x^2 / sum (x - deq)^2) over every finite input element x, where
-             deq = value(x_q) * (scale of its group): e4m3 or e2m1 value times 2^(e-127)
-             (UE8M0), the fp32 scale, or the e4m3 scale times global_scale / x_scales[t]
-             (nvfp4); "inf" when deq == x everywhere.
+             deq = value(x_q) * (scale of its group): e4m3, e5m2 or e2m1 value times
+             2^(e-127) (UE8M0), the fp32 scale, or the e4m3 scale times global_scale /
+             x_scales[t] (nvfp4); "inf" when deq == x everywhere.
   max relative error
              max |x - deq| / |x| over the finite elements x the format resolves. fp8
              schemes: elements with |x| > 1e-3 * amax, amax being the largest finite |x|
              of the element's group of G values (smaller elements would be dominated by
-             fp8's absolute resolution); at most 2^-4 for fp8 e4m3 unless amax is below
-             the 1e-4 floor. fp4 schemes (mxfp4*, nvfp4-*): elements with |x| >= 0.5 *
-             the group's dequantized scale, e2m1's smallest nonzero magnitude there
-             (smaller elements round to 0 or to it, an error of up to 1 in any encoder,
-             and count in the SNR only); about 1/3 at most (at 0.75 * scale) unless an
-             nvfp4 e4m3 scale is too small for its group.
+             fp8's absolute resolution); at most 2^-4 for fp8 e4m3 (2^-3 for e5m2,
+             mxfp8-e5m2) unless amax is below the 1e-4 floor. fp4 schemes (mxfp4*,
+             nvfp4-*): elements with |x| >= 0.5 * the group's dequantized scale, e2m1's
+             smallest nonzero magnitude there (smaller elements round to 0 or to it, an
+             error of up to 1 in any encoder, and count in the SNR only); about 1/3 at
+             most (at 0.75 * scale) unless an nvfp4 e4m3 scale is too small for its group.
   reference  every output compared bitwise with tests/reference/megamoe_reference.h
              (shared_x_sf rows through megamoe_ref::shared_row): "bit-exact match" or the
              first mismatch (tensor, [row, col], megamoe's bits, the reference's bits).
@@ -247,7 +248,8 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
     const int64_t M = o.full_buffer ? o.max_tokens : T;
     auto alloc = [&](const megamoe::TensorSpec& spec, const char* name) {
       static const std::map<megamoe::DType, const char*> st = {
-          {megamoe::DType::kFloat8E4M3, "F8_E4M3"}, {megamoe::DType::kUInt8, "U8"}, {megamoe::DType::kInt32, "I32"},
+          {megamoe::DType::kFloat8E4M3, "F8_E4M3"}, {megamoe::DType::kFloat8E5M2, "F8_E5M2"},
+          {megamoe::DType::kUInt8, "U8"},           {megamoe::DType::kInt32, "I32"},
           {megamoe::DType::kFloat32, "F32"},        {megamoe::DType::kInt64, "I64"}};
       std::vector<int64_t> shape = {M};
       if (spec.ndim == 2) shape.push_back(spec.shape[1]);
@@ -772,12 +774,13 @@ int main(int argc, char** argv) {
   gen("--seed", o.gen.seed, "seed of the std::mt19937 input generator", integer_in(0, UINT32_MAX));
   app.add_option("--scheme", o.scheme,
                  "quantization scheme: mxfp8 (UE8M0 scales, G=32), ue8m0-g128, fp32-g128 "
-                 "(Hopper), fp32-g128-sm90 (fp32-g128 with DeepGEMM SM90's amax floor 1e-10), fp32-g32, mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
+                 "(Hopper), fp32-g128-sm90 (fp32-g128 with DeepGEMM SM90's amax floor 1e-10), fp32-g32, "
+                 "mxfp8-e5m2 (e5m2 values, UE8M0, G=32; FlashInfer's mxfp8_e5m2), mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
                  "mxfp4-rne (ties to nearest even), nvfp4-static (e2m1, e4m3 scales, G=16, "
                  "--global-scale), nvfp4-per-token (also writes x_scales)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static",
-                             "nvfp4-per-token"}));
+      ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp8-e5m2", "mxfp4",
+                             "mxfp4-rne", "nvfp4-static", "nvfp4-per-token"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
                  "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's]")

@@ -199,7 +199,7 @@ megamoe::TensorRef Tensor::ref() {
   using megamoe::DType;
   static const std::map<std::string, DType> kMap = {
       {"BF16", DType::kBFloat16}, {"F16", DType::kFloat16}, {"F32", DType::kFloat32},
-      {"F8_E4M3", DType::kFloat8E4M3}, {"U8", DType::kUInt8}, {"BOOL", DType::kBool},
+      {"F8_E4M3", DType::kFloat8E4M3}, {"F8_E5M2", DType::kFloat8E5M2}, {"U8", DType::kUInt8}, {"BOOL", DType::kBool},
       {"I32", DType::kInt32}, {"I64", DType::kInt64}};
   auto it = kMap.find(dtype);
   if (it == kMap.end()) throw CliError("internal: dtype " + dtype + " has no megamoe equivalent");

@@ -23,6 +23,7 @@ const T* as(const Tensor& t) {
 megamoe_ref::Format reference_format(const megamoe::QuantScheme& q, float gs) {
   using megamoe::Scale2;
   if (q.elem == megamoe::QuantElem::kFloat8E4M3) return megamoe_ref::Format::fp8(q.ue8m0(), q.group_k, q.amax_floor);
+  if (q.elem == megamoe::QuantElem::kFloat8E5M2) return megamoe_ref::Format::mxfp8_e5m2(q.amax_floor);
   if (q.scale2 == Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(gs);
   if (q.scale2 == Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
   const bool rne = q.rounding == megamoe::Rounding::kNearestEven;

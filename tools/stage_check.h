@@ -15,7 +15,7 @@ namespace megamoe_cli {
 
 /// The staging outputs, as written to --output.
 struct StageOutputs {
-  Tensor x_fp8;             ///< F8_E4M3 [T, H]
+  Tensor x_fp8;             ///< F8_E4M3 [T, H] (F8_E5M2 for MXFP8 e5m2)
   Tensor x_sf;              ///< I32 [T, H/(4G)] (UE8M0) or F32 [T, H/G]
   Tensor topk_idx_out;      ///< I64 [T, K]
   Tensor topk_weights_out;  ///< F32 [T, K]
@@ -35,8 +35,9 @@ struct StageOutputs {
 constexpr uint8_t kUntouchedByte = 0x5A;
 
 /// fp8 formats: relative errors count only elements with |x| above this fraction of their
-/// group's amax. Any scale these formats pick puts such elements in e4m3's normal range, so
-/// their relative error is at most 2^-4 (unless amax is below the amax floor).
+/// group's amax. Any scale these formats pick puts such elements in the element codec's
+/// normal range, so their relative error is at most 2^-4 for e4m3 and 2^-3 for e5m2 (unless
+/// amax is below the amax floor).
 constexpr double kRelErrFloor = 1e-3;
 
 /// fp4 formats: relative errors count only elements with |x| at least this many times their

@@ -20,7 +20,7 @@ class QuantElem(enum.Enum):
     """fp8 e4m3fn, one byte per value"""
 
     FLOAT8_E5M2 = 1
-    """fp8 e5m2 (rejected)"""
+    """fp8 e5m2, one byte per value (MXFP8 e5m2)"""
 
     INT8 = 2
     """int8 (rejected)"""
@@ -60,7 +60,7 @@ class Rounding(enum.Enum):
 
     DEFAULT = 0
     """
-    the element codec's reference rule: e4m3 nearest even, e2m1 toward zero
+    the element codec's reference rule: e4m3 / e5m2 nearest even, e2m1 toward zero
     """
 
     NEAREST_EVEN = 1
@@ -73,11 +73,12 @@ class QuantScheme:
     """
     A hidden-state quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.
 
-    Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP4 (UE8M0, G = 32,
-    either tie rule) and NVFP4 (e4m3 scales, G = 16, static or per-token second-level
-    scale), dynamic, symmetric, with a finite positive amax floor. Presets: mxfp8(),
-    fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(), mxfp4(), nvfp4_static(),
-    nvfp4_per_token(); with_amax_floor() changes the floor.
+    Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP8 e5m2 (UE8M0,
+    G = 32), MXFP4 (UE8M0, G = 32, either tie rule) and NVFP4 (e4m3 scales, G = 16, static
+    or per-token second-level scale), dynamic, symmetric, with a finite positive amax
+    floor. Presets: mxfp8(), fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(),
+    mxfp8_e5m2(), mxfp4(), nvfp4_static(), nvfp4_per_token(); with_amax_floor() changes
+    the floor.
     """
 
     def __init__(self, elem: QuantElem = QuantElem.FLOAT8_E4M3, scale: ScaleType = ScaleType.UE8M0, group_m: int = 1, group_k: int = 32, is_static: bool = False, symmetric: bool = True, has_scale2: bool = False, *, scale2: Scale2 | None = None, rounding: Rounding = Rounding.DEFAULT, amax_floor: float = 0.0001) -> None:
@@ -185,6 +186,12 @@ class QuantScheme:
     @staticmethod
     def fp8_fp32_g32() -> QuantScheme:
         """fp8 e4m3 + fp32 scales, G = 32."""
+
+    @staticmethod
+    def mxfp8_e5m2() -> QuantScheme:
+        """
+        fp8 e5m2 + UE8M0 scales, G = 32 (FlashInfer's mxfp8_e5m2: scale from amax / 57344).
+        """
 
     @staticmethod
     def mxfp4(rounding: Rounding = Rounding.TIES_TOWARD_ZERO) -> QuantScheme:

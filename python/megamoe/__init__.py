@@ -1,8 +1,9 @@
 """megamoe: MegaMoE input staging for DeepSeek-V4-style MoE inference.
 
-Quantizes hidden states (fp8 e4m3 with UE8M0 or fp32 group scales, MXFP4, NVFP4 static or
-per-token) and repacks the router's top-k ids/weights into the buffers DeepGEMM's MegaMoE
-kernels read, in one call (CPU backend always; CUDA backend when built with nvcc).
+Quantizes hidden states (fp8 e4m3 with UE8M0 or fp32 group scales, MXFP8 e5m2, MXFP4,
+NVFP4 static or per-token) and repacks the router's top-k ids/weights into the buffers
+DeepGEMM's MegaMoE kernels read, in one call (CPU backend always; CUDA backend when built
+with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
 logits to the top-k, and to the staged buffers in the same call). Drop-ins: vLLM's
@@ -49,6 +50,7 @@ from ._scheme import (
     MXFP4,
     MXFP4_RNE,
     MXFP8,
+    MXFP8_E5M2,
     NVFP4_PER_TOKEN,
     NVFP4_STATIC,
     as_scheme,
@@ -87,6 +89,7 @@ __all__ = [
     "FP8_UE8M0_G128",
     "FP8_FP32_G128",
     "FP8_FP32_G32",
+    "MXFP8_E5M2",
     "MXFP4",
     "MXFP4_RNE",
     "NVFP4_STATIC",

@@ -4,8 +4,8 @@ The argument checks are framework-neutral (shapes and dtype names); the arithmet
 NumPy here and PyTorch in megamoe._torch. Per group of G columns the value is
 ``fl(element * scale)`` with ``scale`` the group's scale: 2**(e - 127) for UE8M0 byte e
 (0xFF: NaN), the fp32 scale, or for NVFP4 ``fl(e4m3(byte) * s2)`` with s2 the static
-global scale or the token's x_scales entry. e2m1 and e4m3 values times a power of two are
-exact, so fp8 / MXFP4 results are exact; NVFP4 rounds once, in the second-level product.
+global scale or the token's x_scales entry. e2m1, e4m3 and e5m2 values times a power of two
+are exact, so fp8 / MXFP4 results are exact; NVFP4 rounds once, in the second-level product.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ class Format(NamedTuple):
     sf: str  # "ue8m0" (packed words), "e4m3" (packed words) or "fp32"
     G: int  # columns per scale
     scale2: Scale2
+    e5m2: bool = False  # fp8 bytes are e5m2 (MXFP8 e5m2), else e4m3fn
 
 
 def format_of(s: QuantScheme) -> Format:
     """The layout of an accepted scheme (check_scheme has passed)."""
     sf = {ScaleType.UE8M0: "ue8m0", ScaleType.FLOAT8_E4M3: "e4m3"}.get(s.scale, "fp32")
-    return Format(s.elem == QuantElem.FLOAT4_E2M1, sf, int(s.group_k), s.scale2)
+    return Format(s.elem == QuantElem.FLOAT4_E2M1, sf, int(s.group_k), s.scale2, s.elem == QuantElem.FLOAT8_E5M2)
 
 
 def _fail(name: str, expected: str, got: str) -> None:
@@ -64,6 +65,7 @@ def _as_numpy(x: Any, name: str) -> Any:
 
 _BYTES = ("uint8", "int8")
 _FP8_BYTES = _BYTES + ("float8_e4m3fn",)
+_E5M2_BYTES = _BYTES + ("float8_e5m2",)
 _FP4_BYTES = _BYTES + ("float4_e2m1fn_x2",)
 _WORDS = ("int32", "uint32")
 
@@ -94,7 +96,8 @@ def _check(q: Any, sf: Any, s: QuantScheme, x_scales: Any, global_scale: Any) ->
     want = _C.output_shapes(T, H, 0, s)
     if sf_shape != tuple(want["x_sf"][0]):
         _fail("x_sf", f"shape {tuple(want['x_sf'][0])}", f"shape {sf_shape}")
-    ok = _FP4_BYTES if fmt.fp4 else _FP8_BYTES
+    # Raw bytes are read as the scheme's codec; a typed fp8 array must be that codec.
+    ok = _FP4_BYTES if fmt.fp4 else _E5M2_BYTES if fmt.e5m2 else _FP8_BYTES
     if _dtype_name(q) not in ok:
         _fail("x_q", "dtype " + " or ".join(ok), f"dtype {_dtype_name(q)}")
     if fmt.sf != "fp32" and _dtype_name(sf) not in _WORDS:
@@ -134,6 +137,19 @@ def _table_fp8() -> Any:
     return (sign * mag).astype(np.float32)
 
 
+def _table_e5m2() -> Any:
+    """float32 value of each of the 256 fp8 e5m2 bytes (0x7C / 0xFC: +-Inf, 0x7D-0x7F and
+    0xFD-0xFF: NaN of the byte's sign, as torch's conversion gives it; subnormals
+    m * 2**-16)."""
+    import numpy as np
+
+    b = np.arange(256, dtype=np.int64)
+    exp, man = (b >> 2) & 0x1F, b & 0x3
+    mag = np.where(exp == 0, man * 2.0**-16, (1.0 + man / 4.0) * 2.0 ** (exp - 15.0))
+    mag = np.where(exp == 31, np.where(man == 0, np.inf, np.nan), mag)
+    return np.where(b & 0x80, -mag, mag).astype(np.float32)  # negation flips a NaN's sign too
+
+
 def _table_fp4() -> Any:
     """float32 value of each of the 16 e2m1 nibbles (0x8 is -0.0)."""
     import numpy as np
@@ -149,7 +165,7 @@ def _numpy(q: Any, sf: Any, fmt: Format, x_scales: Any, global_scale: Any) -> An
     if fmt.fp4:
         values = _table_fp4()[np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[0], -1)]
     else:
-        values = _table_fp8()[b]
+        values = (_table_e5m2() if fmt.e5m2 else _table_fp8())[b]
     T, H = values.shape
     if fmt.sf == "fp32":
         scales = sf.astype(np.float32)

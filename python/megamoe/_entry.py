@@ -13,8 +13,8 @@ _PREPARE_ARGS = """
         hidden_states: ``[T, H]`` activations, bf16/fp16/fp32, any strides, H % 128 == 0.
         topk_weights: ``[T, K]`` router weights, fp32/bf16/fp16.
         topk_ids: ``[T, K]`` router expert ids, int32/int64.
-        x_fp8: out quantized values: fp8 schemes ``[T, H]`` float8_e4m3fn (or uint8
-            bytes); fp4 schemes ``[T, H/2]`` uint8 / int8 (torch.float4_e2m1fn_x2 too), two
+        x_fp8: out quantized values: fp8 schemes ``[T, H]`` float8_e4m3fn (MXFP8_E5M2:
+            float8_e5m2; or uint8 bytes); fp4 schemes ``[T, H/2]`` uint8 / int8 (torch.float4_e2m1fn_x2 too), two
             e2m1 values per byte, low nibble = even column. With the default scheme a
             uint8 / int8 ``x_fp8`` of width H/2 selects MXFP4 (vLLM's MXFP4 path).
         x_sf: out scales: UE8M0 and NVFP4 schemes ``[T, H/(4G)]`` int32 (four scale bytes
@@ -27,7 +27,7 @@ _PREPARE_ARGS = """
             of the UE8M0 scales; given exactly when ``shared_block_m`` is.
         shared_block_m: block M of the MoE scheduler used to lay out ``shared_x_sf``.
         hidden_quant: a :class:`QuantScheme` (``MXFP8`` default, ``FP8_UE8M0_G128``,
-            ``FP8_FP32_G128``, ``FP8_FP32_G32``, ``MXFP4``, ``MXFP4_RNE``,
+            ``FP8_FP32_G128``, ``FP8_FP32_G32``, ``MXFP8_E5M2``, ``MXFP4``, ``MXFP4_RNE``,
             ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, any with ``.with_amax_floor(f)``) or a
             vLLM ``QuantKey``.
         global_scale: NVFP4 static only (required there): ``[1]`` float32 on the tensors'
@@ -57,8 +57,9 @@ _PREPARE_DOC = (
     PyTorch tensors (CPU or CUDA; through the custom op ``torch.ops.megamoe.prepare_inputs``
     under ``torch.compile``), NumPy arrays and any other DLPack / buffer-protocol array.
     Nothing is allocated; outputs are written in place; the host never synchronizes with
-    the device. Formats: fp8 e4m3 with UE8M0 or fp32 group scales, MXFP4 (either tie
-    rule), NVFP4 static and per-token (docs/CONTRACT.md has the bit-exact recipes).
+    the device. Formats: fp8 e4m3 with UE8M0 or fp32 group scales, MXFP8 e5m2, MXFP4
+    (either tie rule), NVFP4 static and per-token (docs/CONTRACT.md has the bit-exact
+    recipes).
 """
     + _PREPARE_ARGS
     + """

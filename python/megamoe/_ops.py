@@ -200,7 +200,8 @@ class OutputShapes(NamedTuple):
     Absent tensors are None; ``global_scale`` is the input NVFP4 static needs."""
 
     x_fp8: TensorSpec
-    """``[T, H]`` float8_e4m3fn (uint8 also accepted), or ``[T, H/2]`` uint8 packed fp4."""
+    """``[T, H]`` float8_e4m3fn (float8_e5m2 for MXFP8_E5M2; uint8 also accepted), or
+    ``[T, H/2]`` uint8 packed fp4."""
     x_sf: TensorSpec
     """``[T, H/(4G)]`` int32 packed scale bytes, or ``[T, H/G]`` float32."""
     topk_idx_out: TensorSpec
@@ -247,8 +248,8 @@ class StagedInputs(NamedTuple):
     """The outputs of :func:`stage`, allocated in the input's framework and device."""
 
     x_fp8: Any
-    """``[T, H]`` fp8 values (torch.float8_e4m3fn; uint8 bytes for NumPy), or ``[T, H/2]``
-    uint8 packed fp4 (low nibble = even column)."""
+    """``[T, H]`` fp8 values (torch.float8_e4m3fn, torch.float8_e5m2 for MXFP8_E5M2; uint8
+    bytes for NumPy), or ``[T, H/2]`` uint8 packed fp4 (low nibble = even column)."""
     x_sf: Any
     """Scales: ``[T, H/(4G)]`` int32 packed UE8M0 / e4m3 bytes, or ``[T, H/G]`` float32."""
     topk_idx: Any
@@ -270,11 +271,11 @@ def _is_ndarray(x: Any) -> bool:
 def _numpy_dtype(name: str) -> Any:
     import numpy as np
 
-    return np.uint8 if name == "float8_e4m3fn" else np.dtype(name)  # NumPy has no fp8
+    return np.uint8 if name.startswith("float8_") else np.dtype(name)  # NumPy has no fp8
 
 
 #: Bytes per element of each output dtype name.
-ITEMSIZE = {"float8_e4m3fn": 1, "uint8": 1, "int32": 4, "float32": 4, "int64": 8}
+ITEMSIZE = {"float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int32": 4, "float32": 4, "int64": 8}
 
 
 def _alloc(glue: Any, like: Any, spec: TensorSpec, zero: bool = False, where: str = "megamoe.stage") -> Any:
@@ -329,15 +330,16 @@ def stage(
 ) -> StagedInputs:
     """Allocate the outputs (shapes from :func:`output_shapes`) and stage into them.
 
-    Every format: ``scheme`` is a QuantScheme (``MXFP8`` default, ``FP8_*``, ``MXFP4``,
-    ``MXFP4_RNE``, ``NVFP4_STATIC`` with ``global_scale=`` a [1] float32 array,
+    Every format: ``scheme`` is a QuantScheme (``MXFP8`` default, ``FP8_*``, ``MXFP8_E5M2``,
+    ``MXFP4``, ``MXFP4_RNE``, ``NVFP4_STATIC`` with ``global_scale=`` a [1] float32 array,
     ``NVFP4_PER_TOKEN``, whose per-token scales come back as ``x_scales``) or a vLLM
     QuantKey; ``hidden_quant=`` is the same argument under prepare_megamoe_inputs' name.
     Outputs are created with the framework of ``hidden_states`` (torch: same device, fp8
-    as torch.float8_e4m3fn, packed fp4 as uint8; NumPy: uint8 bytes). ``shared_x_sf`` is
-    allocated (zero-filled) only when ``shared_block_m`` is given. With ``max_tokens``
-    (>= T) the outputs have ``max_tokens`` rows in full-buffer mode: rows T.. of the top-k
-    outputs become -1 / 0, those of x_fp8 / x_sf / x_scales are allocated but not written.
+    as torch.float8_e4m3fn or, for MXFP8_E5M2, torch.float8_e5m2, packed fp4 as uint8;
+    NumPy: uint8 bytes). ``shared_x_sf`` is allocated (zero-filled) only when
+    ``shared_block_m`` is given. With ``max_tokens`` (>= T) the outputs have ``max_tokens``
+    rows in full-buffer mode: rows T.. of the top-k outputs become -1 / 0, those of x_fp8 /
+    x_sf / x_scales are allocated but not written.
     ``routed_scaling_factor`` multiplies the kept weights; ``nonfinite_count`` (a [1] int64
     array on the same device) gets the count of NaN / Inf inputs added.
 
@@ -419,7 +421,8 @@ def set_cpu_threads(n: int) -> None:
 def dequantize(x_q: Any, x_sf: Any, scheme: Any = MXFP8, *, x_scales: Any = None, global_scale: Any = None) -> Any:
     """Expand staged values and scales back to float32 (for checks and debugging).
 
-    Every format: fp8 (``x_q`` [T, H] fp8 / uint8 / int8 bytes) and packed fp4 (``x_q``
+    Every format: fp8 (``x_q`` [T, H] fp8 / uint8 / int8 bytes, e4m3fn or, for
+    MXFP8_E5M2, e5m2: 0x7C is Inf, 0x7D-0x7F NaN) and packed fp4 (``x_q``
     [T, H/2] uint8 / int8 / torch.float4_e2m1fn_x2, low nibble = even column); scales as
     staged: packed UE8M0 (2**(e-127), 0xFF NaN), fp32, or NVFP4's packed e4m3 bytes times
     the second-level scale (``global_scale`` for NVFP4_STATIC, ``x_scales`` [T] for

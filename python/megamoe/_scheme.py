@@ -11,6 +11,7 @@ __all__ = [
     "FP8_UE8M0_G128",
     "FP8_FP32_G128",
     "FP8_FP32_G32",
+    "MXFP8_E5M2",
     "MXFP4",
     "MXFP4_RNE",
     "NVFP4_STATIC",
@@ -26,6 +27,9 @@ FP8_UE8M0_G128: QuantScheme = QuantScheme.fp8_ue8m0_g128()
 FP8_FP32_G128: QuantScheme = QuantScheme.fp8_fp32_g128()
 #: fp8 e4m3 values with fp32 scales, groups of 32.
 FP8_FP32_G32: QuantScheme = QuantScheme.fp8_fp32_g32()
+#: fp8 e5m2 values with UE8M0 scales from amax / 57344, groups of 32 (FlashInfer's
+#: mxfp8_e5m2): more range, one mantissa bit less than MXFP8.
+MXFP8_E5M2: QuantScheme = QuantScheme.mxfp8_e5m2()
 #: fp4 e2m1 values (two per byte) with UE8M0 scales, groups of 32, ties toward zero
 #: (DeepGEMM's per_token_cast_to_fp4).
 MXFP4: QuantScheme = QuantScheme.mxfp4()
@@ -145,16 +149,18 @@ def as_scheme(hidden_quant: Any) -> QuantScheme:
     converted field by field; dtypes are matched by name, so torch, NumPy and ml_dtypes
     dtypes all work:
 
-    * elements: ``float8_e4m3fn`` is fp8; ``float4_e2m1fn_x2`` and ``uint8`` (vLLM's
-      packed-fp4 dtype) are fp4 e2m1 (ties toward zero, DeepGEMM's rule);
+    * elements: ``float8_e4m3fn`` is fp8 e4m3, ``float8_e5m2`` fp8 e5m2; ``float4_e2m1fn_x2``
+      and ``uint8`` (vLLM's packed-fp4 dtype) are fp4 e2m1 (ties toward zero, DeepGEMM's
+      rule);
     * scales: ``float8_e8m0fnu`` or ``uint8`` are UE8M0, ``float32`` fp32,
       ``float8_e4m3fn`` e4m3 bytes (NVFP4);
     * ``scale2``: a static one is ``Scale2.STATIC`` (NVFP4's global scale, global_scale=),
       a dynamic one ``Scale2.PER_TOKEN`` (x_scales=).
 
-    So vLLM's MXFP8 / fp8 block keys give MXFP8 / FP8_*, its MXFP4 key (uint8 elements,
-    uint8 scales, groups of 32) MXFP4 and its NVFP4 key (uint8, float8_e4m3fn scales of 16,
-    static float32 scale2) NVFP4_STATIC. Anything else becomes a rejected element / scale
+    So vLLM's MXFP8 / fp8 block keys give MXFP8 / FP8_*, a ``float8_e5m2`` key with UE8M0
+    scales over groups of 32 MXFP8_E5M2, vLLM's MXFP4 key (uint8 elements, uint8 scales,
+    groups of 32) MXFP4 and its NVFP4 key (uint8, float8_e4m3fn scales of 16, static
+    float32 scale2) NVFP4_STATIC. Anything else becomes a rejected element / scale
     type. The result is not checked here: staging rejects an unsupported scheme with the
     reference's ``ValueError`` (see :func:`megamoe.check_scheme`).
 

@@ -49,6 +49,7 @@ __all__ = [
 
 _Tensor = torch.Tensor
 _FP8 = torch.float8_e4m3fn
+_E5M2 = torch.float8_e5m2  # MXFP8 e5m2's values
 # Packed fp4 pairs: the library calls the same bytes uint8.
 _FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
@@ -58,15 +59,16 @@ _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 
 
-def _fp8_exports_through_dlpack() -> bool:
+def _exports_through_dlpack(dtype: Any) -> bool:
     try:
-        _to_dlpack(torch.empty(1, dtype=_FP8))
+        _to_dlpack(torch.empty(1, dtype=dtype))
         return True
     except Exception:  # older torch: float8 has no DLPack code
         return False
 
 
-_FP8_DLPACK = _fp8_exports_through_dlpack()
+_FP8_DLPACK = _exports_through_dlpack(_FP8)
+_E5M2_DLPACK = _exports_through_dlpack(_E5M2)
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # what Inductor's generated code calls
@@ -82,8 +84,10 @@ def _stream_of(t: Any) -> int:
 
 
 # dtypes handed over as their bytes: float4_e2m1fn_x2 (the library calls packed fp4 uint8)
-# and float8 where this torch's DLPack has no code for it.
-_AS_BYTES = frozenset(d for d in (_FP4X2, None if _FP8_DLPACK else _FP8) if d is not None)
+# and each float8 this torch's DLPack has no code for (the library takes x_q as uint8 too).
+_AS_BYTES = frozenset(
+    d for d in (_FP4X2, None if _FP8_DLPACK else _FP8, None if _E5M2_DLPACK else _E5M2) if d is not None
+)
 
 
 def _cap(t: Any, name: str) -> Any:
@@ -337,6 +341,7 @@ route_and_stage_op = _define(_LIB, ROUTE_AND_STAGE, "route_and_stage", _route_an
 
 _TORCH_DTYPES = {
     "float8_e4m3fn": _FP8,
+    "float8_e5m2": _E5M2,
     "uint8": torch.uint8,
     "int32": torch.int32,
     "int64": torch.int64,
@@ -361,9 +366,10 @@ def index_dtype(dtype: Any, name: str) -> str:
     return "int32" if dtype == torch.int32 else "int64"
 
 
-def _values_fp8(q: _Tensor) -> _Tensor:
-    """float32 value of fp8 e4m3fn bytes (uint8 / int8 / float8 tensors)."""
-    return (q if q.dtype == _FP8 else q.view(torch.uint8).view(_FP8)).float()
+def _values_fp8(q: _Tensor, dtype: Any = _FP8) -> _Tensor:
+    """float32 value of fp8 bytes of ``dtype`` (e4m3fn or e5m2; uint8 / int8 / float8
+    tensors): torch's own conversion, exact (e5m2's Inf and NaN bytes included)."""
+    return (q if q.dtype == dtype else q.view(torch.uint8).view(dtype)).float()
 
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -388,7 +394,7 @@ def dequantize(x_q: _Tensor, x_sf: _Tensor, fmt: Any, x_scales: Optional[_Tensor
                global_scale: Optional[_Tensor]) -> _Tensor:  # fmt: skip
     """Torch path of megamoe.dequantize (float32 on the device of ``x_q``); dtypes and
     shapes are already checked. ``fmt``: megamoe._dequant.Format."""
-    values = _values_fp4(x_q) if fmt.fp4 else _values_fp8(x_q)
+    values = _values_fp4(x_q) if fmt.fp4 else _values_fp8(x_q, _E5M2 if fmt.e5m2 else _FP8)
     T, H = values.shape
     if fmt.sf == "ue8m0":
         exps = _bytes_of_words(x_sf)

@@ -9,8 +9,8 @@
 // What nanobind refuses to import is explained rather than called "not an array": a
 // NumPy array whose dtype DLPack cannot carry (big-endian, structured, object, ...) or
 // whose byte strides are not whole elements raises ValueError saying so, and NumPy arrays
-// of ml_dtypes' bfloat16 / float8_e4m3fn are taken as what they are. Only objects that are
-// no array at all raise TypeError.
+// of ml_dtypes' bfloat16 / float8_e4m3fn / float8_e5m2 are taken as what they are. Only
+// objects that are no array at all raise TypeError.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/operators.h>
@@ -30,19 +30,8 @@
 
 #include "megamoe/megamoe.h"
 
-// Pieces of the C++ API that land separately: bound when their headers are there.
-#if __has_include("megamoe/plan.h")
-#include "megamoe/plan.h"
-#define MEGAMOE_HAS_EXPLAIN 1
-#else
-#define MEGAMOE_HAS_EXPLAIN 0
-#endif
-#if __has_include("megamoe/cpu.h")
 #include "megamoe/cpu.h"
-#define MEGAMOE_HAS_CPU_THREADS 1
-#else
-#define MEGAMOE_HAS_CPU_THREADS 0
-#endif
+#include "megamoe/plan.h"
 
 namespace nb = nanobind;
 using megamoe::DType;
@@ -133,7 +122,7 @@ std::optional<DType> to_dtype(nb::dlpack::dtype dt) {
       {C::Int, 64, DType::kInt64},         {C::UInt, 8, DType::kUInt8},
       {C::Float, 16, DType::kFloat16},     {C::Float, 32, DType::kFloat32},
       {C::Bfloat, 16, DType::kBFloat16},   {C::Bool, 8, DType::kBool},
-      {C::Float8_E4M3FN, 8, DType::kFloat8E4M3},
+      {C::Float8_E4M3FN, 8, DType::kFloat8E4M3}, {C::Float8_E5M2, 8, DType::kFloat8E5M2},
   };
   if (dt.lanes != 1) return std::nullopt;
   for (const Known& k : kKnown) {
@@ -228,7 +217,8 @@ template <typename Check>
 
 /// What keeps NumPy dtype @p dt out of DLPack and the buffer protocol, worded to follow
 /// "got"; empty when the dtype is not the reason. @p mapped receives the DType of the
-/// ml_dtypes types megamoe has (bfloat16, float8_e4m3fn), which DLPack cannot carry.
+/// ml_dtypes types megamoe has (bfloat16, float8_e4m3fn, float8_e5m2), which DLPack
+/// cannot carry.
 std::string numpy_dtype_problem(nb::handle dt, std::optional<DType>* mapped) {
   const std::string kind = nb::str(dt.attr("kind")).c_str();
   const int64_t itemsize = nb::cast<int64_t>(dt.attr("itemsize"));
@@ -246,6 +236,10 @@ std::string numpy_dtype_problem(nb::handle dt, std::optional<DType>* mapped) {
   }
   if (name == "float8_e4m3fn" && itemsize == 1) {
     *mapped = DType::kFloat8E4M3;
+    return "";
+  }
+  if (name == "float8_e5m2" && itemsize == 1) {
+    *mapped = DType::kFloat8E5M2;
     return "";
   }
   const bool word = itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8;
@@ -530,14 +524,12 @@ void prepare_inputs(const StageHandles& h, uintptr_t stream) {
   megamoe::prepare_inputs(args, reinterpret_cast<megamoe::Stream>(stream));
 }
 
-#if MEGAMOE_HAS_EXPLAIN
 std::string explain(const StageHandles& h) {
   Arrays arrays;
   megamoe::StageArgs args;
   if (!load_stage(arrays, h, args)) return "nothing to do: hidden_states has no rows (T == 0)";
   return megamoe::explain(args);
 }
-#endif
 
 void stage_routing(nb::handle topk_weights, nb::handle topk_ids, nb::handle topk_idx_out,
                    nb::handle topk_weights_out, nb::handle is_padding, bool full_buffer,
@@ -739,7 +731,7 @@ NB_MODULE(_C, m) {
 
   nb::enum_<QuantElem>(m, "QuantElem", "Element type of the quantized values.")
       .value("FLOAT8_E4M3", QuantElem::kFloat8E4M3, "fp8 e4m3fn, one byte per value")
-      .value("FLOAT8_E5M2", QuantElem::kFloat8E5M2, "fp8 e5m2 (rejected)")
+      .value("FLOAT8_E5M2", QuantElem::kFloat8E5M2, "fp8 e5m2, one byte per value (MXFP8 e5m2)")
       .value("INT8", QuantElem::kInt8, "int8 (rejected)")
       .value("FLOAT4_E2M1", QuantElem::kFloat4E2M1,
              "fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)");
@@ -759,7 +751,7 @@ NB_MODULE(_C, m) {
 
   nb::enum_<megamoe::Rounding>(m, "Rounding", "How a value exactly between two codes is rounded.")
       .value("DEFAULT", megamoe::Rounding::kDefault,
-             "the element codec's reference rule: e4m3 nearest even, e2m1 toward zero")
+             "the element codec's reference rule: e4m3 / e5m2 nearest even, e2m1 toward zero")
       .value("NEAREST_EVEN", megamoe::Rounding::kNearestEven, "to the even code (IEEE, PTX cvt.rn)")
       .value("TIES_TOWARD_ZERO", megamoe::Rounding::kTiesTowardZero,
              "to the smaller magnitude (DeepGEMM's fp4 reference)");
@@ -767,11 +759,12 @@ NB_MODULE(_C, m) {
   nb::class_<QuantScheme>(
       m, "QuantScheme",
       "A hidden-state quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.\n\n"
-      "Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP4 (UE8M0, G = 32,\n"
-      "either tie rule) and NVFP4 (e4m3 scales, G = 16, static or per-token second-level\n"
-      "scale), dynamic, symmetric, with a finite positive amax floor. Presets: mxfp8(),\n"
-      "fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(), mxfp4(), nvfp4_static(),\n"
-      "nvfp4_per_token(); with_amax_floor() changes the floor.")
+      "Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP8 e5m2 (UE8M0,\n"
+      "G = 32), MXFP4 (UE8M0, G = 32, either tie rule) and NVFP4 (e4m3 scales, G = 16, static\n"
+      "or per-token second-level scale), dynamic, symmetric, with a finite positive amax\n"
+      "floor. Presets: mxfp8(), fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(),\n"
+      "mxfp8_e5m2(), mxfp4(), nvfp4_static(), nvfp4_per_token(); with_amax_floor() changes\n"
+      "the floor.")
       .def(
           "__init__",
           [](QuantScheme* self, QuantElem elem, ScaleType scale, int64_t group_m, int64_t group_k,
@@ -818,6 +811,8 @@ NB_MODULE(_C, m) {
       .def_static("fp8_fp32_g128", &QuantScheme::fp8_fp32_g128,
                   "fp8 e4m3 + fp32 scales, G = 128 (Hopper / DeepGEMM SM90).")
       .def_static("fp8_fp32_g32", &QuantScheme::fp8_fp32_g32, "fp8 e4m3 + fp32 scales, G = 32.")
+      .def_static("mxfp8_e5m2", &QuantScheme::mxfp8_e5m2,
+                  "fp8 e5m2 + UE8M0 scales, G = 32 (FlashInfer's mxfp8_e5m2: scale from amax / 57344).")
       .def_static("mxfp4", &QuantScheme::mxfp4, nb::arg("rounding") = megamoe::Rounding::kTiesTowardZero,
                   "fp4 e2m1 + UE8M0 scales, G = 32; ties toward zero (DeepGEMM) unless rounding says.")
       .def_static("nvfp4_static", &QuantScheme::nvfp4_static,
@@ -906,12 +901,10 @@ NB_MODULE(_C, m) {
       "unless full_buffer is set (the top-k tail is filled then).\n"
       "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
       "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
-#if MEGAMOE_HAS_EXPLAIN
   stage_entry(
       "explain", [](const StageHandles& h, uintptr_t) { return explain(h); },
       "What prepare_inputs would launch for these arguments, as text (validated, nothing run;\n"
       "stream is ignored).");
-#endif
   m.def("stage_routing", &stage_routing, nb::arg("topk_weights").none(), nb::arg("topk_ids").none(),
         nb::arg("topk_idx_out").none(), nb::arg("topk_weights_out").none(),
         nb::arg("is_padding").none() = nb::none(), nb::arg("full_buffer") = false,
@@ -983,9 +976,7 @@ NB_MODULE(_C, m) {
       "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
       "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
       "router_logits without rows returns at once unless full_buffer is set.");
-#if MEGAMOE_HAS_CPU_THREADS
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");
-#endif
 }

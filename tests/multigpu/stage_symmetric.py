@@ -62,7 +62,7 @@ except ImportError:  # CI without torch: NumPy arrays on the CPU backend
 PRESETS = {
     name: getattr(megamoe, name)
     for name in ("MXFP8", "FP8_UE8M0_G128", "FP8_FP32_G128", "FP8_FP32_G32", "MXFP4", "MXFP4_RNE",
-                 "NVFP4_STATIC", "NVFP4_PER_TOKEN")  # fmt: skip
+                 "NVFP4_STATIC", "NVFP4_PER_TOKEN", "MXFP8_E5M2")  # fmt: skip
 }
 POISON = 0xA5  # no staging result is all 0xA5 bytes; untouched bytes must stay it
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

@@ -3,9 +3,11 @@
 Written from docs/CONTRACT.md only (no code shared with src/core, nothing imported from
 megamoe): vectorized float32 arithmetic, UE8M0 by bit operations, fp8 e4m3fn by a nearest
 search over the 127 non-negative finite codes with ties to the even code, saturation to
-+-448, NaN -> 0x7F; e2m1 by counting midpoints (ties toward zero) or by a nearest search
-with ties to the even code; every format of the contract (fp8 UE8M0 / fp32, MXFP4 both tie
-rules, NVFP4 static and per-token), the top-k repack with padding, routed scaling and the
++-448, NaN -> 0x7F; fp8 e5m2 by counting the midpoints of its 124 non-negative finite
+values (a tie goes to the even code), saturation to +-57344 (Inf included), NaN -> 0x7F;
+e2m1 by counting midpoints (ties toward zero) or by a nearest search with ties to the even
+code; every format of the contract (fp8 UE8M0 / fp32, MXFP8 e5m2, MXFP4 both tie rules,
+NVFP4 static and per-token), the top-k repack with padding, routed scaling and the
 full-buffer tail, and the non-finite count.
 """
 
@@ -18,6 +20,9 @@ import numpy as np
 F32 = np.float32
 C_INV448 = F32(1.0) / F32(448.0)
 assert C_INV448.view(np.uint32) == 0x3B124925
+# e5m2's largest value: 57344 = 448 * 2^7, so fl(1/57344) is fl(1/448) * 2^-7 exactly.
+C_INV57344 = F32(1.0) / F32(57344.0)
+assert C_INV57344.view(np.uint32) == 0x37924925
 
 
 def fp8_e4m3fn_values() -> np.ndarray:
@@ -50,6 +55,43 @@ def to_fp8_e4m3fn(y: np.ndarray) -> np.ndarray:
     return np.where(nan, np.uint8(0x7F), nearest_even_code(mag, _POS) | sign).astype(np.uint8)
 
 
+def fp8_e5m2_values() -> np.ndarray:
+    """float64 value of the fp8 e5m2 codes 0x00..0x7B (ascending, all finite): 1 sign, 5
+    exponent bits of bias 15, 2 mantissa bits; subnormals m * 2^-16."""
+    codes = np.arange(124)
+    exp, man = codes >> 2, codes & 3
+    return np.where(exp == 0, man * 2.0**-16, (1.0 + man / 4.0) * 2.0 ** (exp - 15.0))
+
+
+E5M2_POS = fp8_e5m2_values()
+E5M2_MIDPOINTS = (E5M2_POS[:-1] + E5M2_POS[1:]) / 2  # exact in float64
+assert len(E5M2_POS) == 124 and E5M2_POS[-1] == 57344.0 and E5M2_POS[4] == 2.0**-14
+
+
+def to_fp8_e5m2(y: np.ndarray) -> np.ndarray:
+    """cvt.rn.satfinite.e5m2x2.f32 on float32 ``y``: bytes (uint8), same shape. The code of
+    |y| is the number of midpoints strictly below it, plus one when |y| is a midpoint whose
+    lower neighbour is odd (ties to the even code); finite values beyond 57344 and +-Inf
+    saturate to +-57344 (0x7B / 0xFB), NaN (either sign) is 0x7F, the sign is kept (-0.0 ->
+    0x80)."""
+    y = np.asarray(y, dtype=F32)
+    sign = (np.ascontiguousarray(y).view(np.uint32) >> 31).astype(np.uint8) << 7
+    mag = np.abs(y.astype(np.float64))
+    nan = np.isnan(mag)
+    mag = np.where(nan, 0.0, np.minimum(mag, 57344.0))
+    below = np.searchsorted(E5M2_MIDPOINTS, mag, side="left")
+    tie = E5M2_MIDPOINTS[np.minimum(below, len(E5M2_MIDPOINTS) - 1)] == mag
+    code = (below + (tie & (below % 2 == 1))).astype(np.uint8)
+    return np.where(nan, np.uint8(0x7F), code | sign).astype(np.uint8)
+
+
+def fp8_e5m2_to_f32(codes: np.ndarray) -> np.ndarray:
+    """float32 value of fp8 e5m2 bytes (0x7C / 0xFC are +-Inf, 0x7D-0x7F / 0xFD-0xFF NaN)."""
+    c = np.asarray(codes).astype(np.int64)
+    mag = np.concatenate([E5M2_POS, [np.inf, np.nan, np.nan, np.nan]])[c & 0x7F]
+    return np.where(c & 0x80, -mag, mag).astype(F32)
+
+
 def group_amax(x32: np.ndarray, G: int) -> np.ndarray:
     """Largest |x| per group of G columns [T, H/G] float32, NaN ignored (fmaxf from 0:
     an all-NaN group has amax 0)."""
@@ -64,10 +106,11 @@ def ue8m0_exponent(s: np.ndarray) -> np.ndarray:
     return np.clip(e, 1, 254).astype(np.uint32)
 
 
-def group_scales(x32: np.ndarray, G: int, ue8m0: bool, floor: float = 1e-4):
-    """(scale per group [T, H/G] float32, UE8M0 byte per group or None) of fp8 staging."""
+def group_scales(x32: np.ndarray, G: int, ue8m0: bool, floor: float = 1e-4, e5m2: bool = False):
+    """(scale per group [T, H/G] float32, UE8M0 byte per group or None) of fp8 staging
+    (amax / 448 for e4m3, amax / 57344 for e5m2: a product with the rounded reciprocal)."""
     amax = np.fmax(group_amax(x32, G), F32(floor)).astype(F32)
-    s = (amax * C_INV448).astype(F32)
+    s = (amax * (C_INV57344 if e5m2 else C_INV448)).astype(F32)
     if not ue8m0:
         return s, None
     e = ue8m0_exponent(s)
@@ -90,15 +133,17 @@ def stage(
     ue8m0: bool,
     is_padding: Optional[np.ndarray] = None,
     floor: float = 1e-4,
+    e5m2: bool = False,
 ) -> Staged:
-    """The reference fp8 outputs for float inputs (hidden/weights given as any float dtype)."""
+    """The reference fp8 outputs for float inputs (hidden/weights given as any float dtype);
+    ``e5m2``: MXFP8 e5m2's values (G 32, UE8M0) instead of e4m3fn."""
     x32 = np.asarray(hidden).astype(F32)
     T, H = x32.shape
-    scale, e = group_scales(x32, G, ue8m0, floor)
+    scale, e = group_scales(x32, G, ue8m0, floor, e5m2)
     with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 = NaN, as on the GPU
         r = (F32(1.0) / scale).astype(F32)
         y = (x32.reshape(T, H // G, G) * r[:, :, None]).astype(F32).reshape(T, H)
-    q = to_fp8_e4m3fn(y)
+    q = to_fp8_e5m2(y) if e5m2 else to_fp8_e4m3fn(y)
     if ue8m0:
         sf = np.ascontiguousarray(e).view("<i4")  # byte j of word w = group 4w + j
     else:
@@ -121,8 +166,10 @@ def shared_rows_required(T: int, bm: int) -> int:
     return -(-T // bm) * ((bm + 127) // 128 * 128)
 
 
-def fp8_to_f32(codes: np.ndarray) -> np.ndarray:
-    """float32 value of fp8 e4m3fn bytes."""
+def fp8_to_f32(codes: np.ndarray, e5m2: bool = False) -> np.ndarray:
+    """float32 value of fp8 e4m3fn bytes (``e5m2``: of fp8 e5m2 bytes)."""
+    if e5m2:
+        return fp8_e5m2_to_f32(codes)
     c = np.asarray(codes).astype(np.int64)
     mag = np.concatenate([_POS, [np.nan]])[c & 0x7F]
     return np.where(c & 0x80, -mag, mag).astype(F32)
@@ -211,6 +258,7 @@ class Format(NamedTuple):
     G: int
     scale2: str  # "none", "static", "per_token"
     rne: bool = False
+    e5m2: bool = False  # fp8 values are e5m2 (MXFP8 e5m2), else e4m3fn
 
 
 FORMATS = {
@@ -218,6 +266,7 @@ FORMATS = {
     "fp8_ue8m0_g128": Format("fp8_ue8m0_g128", False, "ue8m0", 128, "none"),
     "fp8_fp32_g128": Format("fp8_fp32_g128", False, "fp32", 128, "none"),
     "fp8_fp32_g32": Format("fp8_fp32_g32", False, "fp32", 32, "none"),
+    "mxfp8_e5m2": Format("mxfp8_e5m2", False, "ue8m0", 32, "none", e5m2=True),
     "mxfp4": Format("mxfp4", True, "ue8m0", 32, "none"),
     "mxfp4_rne": Format("mxfp4_rne", True, "ue8m0", 32, "none", rne=True),
     "nvfp4_static": Format("nvfp4_static", True, "e4m3", 16, "static"),
@@ -233,7 +282,7 @@ class Staged2(NamedTuple):
     topk_idx: np.ndarray
     topk_weights: np.ndarray
     x_scales: Optional[np.ndarray]
-    values: np.ndarray  # [T, H] float32 value of each element (fp8 / e2m1)
+    values: np.ndarray  # [T, H] float32 value of each element (e4m3 / e5m2 / e2m1)
     scales: np.ndarray  # [T, H/G] float32 dequantization scale per group (second level folded in)
 
 
@@ -245,12 +294,12 @@ def quantize(fmt: Format, hidden: np.ndarray, floor: float = 1e-4, global_scale:
     xs = None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
         if not fmt.fp4:
-            scale, e = group_scales(x32, G, fmt.sf == "ue8m0", floor)
+            scale, e = group_scales(x32, G, fmt.sf == "ue8m0", floor, fmt.e5m2)
             r = (F32(1.0) / scale).astype(F32)
             y = (_grouped(x32, G) * r[:, :, None]).astype(F32).reshape(T, H)
-            q = to_fp8_e4m3fn(y)
+            q = to_fp8_e5m2(y) if fmt.e5m2 else to_fp8_e4m3fn(y)
             sf = pack_words(e) if fmt.sf == "ue8m0" else scale.copy()
-            return q, sf, None, fp8_to_f32(q), scale
+            return q, sf, None, fp8_to_f32(q, fmt.e5m2), scale
         amax = group_amax(x32, G)
         if fmt.sf == "ue8m0":  # MXFP4
             s = (np.fmax(amax, F32(floor)) / F32(6.0)).astype(F32)

@@ -11,11 +11,13 @@ import numpy as np
 
 import megamoe
 
+# The fp8 presets (one byte a value): e4m3 with UE8M0 or fp32 scales, and MXFP8 e5m2.
 SCHEMES = {
     "MXFP8": megamoe.MXFP8,
     "FP8_UE8M0_G128": megamoe.FP8_UE8M0_G128,
     "FP8_FP32_G128": megamoe.FP8_FP32_G128,
     "FP8_FP32_G32": megamoe.FP8_FP32_G32,
+    "MXFP8_E5M2": megamoe.MXFP8_E5M2,
 }
 # Every preset: the fp8 ones above plus MXFP4 (both tie rules) and NVFP4 (both second-level
 # scales).
@@ -26,6 +28,16 @@ ALL_SCHEMES = {
     "NVFP4_STATIC": megamoe.NVFP4_STATIC,
     "NVFP4_PER_TOKEN": megamoe.NVFP4_PER_TOKEN,
 }
+
+def is_e5m2(scheme: Any) -> bool:
+    """The scheme's fp8 values are e5m2 (MXFP8_E5M2), not e4m3fn."""
+    return scheme.elem == megamoe.QuantElem.FLOAT8_E5M2
+
+
+def fp8_dtype_name(scheme: Any) -> str:
+    """The dtype name of an fp8 scheme's x_q (as torch and output_shapes spell it)."""
+    return "float8_e5m2" if is_e5m2(scheme) else "float8_e4m3fn"
+
 
 SEED_SCHEME = (
     "DeepSeek V4 MegaMoE input staging requires symmetric dynamic fp8 per-group "

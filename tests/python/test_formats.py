@@ -1,8 +1,8 @@
 """Every format through the Python package (NumPy on the CPU backend), bit for bit against
-the independent reference in megamoe_npref.py: fp8 UE8M0 / fp32, MXFP4 with either tie
-rule, NVFP4 static and per-token; the MXFP4 drop-in rule; the amax floor; output_shapes;
-dequantize round trips (exact against the reference, SNR against the input). Outputs are
-poisoned before each call."""
+the independent reference in megamoe_npref.py: fp8 UE8M0 / fp32, MXFP8 e5m2, MXFP4 with
+either tie rule, NVFP4 static and per-token; the MXFP4 drop-in rule; the amax floor;
+output_shapes; dequantize round trips (exact against the reference, SNR against the input);
+e5m2's edge values. Outputs are poisoned before each call."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pytest
 import megamoe
 import megamoe_npref as ref
 from megamoe import QuantElem, QuantScheme, Rounding, Scale2, ScaleType
-from megamoe_testutil import ALL_SCHEMES, assert_bitwise, key
+from megamoe_testutil import ALL_SCHEMES, assert_bitwise, fp8_dtype_name, key
 
 FMT = {name: ref.FORMATS[s.name] for name, s in ALL_SCHEMES.items()}
-NP_DTYPES = {"float8_e4m3fn": np.uint8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "float32": np.float32}
+NP_DTYPES = {"float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8, "uint8": np.uint8, "int32": np.int32,
+             "int64": np.int64, "float32": np.float32}  # fmt: skip
 
 
 def poisoned(spec) -> np.ndarray:
@@ -255,8 +256,11 @@ def test_scheme_fields_presets_and_names():
     assert megamoe.NVFP4_PER_TOKEN.scale2 == Scale2.PER_TOKEN and megamoe.NVFP4_PER_TOKEN.has_scale2
     names = {n: s.name for n, s in ALL_SCHEMES.items()}
     assert names == {"MXFP8": "mxfp8", "FP8_UE8M0_G128": "fp8_ue8m0_g128", "FP8_FP32_G128": "fp8_fp32_g128",
-                     "FP8_FP32_G32": "fp8_fp32_g32", "MXFP4": "mxfp4", "MXFP4_RNE": "mxfp4_rne",
-                     "NVFP4_STATIC": "nvfp4_static", "NVFP4_PER_TOKEN": "nvfp4_per_token"}  # fmt: skip
+                     "FP8_FP32_G32": "fp8_fp32_g32", "MXFP8_E5M2": "mxfp8_e5m2", "MXFP4": "mxfp4",
+                     "MXFP4_RNE": "mxfp4_rne", "NVFP4_STATIC": "nvfp4_static",
+                     "NVFP4_PER_TOKEN": "nvfp4_per_token"}  # fmt: skip
+    assert megamoe.MXFP8_E5M2 == QuantScheme(elem=QuantElem.FLOAT8_E5M2) == QuantScheme.mxfp8_e5m2() != megamoe.MXFP8
+    assert (megamoe.MXFP8_E5M2.scale, megamoe.MXFP8_E5M2.group_k, megamoe.MXFP8_E5M2.ue8m0) == (ScaleType.UE8M0, 32, True)
     f = megamoe.MXFP8.with_amax_floor(1e-10)
     assert f != megamoe.MXFP8 and f.amax_floor == np.float32(1e-10) and megamoe.MXFP8.amax_floor == np.float32(1e-4)
     assert f.name == "mxfp8+floor=1.00000001e-10" and "amax_floor=1.00000001e-10" in repr(f)  # the fp32 value
@@ -327,18 +331,20 @@ def test_output_shapes_every_format():
                                      ((5, 8), "float32"), None, None, None)  # fmt: skip
     want_sf = {
         "MXFP8": ((5, 8), "int32"), "FP8_UE8M0_G128": ((5, 2), "int32"), "FP8_FP32_G128": ((5, 8), "float32"),
-        "FP8_FP32_G32": ((5, 32), "float32"), "MXFP4": ((5, 8), "int32"), "MXFP4_RNE": ((5, 8), "int32"),
+        "FP8_FP32_G32": ((5, 32), "float32"), "MXFP8_E5M2": ((5, 8), "int32"),
+        "MXFP4": ((5, 8), "int32"), "MXFP4_RNE": ((5, 8), "int32"),
         "NVFP4_STATIC": ((5, 16), "int32"), "NVFP4_PER_TOKEN": ((5, 16), "int32"),
     }  # fmt: skip
     for name, s in ALL_SCHEMES.items():
         o = megamoe.output_shapes(T, H, K, s)
         fp4 = s.elem == QuantElem.FLOAT4_E2M1
-        assert o.x_fp8 == (((5, 512), "uint8") if fp4 else ((5, 1024), "float8_e4m3fn")), name
+        assert o.x_fp8 == (((5, 512), "uint8") if fp4 else ((5, 1024), fp8_dtype_name(s))), name
         assert o.x_sf == want_sf[name], name
         assert (o.x_scales == ((5,), "float32")) == (s.scale2 == Scale2.PER_TOKEN), name
         assert (o.global_scale == ((1,), "float32")) == (s.scale2 == Scale2.STATIC), name
         assert o.x_scales is None or s.scale2 == Scale2.PER_TOKEN
     assert megamoe.output_shapes(300, 512, 4, megamoe.MXFP8, 200).shared_x_sf == ((512, 4), "int32")
+    assert megamoe.output_shapes(300, 512, 4, megamoe.MXFP8_E5M2, 200).shared_x_sf == ((512, 4), "int32")
     assert megamoe.output_shapes(0, 512, 4, megamoe.MXFP8, 64).shared_x_sf == ((0, 4), "int32")
     assert megamoe.output_shapes(3, 256, 2, key(G=128, sdtype="float32")).x_sf == ((3, 2), "float32")
 
@@ -393,7 +399,8 @@ def test_stage_and_dequantize_every_format(name):
     assert deq.dtype == np.float32 and deq.shape == (T, H)
     assert_bitwise(deq, ref.dequantized(want, s.group_k), "dequantize")
     snr = ref.snr_db(h, deq)
-    floor = {False: 25.0, True: 9.0}[s.elem == QuantElem.FLOAT4_E2M1]  # e4m3: ~31 dB, e2m1: ~12-18 dB
+    # e4m3: ~31 dB, e5m2 (a mantissa bit less): ~25 dB, e2m1: ~12-18 dB
+    floor = 9.0 if s.elem == QuantElem.FLOAT4_E2M1 else 20.0 if s.elem == QuantElem.FLOAT8_E5M2 else 25.0
     assert snr > floor, f"{name}: SNR {snr:.1f} dB"
     if s.elem == QuantElem.FLOAT4_E2M1 and s.scale == ScaleType.FLOAT8_E4M3:
         assert snr > 15.0, f"{name}: NVFP4's e4m3 scales should beat MXFP4's power-of-two ones ({snr:.1f} dB)"
@@ -423,3 +430,123 @@ def test_stage_scheme_and_hidden_quant_are_one_argument():
         megamoe.stage(h, w, ids, scheme=megamoe.MXFP4, hidden_quant=megamoe.MXFP8)
     with pytest.raises(ValueError, match=re.escape("megamoe: global_scale: expected a [1] float32 tensor (nvfp4_static needs one), got none")):
         megamoe.stage(h, w, ids, scheme=megamoe.NVFP4_STATIC)
+
+
+# ---------------------------------------------------------------------------------------
+# MXFP8 e5m2: edge values, QuantKeys, decoding
+
+
+def test_e5m2_reference_encoder_edges():
+    """The reference's own e5m2 encoder on the values that decide the codec: ties to the even
+    code, the subnormal ends, saturation (finite and infinite) and NaN."""
+    y = np.array([1.125, 1.375, 1.875, 53248, 57344, 61440, 1e9, -1e9, np.inf, -np.inf, np.nan, -np.nan,
+                  2.0**-17, -(2.0**-17), 3 * 2.0**-17, 2.0**-16, 2.0**-14, 0.0, -0.0, 40000], np.float32)  # fmt: skip
+    want = [0x3C, 0x3E, 0x40, 0x7A, 0x7B, 0x7B, 0x7B, 0xFB, 0x7B, 0xFB, 0x7F, 0x7F,
+            0x00, 0x80, 0x02, 0x01, 0x04, 0x00, 0x80, 0x79]  # fmt: skip
+    assert [int(b) for b in ref.to_fp8_e5m2(y)] == want
+    # every finite code decodes to itself and encodes back
+    codes = np.concatenate([np.arange(0x7C), np.arange(0x80, 0xFC)]).astype(np.uint8)
+    assert_bitwise(ref.to_fp8_e5m2(ref.fp8_e5m2_to_f32(codes)), codes, "e5m2 round trip")
+
+
+def test_e5m2_golden_edges():
+    """MXFP8_E5M2 staging of hand-picked groups, against hard-coded bytes and the reference:
+    a group whose anchor 40000 makes the scale 1 (UE8M0 127) holds the ties 1.125 -> 1.0 and
+    1.375 -> 1.5 and the subnormal ends (2^-17 -> 0, 3 * 2^-17 -> 2^-15); 53248 (a tie
+    between 49152 and 57344) -> 49152; +-Inf make the scale 2^127 and saturate to +-57344;
+    NaN -> 0x7F; all-zero, all -0.0 and all-NaN groups take the floor's scale."""
+    T, H = 2, 256
+    h = np.zeros((T, H), np.float32)
+    g = [h[0, 32 * i : 32 * (i + 1)] for i in range(8)]
+    g[0][:12] = [40000, 1.125, 1.375, -1.125, -1.375, 2.0**-17, -(2.0**-17), 3 * 2.0**-17, 2.0**-16, 2.0**-14, 1.25, -1.0]
+    g[1][:4] = [53248, 1.875, 2.5, -53248]
+    g[2][:4] = [np.inf, -np.inf, 1.0, np.nan]
+    g[4][:] = -0.0
+    g[5][:] = np.nan
+    g[6][:2] = [100000, 2.25]  # scale 2: 50000 -> 49152, 1.125 -> 1.0
+    g[7][:2] = [1e-3, -5e-4]
+    h[1] = h[0][::-1]  # the same groups reversed (the columns' order inside a group does not matter)
+    w, ids = np.ones((T, 2), np.float32), np.zeros((T, 2), np.int32)
+    s = megamoe.MXFP8_E5M2
+    out = outputs(T, H, 2, s)
+    megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=s)
+    check(out, ref.stage_any(FMT["MXFP8_E5M2"], h, w, ids))
+    q, sfb = out["x_fp8"].view(np.uint8), out["x_sf"].view(np.uint8).reshape(T, -1)
+    assert list(q[0, :12]) == [0x79, 0x3C, 0x3E, 0xBC, 0xBE, 0x00, 0x80, 0x02, 0x01, 0x04, 0x3D, 0xBC]
+    assert list(q[0, 32:36]) == [0x7A, 0x40, 0x41, 0xFA] and not q[0, 36:64].any()
+    assert list(q[0, 64:68]) == [0x7B, 0xFB, 0x00, 0x7F]
+    assert not q[0, 96:128].any() and np.all(q[0, 128:160] == 0x80) and np.all(q[0, 160:192] == 0x7F)
+    assert list(q[0, 192:194]) == [0x7A, 0x3C]
+    # the floor's scale: fl(1e-4 * fl(1/57344)) is in [2^-30, 2^-29): exponent 97, rounded up
+    assert list(sfb[0]) == [127, 127, 254, 0x62, 0x62, 0x62, 128, 102]
+    assert_bitwise(q[1], q[0][::-1], "x_fp8 of the reversed groups")
+    assert_bitwise(sfb[1], sfb[0][::-1], "x_sf of the reversed groups")
+
+
+def test_e5m2_dequantize_decodes_every_byte():
+    """dequantize reads MXFP8_E5M2 bytes as e5m2 (0x7C / 0xFC +-Inf, 0x7D-0x7F NaN, subnormals
+    m * 2^-16), each times its group's power of two, exactly; typed e4m3 bytes are refused."""
+    b = np.arange(256, dtype=np.uint8).reshape(2, 128)
+    sf = np.full((2, 1), 0x807F7E7F, np.uint32).view(np.int32)  # scales 1, 1/2, 1, 2 (bytes 7F 7E 7F 80)
+    d = megamoe.dequantize(b, sf, megamoe.MXFP8_E5M2)
+    scale = np.repeat(np.array([1.0, 0.5, 1.0, 2.0], np.float32), 32)
+    assert_bitwise(d, (ref.fp8_e5m2_to_f32(b) * scale).astype(np.float32), "e5m2 dequantize")
+    assert d[0, 1] == 2.0**-16 and d[0, 4] == 2.0**-14 and d[0, 0x3C] == 0.5  # 1.0 in the group of scale 1/2
+    assert d[0, 0x7B] == 57344 * 2.0 and np.isposinf(d[0, 0x7C]) and np.all(np.isnan(d[0, 0x7D:0x80]))
+    assert np.isneginf(d[1, 0x7C]) and d[1, 0x3C] == -0.5 and np.signbit(d[1, 0])
+    assert_bitwise(megamoe.dequantize(b.view(np.int8), sf, megamoe.MXFP8_E5M2), d, "int8 bytes")
+    # e4m3 reads the same bytes differently: the scheme picks the codec
+    assert not np.array_equal(megamoe.dequantize(b, sf, megamoe.MXFP8), d, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "k",
+    [key(elem="float8_e5m2"), key(elem="float8_e5m2", sdtype="uint8"), key(elem="torch.float8_e5m2")],
+    ids=["e8m0", "uint8_scales", "torch_name"],
+)
+def test_quant_key_e5m2(k):
+    """A float8_e5m2 QuantKey with UE8M0 scales over groups of 32 is MXFP8_E5M2 and stages so."""
+    assert megamoe.as_scheme(k) == megamoe.MXFP8_E5M2
+    T, H = 9, 256
+    h, w, ids = inputs(T, H, 2, seed=2)
+    out = outputs(T, H, 2, megamoe.MXFP8_E5M2)
+    megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=k)
+    check(out, ref.stage_any(FMT["MXFP8_E5M2"], h, w, ids))
+
+
+@pytest.mark.parametrize(
+    "k",
+    [key(elem="float8_e5m2", G=128), key(elem="float8_e5m2", sdtype="float32"), key(elem="float8_e5m2", G=16),
+     key(elem="float8_e5m2", static=True)],
+    ids=["g128", "fp32_scales", "g16", "static"],
+)  # fmt: skip
+def test_quant_key_e5m2_other_layouts_rejected(k):
+    """e5m2 is staged as MXFP8 e5m2 only (UE8M0, G = 32); other layouts are named."""
+    with pytest.raises(ValueError, match=re.escape(repr(megamoe.as_scheme(k)))):
+        megamoe.check_scheme(megamoe.as_scheme(k))
+
+
+def test_e5m2_bytes_match_ml_dtypes():
+    """megamoe's e5m2 bytes are ml_dtypes' float8_e5m2 conversion (round to nearest even) of
+    the scaled values x * 2^(127 - e), which staging keeps within +-57344 for finite inputs."""
+    ml = pytest.importorskip("ml_dtypes")
+    T, H = 64, 1024
+    h, w, ids = inputs(T, H, 2, seed=21)
+    out = megamoe.stage(h, w, ids, scheme=megamoe.MXFP8_E5M2)
+    e = out.x_sf.view(np.uint8).reshape(T, -1).astype(np.int64)
+    mult = np.ldexp(np.float32(1.0), 127 - e).astype(np.float32)
+    v = (h.reshape(T, -1, 32) * mult[:, :, None]).astype(np.float32).reshape(T, H)
+    assert np.all(np.isfinite(v)) and np.abs(v).max() <= 57344
+    assert_bitwise(out.x_fp8, v.astype(ml.float8_e5m2).view(np.uint8), "x_fp8 vs ml_dtypes")
+    # and the reference encoder agrees with ml_dtypes on every float32 in range, ties included
+    y = np.concatenate([v.reshape(-1), ref.E5M2_MIDPOINTS.astype(np.float32), ref.E5M2_POS.astype(np.float32)])
+    y = np.concatenate([y, -y])
+    assert_bitwise(ref.to_fp8_e5m2(y), y.astype(ml.float8_e5m2).view(np.uint8), "reference vs ml_dtypes")
+    # ml_dtypes' typed arrays are x_fp8 buffers too
+    typed = np.zeros((T, H), ml.float8_e5m2)
+    megamoe.prepare_megamoe_inputs(h, w, ids, typed, np.zeros_like(out.x_sf), np.zeros((T, 2), np.int64),
+                                   np.zeros((T, 2), np.float32), hidden_quant=megamoe.MXFP8_E5M2)  # fmt: skip
+    assert_bitwise(typed.view(np.uint8), out.x_fp8, "ml_dtypes float8_e5m2 x_fp8")
+    with pytest.raises(ValueError, match=re.escape("megamoe: x_fp8: expected dtype float8_e5m2 or uint8, got dtype float8_e4m3fn")):
+        megamoe.prepare_megamoe_inputs(h, w, ids, np.zeros((T, H), ml.float8_e4m3fn), out.x_sf, out.topk_idx,
+                                       out.topk_weights, hidden_quant=megamoe.MXFP8_E5M2)  # fmt: skip

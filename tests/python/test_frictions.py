@@ -268,6 +268,24 @@ def test_alloc_default_with_torch_uses_torch():
     torch = pytest.importorskip("torch")
     bufs = buffers.alloc_staging_buffers(16, 256, 4)
     assert isinstance(bufs.storage, torch.Tensor) and bufs.x_fp8.dtype == torch.float8_e4m3fn
+    e5 = buffers.alloc_staging_buffers(16, 256, 4, megamoe.MXFP8_E5M2, 64)
+    assert e5.x_fp8.dtype == torch.float8_e5m2 and e5.layout.field("x_fp8").spec.dtype == "float8_e5m2"
+
+
+def test_alloc_mxfp8_e5m2_buffers_without_torch(no_torch):
+    """MXFP8_E5M2's buffers: x_fp8 is float8_e5m2 in the layout, uint8 bytes in NumPy, one
+    byte a value like MXFP8's (the same offsets); staged in full-buffer mode they hold what
+    megamoe.stage gives."""
+    bufs = buffers.alloc_staging_buffers(16, 256, 4, megamoe.MXFP8_E5M2, 64)
+    assert bufs.layout.field("x_fp8").spec == ((16, 256), "float8_e5m2") and bufs.layout.field("x_fp8").itemsize == 1
+    assert bufs.x_fp8.dtype == np.uint8 and bufs.x_fp8.shape == (16, 256) and bufs.shared_x_sf is not None
+    assert [f.offset for f in bufs.layout.fields] == [f.offset for f in buffers.staging_layout(16, 256, 4, megamoe.MXFP8, 64).fields]
+    kw = valid_kwargs(T=5, H=256, K=4)
+    megamoe.prepare_megamoe_inputs(kw["hidden_states"], kw["topk_weights"], kw["topk_ids"], **bufs.outputs(),
+                                   hidden_quant=megamoe.MXFP8_E5M2, full_buffer=True)  # fmt: skip
+    want = megamoe.stage(kw["hidden_states"], kw["topk_weights"], kw["topk_ids"], scheme=megamoe.MXFP8_E5M2)
+    assert np.array_equal(bufs.x_fp8[:5], want.x_fp8) and np.array_equal(bufs.x_sf[:5], want.x_sf)
+    assert (bufs.topk_idx_out[5:] == -1).all()
 
 
 # ---------------------------------------------------------------------------------------

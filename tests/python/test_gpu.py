@@ -1,7 +1,8 @@
 """GPU tests of the Python package: bitwise against PyTorch renderings of DeepGEMM's
-``per_token_cast_to_fp8`` and ``per_token_cast_to_fp4`` run by torch on the GPU, every
-format bitwise against the CPU backend (eager and under CUDA graph capture), plus layouts,
-CUDA graphs, streams, torch.compile, opcheck and the SGLang drop-ins.
+``per_token_cast_to_fp8`` and ``per_token_cast_to_fp4`` and of FlashInfer's MXFP8 e5m2
+quantization run by torch on the GPU, every format bitwise against the CPU backend (eager
+and under CUDA graph capture), plus layouts, CUDA graphs, streams, torch.compile, opcheck
+and the SGLang drop-ins.
 
 Skipped unless torch.cuda.is_available() and megamoe was built with its CUDA backend.
 Run on a GPU machine:
@@ -22,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import megamoe  # noqa: E402
 import megamoe_npref as npref  # noqa: E402
-from megamoe_testutil import SCHEMES, assert_bitwise, dlpack_capsule, key  # noqa: E402
+from megamoe_testutil import SCHEMES, assert_bitwise, dlpack_capsule, is_e5m2, key  # noqa: E402
 
 DEVICE = os.environ.get("MEGAMOE_TEST_DEVICE", "cuda")
 if DEVICE == "cuda":
@@ -74,6 +75,29 @@ def per_token_cast_to_fp8(x: torch.Tensor, G: int, ue8m0: bool):
     return q.view(torch.uint8), x_sf
 
 
+def mxfp8_e5m2_quantize(x: torch.Tensor, G: int = 32):
+    """(e5m2 bytes [T, H] uint8, packed UE8M0 words [T, H/128] int32) of MXFP8 e5m2 as
+    FlashInfer's mxfp8_e5m2 computes it, written as PyTorch ops run on x.device: per group of
+    G the NaN-ignoring amax, s = amax.clamp(min=1e-4) / 57344.0, the power-of-two scale
+    2^ceil(log2 s) (exponent clamped to [-126, 127]), values x * (1 / scale) cast to e5m2.
+    Finite inputs only: torch's e5m2 cast rounds to nearest even like the hardware's
+    satfinite conversion but overflows to Inf (which the scale rules out for finite x)."""
+    T, H = x.shape
+    xv = x.float().reshape(T, H // G, G)
+    amax = torch.nan_to_num(xv, nan=0.0).abs().amax(dim=2)
+    # A CUDA tensor divided by a Python float is multiplied by its fp32 reciprocal, fl(1/57344):
+    # the contract's product. (The CPU backend of torch divides; the UE8M0 exponent comes out
+    # the same here.)
+    s = amax.clamp(min=1e-4) / 57344.0
+    # log2 in float64: in float32 a value just above a power of two has a log2 that rounds to
+    # the integer below it, and its ceiling would lose the step up
+    e = torch.ceil(torch.log2(s.double())).clamp(-126, 127).to(torch.int32)
+    scale = ((e + 127) << 23).view(torch.float32)  # 2^e, exact
+    q = (xv * (1 / scale).unsqueeze(2)).to(torch.float8_e5m2).reshape(T, H)
+    x_sf = (e + 127).to(torch.uint8).contiguous().view(torch.int32)  # 4 exponent bytes per word, LE
+    return q.view(torch.uint8), x_sf
+
+
 def topk_ref(w: torch.Tensor, ids: torch.Tensor, pad):
     idx = ids.long()
     # Exact IEEE widening, NaN payloads kept (the contract; CUDA's own half->float returns a
@@ -98,7 +122,10 @@ def same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 def check(h, w, ids, outs, scheme, pad=None) -> None:
     x_fp8, x_sf, idx, wo = outs
-    q, sf = per_token_cast_to_fp8(h, scheme.group_k, scheme.ue8m0)
+    if is_e5m2(scheme):
+        q, sf = mxfp8_e5m2_quantize(h, scheme.group_k)
+    else:
+        q, sf = per_token_cast_to_fp8(h, scheme.group_k, scheme.ue8m0)
     same_bits(x_fp8.view(torch.uint8), q, "x_fp8")
     same_bits(x_sf, sf, "x_sf")
     ridx, rw = topk_ref(w, ids, pad)
@@ -140,8 +167,10 @@ def sf_cols(H: int, s) -> int:
     return H // (4 * s.group_k) if s.ue8m0 else H // s.group_k
 
 
-def outputs(T: int, H: int, K: int, s, x_dtype=torch.float8_e4m3fn):
-    """Poisoned outputs."""
+def outputs(T: int, H: int, K: int, s, x_dtype=None):
+    """Poisoned outputs; x_fp8 is the scheme's fp8 dtype unless ``x_dtype`` says."""
+    if x_dtype is None:
+        x_dtype = torch.float8_e5m2 if is_e5m2(s) else torch.float8_e4m3fn
     return [
         torch.full((T, H), 0xA5, dtype=torch.uint8, device=DEVICE).view(x_dtype),
         torch.full((T, sf_cols(H, s)), 0x5A5A5A5A, dtype=torch.int32, device=DEVICE).view(
@@ -195,6 +224,29 @@ def test_hidden_dtypes(T, dtype, name):
     check(h, w, ids, outs, s)
 
 
+@pytest.mark.parametrize("H", [4096, 7168])
+@pytest.mark.parametrize("T", [1, 64, 4096])
+def test_mxfp8_e5m2_matches_torch_rendering(T, H):
+    """MXFP8_E5M2 staging on the test device, bit for bit against FlashInfer's mxfp8_e5m2
+    written as PyTorch ops and run by torch on the same device (mxfp8_e5m2_quantize): the
+    e5m2 bytes of x_fp8 (a torch.float8_e5m2 tensor, compared as uint8) and the UE8M0 bytes
+    of x_sf; in bf16 and in float32, whose inputs the bf16 grid does not round first."""
+    s = megamoe.MXFP8_E5M2
+    w, ids = routing(T)
+    for dtype in (torch.bfloat16, torch.float32):
+        h = hidden(T, H, dtype, seed=T + H)
+        if dtype == torch.float32:
+            h = h * (1 + torch.rand(T, H, generator=gen(T), device=DEVICE) * 2.0**-7)  # off the bf16 grid
+        outs = outputs(T, H, 8, s)
+        assert outs[0].dtype == torch.float8_e5m2
+        megamoe.prepare_megamoe_inputs(h, w, ids, *outs, hidden_quant=s)
+        sync()
+        q, sf = mxfp8_e5m2_quantize(h)
+        same_bits(outs[0].view(torch.uint8), q, f"x_fp8 (e5m2 bytes) {dtype}")
+        same_bits(outs[1].view(torch.uint8), sf.view(torch.uint8), f"x_sf (UE8M0 bytes) {dtype}")
+        assert not torch.any((outs[0].view(torch.uint8) & 0x7F) > 0x7B)  # no Inf / NaN byte for finite x
+
+
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("idtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("pdtype", [torch.bool, torch.uint8])
@@ -217,7 +269,7 @@ def test_padding_with_nan_weights(T, pdtype, idtype, wdtype):
     assert torch.all(outs[3][pad.bool()].view(torch.int32) == 0)  # +0.0 exactly
 
 
-@pytest.mark.parametrize("name", ["MXFP8", "FP8_UE8M0_G128"])
+@pytest.mark.parametrize("name", ["MXFP8", "FP8_UE8M0_G128", "MXFP8_E5M2"])
 @pytest.mark.parametrize("bm", [1, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("T", [1, 65, 434, 4096])
 def test_shared_x_sf_transposed_view(T, bm, name):
@@ -342,7 +394,7 @@ def test_gpu_matches_cpu_backend_on_special_values(name):
         megamoe.prepare_megamoe_inputs(h_cpu.to(dev), w_cpu.to(dev), ids_cpu.to(dev), *outs,
                                        hidden_quant=s)  # fmt: skip
         got.append([o.cpu() for o in outs])
-    want = npref.stage(x, w_cpu.numpy(), ids_cpu.numpy(), s.group_k, s.ue8m0)
+    want = npref.stage(x, w_cpu.numpy(), ids_cpu.numpy(), s.group_k, s.ue8m0, e5m2=is_e5m2(s))
     for g_cuda, g_cpu, wnt, nm in zip(got[0], got[1], want, ("x_fp8", "x_sf", "idx", "w")):
         same_bits(g_cuda, g_cpu, nm + " cuda vs cpu")
         assert_bitwise(g_cuda.numpy(), wnt, nm + " cuda vs numpy reference")
@@ -503,8 +555,9 @@ def test_opcheck_fp8():
 
 @pytest.mark.parametrize(
     "hq",
-    [megamoe.MXFP8, megamoe.FP8_FP32_G128, key(elem=torch.float8_e4m3fn, sdtype=torch.float8_e8m0fnu, G=128)],
-    ids=["MXFP8", "FP8_FP32_G128", "QuantKey_ue8m0_g128"],
+    [megamoe.MXFP8, megamoe.FP8_FP32_G128, key(elem=torch.float8_e4m3fn, sdtype=torch.float8_e8m0fnu, G=128),
+     megamoe.MXFP8_E5M2, key(elem=torch.float8_e5m2, sdtype=torch.float8_e8m0fnu, G=32)],
+    ids=["MXFP8", "FP8_FP32_G128", "QuantKey_ue8m0_g128", "MXFP8_E5M2", "QuantKey_e5m2"],
 )
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_torch_compile_fullgraph(hq, mode):
@@ -568,7 +621,8 @@ def test_stage_and_dequantize(name):
     h = hidden(T, H)
     w, ids = routing(T)
     out = megamoe.stage(h, w, ids, hidden_quant=s, shared_block_m=128 if s.ue8m0 else None)
-    assert out.x_fp8.dtype == torch.float8_e4m3fn and out.x_fp8.device == h.device
+    assert out.x_fp8.dtype == (torch.float8_e5m2 if is_e5m2(s) else torch.float8_e4m3fn)
+    assert out.x_fp8.device == h.device
     sync()
     check(h, w, ids, list(out[:4]), s)
     deq = megamoe.dequantize(out.x_fp8, out.x_sf, s)
@@ -577,8 +631,11 @@ def test_stage_and_dequantize(name):
     assert_bitwise(deq.cpu().numpy(), deq_np, "dequantize")
     x = h.float()
     amax = x.reshape(T, -1, s.group_k).abs().amax(2, keepdim=True).clamp(1e-4)
-    bound = x.abs() * 2.0**-4 + (amax * (2.0 / 448.0) * 2.0**-10).expand(-1, -1, s.group_k).reshape(T, H)
-    assert torch.all((deq - x).abs() <= bound)  # half an ulp, or half the smallest subnormal
+    # half an ulp (e4m3: 3 mantissa bits, e5m2: 2), or half the smallest subnormal (e4m3:
+    # 2^-9, e5m2: 2^-16) of a scale of at most 2 amax / max
+    rel, fmax, sub = (2.0**-3, 57344.0, 2.0**-17) if is_e5m2(s) else (2.0**-4, 448.0, 2.0**-10)
+    bound = x.abs() * rel + (amax * (2.0 / fmax) * sub).expand(-1, -1, s.group_k).reshape(T, H)
+    assert torch.all((deq - x).abs() <= bound)
 
 
 def test_zero_tokens():
@@ -609,8 +666,8 @@ def test_device_mismatch_is_value_error():
 
 from megamoe_testutil import ALL_SCHEMES  # noqa: E402
 
-TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "uint8": torch.uint8, "int32": torch.int32,
-                "int64": torch.int64, "float32": torch.float32}  # fmt: skip
+TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "uint8": torch.uint8,
+                "int32": torch.int32, "int64": torch.int64, "float32": torch.float32}  # fmt: skip
 GLOBAL_SCALE = 0.37
 
 

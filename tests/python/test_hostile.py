@@ -2,8 +2,8 @@
 ValueError that says what is wrong, nothing is written, and the interpreter survives.
 
 Covers: T = 0 returning before any other argument is read; non-array arguments; NumPy
-arrays DLPack cannot carry (big-endian, structured, object, ...); ml_dtypes' bfloat16 and
-float8_e4m3fn; DLPack devices other than CPU and CUDA; hand-built DLPack capsules and NumPy
+arrays DLPack cannot carry (big-endian, structured, object, ...); ml_dtypes' bfloat16,
+float8_e4m3fn and float8_e5m2 (MXFP8_E5M2's x_fp8); DLPack devices other than CPU and CUDA; hand-built DLPack capsules and NumPy
 views with absurd strides (run in a child interpreter, so that a crash fails one test
 instead of ending the run). NumPy only; the torch cases skip without torch.
 """
@@ -212,6 +212,14 @@ def test_dequantize_errors_name_the_argument():
     with pytest.raises(TypeError, match=re.escape("megamoe.dequantize: x_scales: expected a torch.Tensor or numpy.ndarray, got list")):
         megamoe.dequantize(nv.x_fp8, nv.x_sf, megamoe.NVFP4_PER_TOKEN, x_scales=[1.0, 2.0])
     assert_bitwise(megamoe.dequantize(out.x_fp8.view(np.int8), out.x_sf), megamoe.dequantize(out.x_fp8, out.x_sf), "int8 bytes")
+    # MXFP8_E5M2: its own typed dtype in the list, the layout of MXFP8
+    e5 = megamoe.MXFP8_E5M2
+    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: x_q: expected dtype uint8 or int8 or float8_e5m2, got dtype float32")):
+        megamoe.dequantize(out.x_fp8.astype(np.float32), out.x_sf, e5)
+    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: x_sf: expected shape (2, 2), got shape (2, 1)")):
+        megamoe.dequantize(out.x_fp8, out.x_sf[:, :1], e5)
+    with pytest.raises(ValueError, match=re.escape("megamoe.dequantize: x_scales: expected none (mxfp8_e5m2 has no x_scales), got an array")):
+        megamoe.dequantize(out.x_fp8, out.x_sf, e5, x_scales=np.ones(2, np.float32))
 
 
 # ---------------------------------------------------------------------------------------
@@ -295,6 +303,15 @@ def test_ml_dtypes_bfloat16_and_float8_are_taken_as_what_they_are():
     rejected(with_(x_fp8=ro), ValueError, "megamoe: x_fp8: expected a writable array, got a read-only array")
     rejected(with_(x_fp8=np.zeros((8, 256), ml.float8_e5m2)), ValueError,
              "megamoe: x_fp8: expected dtype float8_e4m3fn or uint8, got dtype float8_e5m2")  # fmt: skip
+    # MXFP8_E5M2 takes float8_e5m2 (and uint8) and refuses float8_e4m3fn
+    e5 = megamoe.MXFP8_E5M2
+    want = megamoe.stage(h32, kw["topk_weights"], kw["topk_ids"], scheme=e5)
+    kw["x_fp8"] = np.zeros(kw["x_fp8"].shape, ml.float8_e5m2)
+    megamoe.prepare_megamoe_inputs(**kw, hidden_quant=e5)
+    assert_bitwise(kw["x_fp8"].view(np.uint8), want.x_fp8, "x_fp8 e5m2")
+    assert_bitwise(kw["x_sf"], want.x_sf, "x_sf e5m2")
+    rejected(with_(x_fp8=np.zeros((8, 256), ml.float8_e4m3fn), hidden_quant=e5), ValueError,
+             "megamoe: x_fp8: expected dtype float8_e5m2 or uint8, got dtype float8_e4m3fn")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -389,6 +406,10 @@ HOSTILE = textwrap.dedent(
     case("cap lanes 4", hidden_states=lambda a: dlpack_capsule(a, dtype=(2, 32, 4)))
     case("cap opaque dtype", hidden_states=lambda a: dlpack_capsule(a, dtype=(3, 64, 1)))
     case("cap float8_e5m2", x_fp8=lambda a: dlpack_capsule(a, dtype=(12, 8, 1)))
+    case("cap float8_e5m2 for mxfp8_e5m2", x_fp8=lambda a: dlpack_capsule(a, dtype=(12, 8, 1)),
+         hidden_quant=megamoe.MXFP8_E5M2)
+    case("cap float8_e4m3fn for mxfp8_e5m2", x_fp8=lambda a: dlpack_capsule(a, dtype=(10, 8, 1)),
+         hidden_quant=megamoe.MXFP8_E5M2)
     cap = dlpack_capsule(np.ones((8, 4), np.float32))
     case("cap first use", topk_weights=cap)
     case("cap reused", topk_weights=cap)
@@ -415,6 +436,7 @@ WANT = {
     "cap lanes 4": "megamoe: hidden_states: expected dtype bfloat16 or float16 or float32, got dtype float32x4",
     "cap opaque dtype": "megamoe: hidden_states: expected dtype bfloat16 or float16 or float32, got dtype DLPack type code 3 of 64 bits",
     "cap float8_e5m2": "megamoe: x_fp8: expected dtype float8_e4m3fn or uint8, got dtype float8_e5m2",
+    "cap float8_e4m3fn for mxfp8_e5m2": "megamoe: x_fp8: expected dtype float8_e5m2 or uint8, got dtype float8_e4m3fn",
     "cap reused": "megamoe: topk_weights: expected a DLPack capsule not imported before, got one already consumed",
 }  # fmt: skip
 
@@ -427,6 +449,7 @@ def test_absurd_strides_and_hostile_capsules_are_value_errors_in_a_child_interpr
         f"the interpreter died (rc {r.returncode}) after {list(lines)[-1:] or 'no case'}:\n{r.stderr[-2000:]}"
     )
     assert lines.pop("cap first use") == "returned"
+    assert lines.pop("cap float8_e5m2 for mxfp8_e5m2") == "returned"  # DLPack's e5m2 code is MXFP8_E5M2's x_fp8
     assert set(lines) == set(WANT), set(lines) ^ set(WANT)
     for label, want in WANT.items():
         exc, msg = lines[label].split(" | ", 1)
@@ -443,6 +466,8 @@ def test_torch_zero_tokens_and_undlpackable_tensors():
     assert megamoe.prepare_megamoe_inputs(h, **JUNK, shared_block_m="x", hidden_quant=object(), stream="x") is None
     out = megamoe.stage(h, None, "junk", hidden_quant="junk")
     assert out.x_fp8.shape == (0, 256) and out.x_fp8.dtype == torch.float8_e4m3fn
+    out = megamoe.stage(h, None, "junk", hidden_quant=megamoe.MXFP8_E5M2)
+    assert out.x_fp8.shape == (0, 256) and out.x_fp8.dtype == torch.float8_e5m2
     T, H, K = 8, 256, 4
     args = [torch.ones(T, H), torch.ones(T, K), torch.zeros(T, K, dtype=torch.int32),
             torch.zeros(T, H, dtype=torch.uint8), torch.zeros(T, 2, dtype=torch.int32),

@@ -27,6 +27,7 @@ from megamoe_testutil import (
     SEED_UE8M0,
     assert_bitwise,
     bits,
+    is_e5m2,
     key,
 )
 from megamoe import QuantElem, QuantScheme, ScaleType
@@ -89,7 +90,7 @@ def test_bitwise_schemes(name, dtype, T, H):
     w, ids = routing(rng, T, 8)
     outs = outputs(T, H, 8, s)
     megamoe.prepare_megamoe_inputs(h, w, ids, *outs, hidden_quant=s)
-    check(outs, ref.stage(h, w, ids, s.group_k, s.ue8m0))
+    check(outs, ref.stage(h, w, ids, s.group_k, s.ue8m0, e5m2=is_e5m2(s)))
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -103,7 +104,7 @@ def test_bitwise_special_values(name):
     w, ids = routing(np.random.default_rng(8), T, 4)
     outs = outputs(T, H, 4, s)
     megamoe.prepare_megamoe_inputs(h, w, ids, *outs, hidden_quant=s)
-    check(outs, ref.stage(h, w, ids, s.group_k, s.ue8m0))
+    check(outs, ref.stage(h, w, ids, s.group_k, s.ue8m0, e5m2=is_e5m2(s)))
 
 
 def test_bitwise_multithreaded_size():
@@ -352,7 +353,9 @@ def test_error_shared_rows(T, bm, need):
 
 
 BAD_SCHEMES = [
-    QuantScheme(elem=QuantElem.FLOAT8_E5M2),
+    # e5m2 is staged as MXFP8 e5m2 only (UE8M0 scales, G = 32: MXFP8_E5M2)
+    QuantScheme(elem=QuantElem.FLOAT8_E5M2, group_k=128),
+    QuantScheme(elem=QuantElem.FLOAT8_E5M2, scale=ScaleType.FLOAT32),
     QuantScheme(elem=QuantElem.INT8),
     QuantScheme(scale=ScaleType.FLOAT16),
     QuantScheme(group_k=48),
@@ -493,6 +496,7 @@ def test_scheme_api():
         (key(sdtype="float32", G=128), megamoe.FP8_FP32_G128),
         (key(sdtype=np.float32, G=32), megamoe.FP8_FP32_G32),
         (key(sdtype=np.dtype(np.float32), G=32), megamoe.FP8_FP32_G32),
+        (key(elem="float8_e5m2"), megamoe.MXFP8_E5M2),
     ],
 )
 def test_quant_key_accepted(k, want):
@@ -503,13 +507,14 @@ def test_quant_key_accepted(k, want):
     w, ids = routing(rng, T, 4)
     outs = outputs(T, H, 4, want)
     megamoe.prepare_megamoe_inputs(h, w, ids, *outs, hidden_quant=k)
-    check(outs, ref.stage(h, w, ids, want.group_k, want.ue8m0))
+    check(outs, ref.stage(h, w, ids, want.group_k, want.ue8m0, e5m2=is_e5m2(want)))
 
 
 @pytest.mark.parametrize(
     "k",
     [
-        key(elem="float8_e5m2"),
+        key(elem="float8_e5m2", G=128),
+        key(elem="float8_e5m2", sdtype="float32"),
         key(elem="float8_e4m3fnuz"),
         key(elem="bfloat16"),
         key(sdtype="float16"),
@@ -547,10 +552,10 @@ def test_stage_and_dequantize(name):
     assert out.x_fp8.dtype == np.uint8 and out.x_fp8.shape == (T, H)
     assert out.x_sf.dtype == (np.int32 if s.ue8m0 else np.float32)
     assert out.topk_idx.dtype == np.int64 and out.topk_weights.dtype == np.float32
-    want = ref.stage(h, w, ids, s.group_k, s.ue8m0, pad)
+    want = ref.stage(h, w, ids, s.group_k, s.ue8m0, pad, e5m2=is_e5m2(s))
     check(out[:4], want)
     deq = megamoe.dequantize(out.x_fp8, out.x_sf, s)
-    expect = (ref.fp8_to_f32(want.x_fp8).reshape(T, -1, s.group_k) * want.scales[:, :, None]).reshape(T, H)
+    expect = (ref.fp8_to_f32(want.x_fp8, is_e5m2(s)).reshape(T, -1, s.group_k) * want.scales[:, :, None]).reshape(T, H)
     assert deq.dtype == np.float32
     assert_bitwise(deq, expect.astype(np.float32), "dequantize")
     finite = np.isfinite(h) & (np.abs(h) > 1e-30)
@@ -595,6 +600,9 @@ def test_stage_zero_tokens():
     out = megamoe.stage(np.zeros((0, 256), np.float32), np.zeros((0, 8), np.float32),
                         np.zeros((0, 8), np.int32))  # fmt: skip
     assert out.x_fp8.shape == (0, 256) and out.x_sf.shape == (0, 2) and out.topk_idx.shape == (0, 8)
+    out = megamoe.stage(np.zeros((0, 256), np.float32), np.zeros((0, 8), np.float32), np.zeros((0, 8), np.int32),
+                        scheme=megamoe.MXFP8_E5M2)  # fmt: skip
+    assert out.x_fp8.shape == (0, 256) and out.x_fp8.dtype == np.uint8 and out.x_sf.shape == (0, 2)
 
 
 def test_dequantize_special_exponents():

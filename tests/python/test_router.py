@@ -274,7 +274,7 @@ def fused_outputs(T, H, K, scheme, rows=None, bm=None, ids_dtype=np.int32):
     out = {}
     for name, spec in zip(("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "x_scales"), shapes[:4] + shapes[5:6]):
         if spec is not None:  # every byte 0x5A
-            dt = np.dtype(np.uint8 if spec.dtype == "float8_e4m3fn" else spec.dtype)
+            dt = np.dtype(np.uint8 if spec.dtype.startswith("float8_") else spec.dtype)  # NumPy has no fp8
             out[name] = np.full(spec.shape + (dt.itemsize,), 0x5A, np.uint8).view(dt).reshape(spec.shape)
     if bm is not None:
         out["shared_x_sf"] = np.zeros(megamoe.output_shapes(T, H, K, scheme, bm).shared_x_sf.shape, np.int32)
@@ -294,7 +294,7 @@ def route_then_stage(h, x, bias, K, scheme, alpha, pad, rows=None, bm=None, gs=N
 @pytest.mark.parametrize("option", ["plain", "padded", "full_buffer", "shared", "hash", "eplb"])
 def test_fused_equals_route_then_stage(name, option):
     scheme = ALL_SCHEMES[name]
-    if option == "shared" and not (scheme.ue8m0 and scheme.elem == megamoe.QuantElem.FLOAT8_E4M3):
+    if option == "shared" and not (scheme.ue8m0 and scheme.elem != megamoe.QuantElem.FLOAT4_E2M1):
         pytest.skip("shared_x_sf is for UE8M0 fp8 schemes")
     rng = np.random.default_rng(hash((name, option)) % 2**32)
     T, H, E, K = 19, 512, 72, 6
@@ -603,7 +603,8 @@ def torch_fused_args(T=9, H=512, E=64, K=6, scheme=megamoe.MXFP8, pad=True, seed
     g = np.random.default_rng(seed)
     rows = T + 3 if full else T
     sh = megamoe.output_shapes(rows, H, K, scheme)
-    x_dt = x_dtype or (torch.float8_e4m3fn if sh.x_fp8.dtype == "float8_e4m3fn" else torch.uint8)
+    fp8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+    x_dt = x_dtype or fp8.get(sh.x_fp8.dtype, torch.uint8)
     dev = dict(device=device)
     a = dict(
         hidden_states=torch.from_numpy(ref.hidden_sample(g, T, H)).to(torch.bfloat16).to(device),
@@ -670,14 +671,15 @@ def test_torch_direct_and_op_equal_numpy(name):
     megamoe.route_and_stage(**a)  # eager: the direct path
     torch.ops.megamoe.route_and_stage(*op_values(ROUTE_AND_STAGE, b))
     same_outputs(a, b, "op vs direct")
-    np_args = {k: (v.view(torch.uint8) if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn else v)
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    np_args = {k: (v.view(torch.uint8) if isinstance(v, torch.Tensor) and v.dtype in fp8 else v)
                for k, v in c.items()}  # fmt: skip
     np_args = {k: (v.float().numpy() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else
                    v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in np_args.items()}  # fmt: skip
     megamoe.route_and_stage(**np_args)
     for k in MUTATED:
         if a.get(k) is not None:
-            got = a[k].view(torch.uint8) if a[k].dtype == torch.float8_e4m3fn else a[k]
+            got = a[k].view(torch.uint8) if a[k].dtype in fp8 else a[k]
             assert_bitwise(got.numpy(), np_args[k], f"{k} torch vs numpy")
     # route() through its op too (the same EPLB map, fresh loads)
     r = {k: c[k] for k in ("router_logits", "e_score_correction_bias", "is_padding", "logical_to_physical_map",

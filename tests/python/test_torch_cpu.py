@@ -17,12 +17,16 @@ import megamoe  # noqa: E402
 import megamoe_npref as ref  # noqa: E402
 from megamoe import _torch as mt  # noqa: E402
 from megamoe._signature import PREPARE  # noqa: E402
-from megamoe_testutil import SCHEMES, SEED_BM, SEED_SCHEME, assert_bitwise, key  # noqa: E402
+from megamoe_testutil import SCHEMES, SEED_BM, SEED_SCHEME, assert_bitwise, is_e5m2, key  # noqa: E402
 
 OP = torch.ops.megamoe.prepare_inputs.default
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def make(T, H, K, scheme, dtype=torch.bfloat16, x_dtype=torch.float8_e4m3fn, seed=0):
+def make(T, H, K, scheme, dtype=torch.bfloat16, x_dtype=None, seed=0):
+    """Inputs and poisoned outputs; x_fp8 is the scheme's fp8 dtype unless ``x_dtype`` says."""
+    if x_dtype is None:
+        x_dtype = torch.float8_e5m2 if is_e5m2(scheme) else torch.float8_e4m3fn
     g = np.random.default_rng(seed)
     h = torch.from_numpy(ref.hidden_sample(g, T, H)).to(dtype)
     w = torch.from_numpy(g.random((T, K)).astype(np.float32))
@@ -39,7 +43,7 @@ def make(T, H, K, scheme, dtype=torch.bfloat16, x_dtype=torch.float8_e4m3fn, see
 
 def np_of(t):
     t = t.detach().cpu()
-    if t.dtype in (torch.float8_e4m3fn,):
+    if t.dtype in FP8:
         t = t.view(torch.uint8)
     if t.dtype == torch.bfloat16:
         t = t.float()
@@ -48,7 +52,7 @@ def np_of(t):
 
 def check(outs, h, w, ids, scheme, pad=None):
     want = ref.stage(np_of(h), np_of(w), np_of(ids), scheme.group_k, scheme.ue8m0,
-                     None if pad is None else np_of(pad))  # fmt: skip
+                     None if pad is None else np_of(pad), e5m2=is_e5m2(scheme))  # fmt: skip
     for got, exp, name in zip(outs, want, ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out")):
         assert_bitwise(np_of(got), exp, name)
 
@@ -139,7 +143,9 @@ def test_quant_key_with_torch_dtypes():
     assert megamoe.as_scheme(k) == megamoe.FP8_UE8M0_G128
     k32 = key(elem=torch.float8_e4m3fn, sdtype=torch.float32, G=128)
     assert megamoe.as_scheme(k32) == megamoe.FP8_FP32_G128
-    bad = key(elem=torch.float8_e5m2, sdtype=torch.float32, G=128)
+    e5 = key(elem=torch.float8_e5m2, sdtype=torch.float8_e8m0fnu, G=32)
+    assert megamoe.as_scheme(e5) == megamoe.MXFP8_E5M2
+    bad = key(elem=torch.float8_e5m2, sdtype=torch.float32, G=128)  # e5m2 is MXFP8 e5m2 only
     h, w, ids, outs = make(4, 512, 2, megamoe.FP8_FP32_G128)
     with pytest.raises(ValueError, match=re.escape(SEED_SCHEME + repr(megamoe.as_scheme(bad)))):
         megamoe.prepare_megamoe_inputs(h, w, ids, *outs, hidden_quant=bad)
@@ -154,8 +160,10 @@ def test_quant_key_with_torch_dtypes():
         megamoe.FP8_FP32_G128,
         key(elem=torch.float8_e4m3fn, sdtype=torch.float8_e8m0fnu, G=32),
         key(elem=torch.float8_e4m3fn, sdtype=torch.float32, G=128),
+        megamoe.MXFP8_E5M2,
+        key(elem=torch.float8_e5m2, sdtype=torch.float8_e8m0fnu, G=32),
     ],
-    ids=["MXFP8", "FP8_FP32_G128", "key_ue8m0", "key_fp32"],
+    ids=["MXFP8", "FP8_FP32_G128", "key_ue8m0", "key_fp32", "MXFP8_E5M2", "key_e5m2"],
 )
 def test_torch_compile_fullgraph(hq):
     s = megamoe.as_scheme(hq)
@@ -208,7 +216,8 @@ def test_stage_and_dequantize(name):
     s = SCHEMES[name]
     h, w, ids, _ = make(17, 1024, 6, s)
     out = megamoe.stage(h, w, ids, hidden_quant=s, shared_block_m=64 if s.ue8m0 else None)
-    assert out.x_fp8.dtype == torch.float8_e4m3fn and out.x_fp8.device == h.device
+    assert out.x_fp8.dtype == (torch.float8_e5m2 if is_e5m2(s) else torch.float8_e4m3fn)
+    assert out.x_fp8.device == h.device
     assert out.x_sf.dtype == (torch.int32 if s.ue8m0 else torch.float32)
     check(out[:4], h, w, ids, s)
     if s.ue8m0:
@@ -250,8 +259,8 @@ from megamoe_testutil import ALL_SCHEMES, bits  # noqa: E402
 
 FMT = {name: ref.FORMATS[s.name] for name, s in ALL_SCHEMES.items()}
 ROUTING_OP = torch.ops.megamoe.stage_routing.default
-TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "uint8": torch.uint8, "int32": torch.int32,
-                "int64": torch.int64, "float32": torch.float32}  # fmt: skip
+TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "uint8": torch.uint8,
+                "int32": torch.int32, "int64": torch.int64, "float32": torch.float32}  # fmt: skip
 
 
 def make_any(T, H, K, scheme, rows=None, dtype=torch.bfloat16, seed=0, x_dtype=None):
@@ -364,19 +373,20 @@ def test_op_every_format_and_option_matches_eager(name, option):
 
 
 @pytest.mark.parametrize("option", OPTIONS)
-@pytest.mark.parametrize("name", ["MXFP8", "FP8_FP32_G128", "MXFP4", "NVFP4_STATIC", "NVFP4_PER_TOKEN"])
+@pytest.mark.parametrize("name", ["MXFP8", "FP8_FP32_G128", "MXFP8_E5M2", "MXFP4", "NVFP4_STATIC", "NVFP4_PER_TOKEN"])
 def test_opcheck_every_format_and_option(name, option):
     inputs, kw, _ = staged_call(name, option)
     torch.library.opcheck(OP, op_call_args(inputs, kw))
 
 
-def test_opcheck_float8_x_fp8_all_but_the_schema_test():
-    """With a torch.float8_e4m3fn x_fp8 every opcheck test passes but test_schema, whose
-    SchemaCheckMode compares the tensors around the call with torch ops torch lacks for
-    float8 ("not implemented for 'Float8_e4m3fn'"): checked here, so a torch that gains them
-    makes this test say so."""
-    inputs, kw, _ = staged_call("MXFP8", "all")
-    kw["x_fp8"] = kw["x_fp8"].view(torch.float8_e4m3fn)
+@pytest.mark.parametrize("name,x_dtype", [("MXFP8", torch.float8_e4m3fn), ("MXFP8_E5M2", torch.float8_e5m2)])
+def test_opcheck_float8_x_fp8_all_but_the_schema_test(name, x_dtype):
+    """With a torch.float8_e4m3fn (or, for MXFP8_E5M2, float8_e5m2) x_fp8 every opcheck test
+    passes but test_schema, whose SchemaCheckMode compares the tensors around the call with
+    torch ops torch lacks for float8 ("not implemented for 'Float8_e4m3fn'"): checked here,
+    so a torch that gains them makes this test say so."""
+    inputs, kw, _ = staged_call(name, "all")
+    kw["x_fp8"] = kw["x_fp8"].view(x_dtype)
     args = op_call_args(inputs, kw)
     torch.library.opcheck(OP, args, test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     try:
@@ -462,7 +472,7 @@ def test_zero_tokens_full_buffer_torch():
     assert torch.all(idx == -1)
 
 
-@pytest.mark.parametrize("name", ["MXFP8", "NVFP4_PER_TOKEN", "NVFP4_STATIC", "MXFP4_RNE"])
+@pytest.mark.parametrize("name", ["MXFP8", "MXFP8_E5M2", "NVFP4_PER_TOKEN", "NVFP4_STATIC", "MXFP4_RNE"])
 def test_torch_compile_fullgraph_new_arguments(name):
     s = ALL_SCHEMES[name]
     T, H, K = 13, 512, 4

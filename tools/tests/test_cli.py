@@ -134,11 +134,12 @@ def case_default():
 
 def case_schemes():
     """Every scheme, bit-exact against the reference."""
-    for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32"]:
-        p = expect_pass(SMALL + ["--scheme", s], min_snr=28.0)
+    for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp8-e5m2"]:
+        # e5m2 keeps two mantissa bits where e4m3 keeps three: about 6 dB less.
+        p = expect_pass(SMALL + ["--scheme", s], min_snr=22.0 if s == "mxfp8-e5m2" else 28.0)
         check(f"scheme: {s} = QuantScheme(" in p.stdout, p.stdout)
         sf = "int32" if s.startswith(("mxfp8", "ue8m0")) else "float32"
-        g = 32 if s in ("mxfp8", "fp32-g32") else 128
+        g = 32 if s in ("mxfp8", "fp32-g32", "mxfp8-e5m2") else 128
         cols = 512 // (4 * g) if sf == "int32" else 512 // g
         check(f"x_sf [96, {cols}] {sf}" in p.stdout, p.stdout)
 
@@ -170,10 +171,10 @@ def case_help():
     p = run("--help", expect_rc=0)
     for f in FLAGS:
         check(re.search(r"(^|[\s,])" + re.escape(f) + r"\b", p.stdout), f"--help lacks {f}:\n{p.stdout}")
-    for word in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "auto", "SNR",
+    for word in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp8-e5m2", "auto", "SNR",
                  "max relative error", "1e-3 * amax", "bit-exact", "Exit status", "hidden_states",
                  "topk_ids", "topk_weights", "is_padding", "x_fp8", "x_sf", "topk_idx_out",
-                 "topk_weights_out", "shared_x_sf", "F8_E4M3"]:
+                 "topk_weights_out", "shared_x_sf", "F8_E4M3", "F8_E5M2"]:
         check(word in p.stdout, f"--help lacks {word!r}")
     p = run("--version", expect_rc=0)
     check(re.match(r"\d+\.\d+\.\d+", p.stdout.strip()), p.stdout)
@@ -451,8 +452,8 @@ def case_router():
     for extra in [[], ["--logits-dtype", "fp32"], ["--experts", "384", "-K", "6"], ["--experts", "512", "-K", "16"],
                   ["--experts", "7", "-K", "7", "--pad-every", "0"], ["--routed-scaling-factor", "1"],
                   ["--shared-block-m", "64"], ["--scheme", "fp32-g128"], ["--scheme", "ue8m0-g128"],
-                  ["--scheme", "fp32-g32"]]:
-        p = expect_pass(SMALL + ["--router"] + extra)
+                  ["--scheme", "fp32-g32"], ["--scheme", "mxfp8-e5m2"]]:
+        p = expect_pass(SMALL + ["--router"] + extra, min_snr=22.0 if "mxfp8-e5m2" in extra else 30.0)
         check("router reference: bit-exact match" in p.stdout, f"--router {extra}:\n{p.stdout}")
         check(re.search(r"^router: E=\d+ K=\d+, router_logits (bfloat16|float32), .*route alone ", p.stdout, re.M),
               p.stdout)
@@ -540,7 +541,7 @@ def case_messages():
 FORMATS = {  # --scheme: (x_q dtype and width for H = 512, x_sf dtype and width, x_scales, min SNR)
     "mxfp8": ("F8_E4M3", 512, "I32", 4, False, 28), "ue8m0-g128": ("F8_E4M3", 512, "I32", 1, False, 28),
     "fp32-g128": ("F8_E4M3", 512, "F32", 4, False, 28), "fp32-g128-sm90": ("F8_E4M3", 512, "F32", 4, False, 28),
-    "fp32-g32": ("F8_E4M3", 512, "F32", 16, False, 28),
+    "fp32-g32": ("F8_E4M3", 512, "F32", 16, False, 28), "mxfp8-e5m2": ("F8_E5M2", 512, "I32", 4, False, 22),
     "mxfp4": ("U8", 256, "I32", 4, False, 15), "mxfp4-rne": ("U8", 256, "I32", 4, False, 15),
     "nvfp4-static": ("U8", 256, "I32", 8, False, 17), "nvfp4-per-token": ("U8", 256, "I32", 8, True, 17)}
 
@@ -554,7 +555,7 @@ def case_formats():
             p = expect_pass(SMALL + ["--scheme", s, "--output", out], min_snr=min_snr)
             check(snr(p.stdout) < 40, f"{s}: implausible SNR\n{p.stdout}")
             ts = tensors(out)
-            xq = "x_fp8" if qdt == "F8_E4M3" else "x_q"
+            xq = "x_fp8" if qdt.startswith("F8_") else "x_q"
             check(ts[xq][:2] == (qdt, [96, qcols]) and ts["x_sf"][:2] == (sfdt, [96, sfcols]), (s, ts.keys()))
             check(("x_scales" in ts) == xs and (not xs or ts["x_scales"][:2] == ("F32", [96])), (s, ts.keys()))
             j = json.loads(run(*SMALL, "--scheme", s, "--json", expect_rc=0).stdout)
@@ -564,7 +565,7 @@ def case_formats():
         b4 = json.loads(run(*SMALL, "--scheme", "nvfp4-per-token", "--json", expect_rc=0).stdout)["timing"]["bytes"]
         check(b4 == b8 - 96 * 256 + 96 * 4 * 4 + 96 * 4, (b8, b4))  # x_sf: 8 words a row instead of 4
     # The floor: an all-zero-ish input would show it; here it must reach the reference too.
-    for s in ["mxfp8", "fp32-g128", "mxfp4", "nvfp4-per-token"]:
+    for s in ["mxfp8", "fp32-g128", "mxfp8-e5m2", "mxfp4", "nvfp4-per-token"]:
         p = expect_pass(SMALL + ["--scheme", s, "--amax-floor", "1e-10"], min_snr=15)
         j = json.loads(run(*SMALL, "--scheme", s, "--amax-floor", "1e-10", "--json", expect_rc=0).stdout)
         check(abs(j["scheme"]["amax_floor"] - 1e-10) < 1e-15 and "+floor=1" in j["scheme"]["library_name"],
@@ -627,7 +628,7 @@ def case_full_buffer():
     the reference check covers both (in every format)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.st")
-        for s in ["mxfp8", "fp32-g32", "mxfp4", "nvfp4-per-token"]:
+        for s in ["mxfp8", "fp32-g32", "mxfp8-e5m2", "mxfp4", "nvfp4-per-token"]:
             p = expect_pass(SMALL + ["--scheme", s, "--full-buffer", "--max-tokens", "128", "--output", out],
                             min_snr=15)
             check("full buffer of 128 rows" in p.stdout, p.stdout)
@@ -759,9 +760,10 @@ def case_zero_width():
         rows = 2 ** 40
         zero_width_file(inp, rows)
         check(os.path.getsize(inp) < 300, os.path.getsize(inp))
-        for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp4", "mxfp4-rne", "nvfp4-static"]:
+        for s in ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g32", "mxfp8-e5m2", "mxfp4", "mxfp4-rne",
+                  "nvfp4-static"]:
             extras = [[], ["--output", out, "--save-inputs", saved], ["--full-buffer", "--max-tokens", str(rows + 1)]]
-            if s in ("mxfp8", "ue8m0-g128", "mxfp4", "mxfp4-rne"):
+            if s in ("mxfp8", "ue8m0-g128", "mxfp8-e5m2", "mxfp4", "mxfp4-rne"):
                 extras.append(["--shared-block-m", "64"])
             for extra in extras:
                 p = run_quick("--input", inp, "--iters", "1", "--scheme", s, *extra, expect_rc=0)
@@ -869,14 +871,89 @@ def case_fp4_quality():
         check(0 < q["max_rel_err"] < 0.5 and q["rel_err_scale_step"] == 0.5 and q["rel_err_floor"] is None, q)
         check(0 < q["rel_err_elements"] <= q["finite_elements"] == 96 * 512, q)
         check(q["rel_err_rule"].startswith("|x| >= 0.5 * group scale"), q)
-    for s in ["mxfp8", "fp32-g128"]:
-        p = expect_pass(SMALL + ["--scheme", s])
+    for s in ["mxfp8", "fp32-g128", "mxfp8-e5m2"]:
+        p = expect_pass(SMALL + ["--scheme", s], min_snr=22.0 if s == "mxfp8-e5m2" else 30.0)
         err, rule = max_rel_err(p.stdout)
-        check(0 < err <= 2 ** -4 and rule == "|x| > 1e-3 * group amax", p.stdout)
+        bound = 2 ** -3 if s == "mxfp8-e5m2" else 2 ** -4  # half an ulp: two or three mantissa bits
+        check(0 < err <= bound and rule == "|x| > 1e-3 * group amax", p.stdout)
         q = json.loads(run(*SMALL, "--scheme", s, "--json", expect_rc=0).stdout)["quality"]
         check(q["rel_err_floor"] == 1e-3 and q["rel_err_scale_step"] is None and q["rel_err_elements"] > 0, q)
     p = run("--help", expect_rc=0)
     check("0.5 *" in p.stdout and "smallest nonzero" in p.stdout, "--help lacks the fp4 rule")
+
+
+def e5m2_value(b):
+    """The value of an fp8 e5m2 byte (written from the format: 1 sign, 5 exponent bits of bias
+    15, 2 mantissa bits; exponent 31 is Inf / NaN)."""
+    e, m = (b >> 2) & 0x1F, b & 3
+    if e == 0x1F:
+        v = float("inf") if m == 0 else float("nan")
+    else:
+        v = m * 2.0 ** -16 if e == 0 else (1 + m / 4) * 2.0 ** (e - 15)
+    return -v if b & 0x80 else v
+
+
+def case_e5m2():
+    """--scheme mxfp8-e5m2 (e5m2 values, UE8M0 scales of amax / 57344, G = 32): bit-exact
+    against the reference, x_fp8 written as F8_E5M2, in full-buffer mode, with the shared
+    copy and the router too; its bytes decode to the input within half an e5m2 ulp."""
+    with tempfile.TemporaryDirectory() as d:
+        inp, out = os.path.join(d, "in.st"), os.path.join(d, "out.st")
+        p = expect_pass(SMALL + ["--scheme", "mxfp8-e5m2", "--save-inputs", inp, "--output", out], min_snr=22)
+        check(snr(p.stdout) < 30, f"an SNR e5m2's two mantissa bits cannot give:\n{p.stdout}")
+        check("scheme: mxfp8-e5m2 = QuantScheme(" in p.stdout and "x_sf [96, 4] int32" in p.stdout, p.stdout)
+        ts = tensors(out)
+        check(ts["x_fp8"][:2] == ("F8_E5M2", [96, 512]) and ts["x_sf"][:2] == ("I32", [96, 4]), ts.keys())
+        md = read_st(out)[0]["__metadata__"]
+        check(md["scheme"] == "mxfp8_e5m2" and md["group_size"] == "32" and md["tie_rule"] == "nearest-even" and
+              md["cli_scheme"] == "mxfp8-e5m2", md)
+        # Every group's largest magnitude lands in (28672, 57344] before rounding (its scale is
+        # the power of two at or above amax / 57344), so its byte is 0x77..0x7B; finite inputs
+        # give no Inf / NaN bytes. Decoded with the scales, each value is within half an ulp
+        # (2^-3 relative) of the bf16 input.
+        q, sf = ts["x_fp8"][2], struct.unpack("<384i", ts["x_sf"][2])
+        hs = tensors(inp)["hidden_states"][2]
+        x = [v for (v,) in struct.iter_unpack("<f", bf16_to_f32_bytes(hs))]
+        check(all((b & 0x7F) <= 0x7B for b in q), "an Inf / NaN byte for finite inputs")
+        for t in range(96):
+            for g in range(16):
+                byte = (sf[t * 4 + g // 4] >> (8 * (g % 4))) & 0xFF
+                scale = 2.0 ** (byte - 127)
+                grp = range(t * 512 + g * 32, t * 512 + g * 32 + 32)
+                amax = max(abs(x[i]) for i in grp)
+                check(amax == 0 or 0x77 <= max(q[i] & 0x7F for i in grp) <= 0x7B, (t, g, [q[i] for i in grp]))
+                for i in grp:
+                    deq = e5m2_value(q[i]) * scale
+                    check(abs(deq - x[i]) <= max(abs(x[i]) * 2 ** -3, 2.0 ** -17 * scale), (t, g, i, x[i], deq))
+        # Round trip: the saved inputs give the same bytes.
+        o2 = os.path.join(d, "o2.st")
+        p = expect_pass(["--input", inp, "--output", o2, "--iters", "1", "--scheme", "mxfp8-e5m2"], min_snr=22)
+        check(tensors(o2)["x_fp8"] == ts["x_fp8"] and tensors(o2)["x_sf"] == ts["x_sf"], "--input run differs")
+        # Full buffer: rows T..M-1 of x_fp8 / x_sf untouched, the top-k tail -1 / +0.0.
+        p = expect_pass(SMALL + ["--scheme", "mxfp8-e5m2", "--full-buffer", "--max-tokens", "128", "--output", out],
+                        min_snr=22)
+        check("full buffer of 128 rows" in p.stdout, p.stdout)
+        ts = tensors(out)
+        check(ts["x_fp8"][:2] == ("F8_E5M2", [128, 512]) and ts["x_fp8"][2][96 * 512:] == b"\x5a" * (32 * 512),
+              "x_fp8 tail rows")
+        check(ts["x_sf"][1] == [128, 4] and set(ts["x_sf"][2][96 * 16:]) == {0x5a}, "x_sf tail rows")
+        idx = struct.unpack("<1024q", ts["topk_idx_out"][2])
+        check(all(v == -1 for v in idx[96 * 8:]), idx[96 * 8:])
+    for args in [SMALL + ["--shared-block-m", "64"], SMALL + ["--amax-floor", "1e-10"], SMALL + ["--router"],
+                 ["-T", "7", "-H", "128", "--iters", "1", "--seed", "5"], SMALL + ["--amax-floor", "1000"]]:
+        p = expect_pass(args + ["--scheme", "mxfp8-e5m2"], min_snr=-100 if "1000" in args else 22)
+        check("router reference: bit-exact match" in p.stdout or "--router" not in args, p.stdout)
+    j = json.loads(run(*SMALL, "--scheme", "mxfp8-e5m2", "--json", expect_rc=0).stdout)
+    sc, qu = j["scheme"], j["quality"]
+    check(sc["library_name"] == "mxfp8_e5m2" and sc["scale"] == "ue8m0" and sc["group_size"] == 32 and
+          sc["x_q_shape"] == [96, 512] and sc["x_sf_shape"] == [96, 4], sc)
+    # Half an ulp of two mantissa bits: above e4m3's 2^-4, at most 2^-3.
+    check(j["reference"]["match"] is True and 2 ** -4 < qu["max_rel_err"] <= 2 ** -3, qu)
+    check(json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["timing"]["bytes"] == j["timing"]["bytes"],
+          "mxfp8-e5m2 moves the bytes mxfp8 moves")
+    p = run("--help", expect_rc=0)
+    check("mxfp8-e5m2" in p.stdout and "F8_E5M2" in p.stdout and "FlashInfer" in p.stdout, "--help lacks mxfp8-e5m2")
+    expect_error(SMALL + ["--scheme", "mxfp8-e5m2", "--global-scale", "0.5"], "--global-scale", "nvfp4-static")
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
