@@ -42,7 +42,7 @@
 #                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
 #   pybench        the full side-by-side bench/bench_stage.py
 #   trace          the decode kernels' clock64 phase trace (a -DMEGAMOE_TRACE=ON build in
-#                  build-trace; TRACE_CONFIGS, TRACE_CALLS, TRACE_ROUTER_ARGS; src/cuda/trace.cuh),
+#                  build-trace; TRACE_CONFIGS, TRACE_CALLS, TRACE_ROUTER_ARGS; src/cuda/kernels/trace.cuh),
 #                  trace.jsonl
 #   multigpu       tests/multigpu/stage_symmetric.py under torchrun, one process per GPU
 #                  (NVLink multicast off), --timing; and pytest of tests/multigpu (#14; on a
@@ -655,7 +655,7 @@ step_ncu_ab() {
 
 step_sass() {
   local o rc=0
-  for o in build-dev/CMakeFiles/megamoe.dir/src/cuda/*.o; do
+  for o in build-dev/CMakeFiles/megamoe.dir/src/cuda/*/*.o; do
     [ -f "$o" ] || continue
     echo "== $o"
     timeout -k 5 "$(limit sass)" python3 bench/sass_mix.py "$o" --match "${SASS_MATCH:-stage_fast_kernel}" || rc=$?

@@ -1,5 +1,5 @@
 // explain.cpp: megamoe::explain (include/megamoe/plan.h). Backend-independent: the CUDA
-// part comes from the CUDA backend's plan (src/cuda/plan.h) when the build has one.
+// part comes from the CUDA backend's plan (src/cuda/policy/plan.h) when the build has one.
 #include <cstdint>
 #include <new>
 #include <string>
@@ -34,7 +34,7 @@ std::string describe(const StageArgs& args) {
 #if MEGAMOE_WITH_CUDA
   if (p.misaligned) {
     // The call runs on dense copies of the tensors off their element size, at 256-byte
-    // aligned scratch (src/cuda/aligned.cuh): the plan of those (the address stands in for
+    // aligned scratch (src/cuda/launch/aligned.cuh): the plan of those (the address stands in for
     // the scratch; nothing is read from it).
     StageArgs b = args;
     const int moved = detail::move_misaligned_to_dense(

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/plan.h"
+#include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe_reference.h"
 #include "validate.h"

@@ -2,9 +2,9 @@
 // (cvt.rn.satfinite.e4m3x2.f32, what the kernels use on sm_89+) against the portable
 // software conversion (what the CPU backend uses), over all 2^32 fp32 bit patterns, in
 // both halves of the x2 instruction; fp16 -> fp32 software vs hardware for all halves; and
-// the packed bf16x2/f16x2 amax of src/cuda/packed_amax.cuh against the scalar rule
+// the packed bf16x2/f16x2 amax of src/cuda/kernels/packed_amax.cuh against the scalar rule
 // (core::fmax_nan_ignoring of core::abs_bits on the widened values) for all 2^32 pairs; the
-// chunk forms of src/cuda/chunk.cuh against the core rules on random chunks.
+// chunk forms of src/cuda/kernels/chunk.cuh against the core rules on random chunks.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -18,8 +18,8 @@
 #include "formats/fp8/e5m2.h"
 #include "formats/recipe.h"
 #include "core/numerics.h"
-#include "cuda/chunk.cuh"
-#include "cuda/packed_amax.cuh"
+#include "cuda/kernels/chunk.cuh"
+#include "cuda/kernels/packed_amax.cuh"
 
 namespace {
 
@@ -187,7 +187,7 @@ TEST(CudaNumerics, HalfToFloatMatchesHardware) {
 
 }  // namespace
 
-// The fast kernels' vector forms of a 16-element chunk (src/cuda/chunk.cuh: the fmaxf tree
+// The fast kernels' vector forms of a 16-element chunk (src/cuda/kernels/chunk.cuh: the fmaxf tree
 // of fp32 chunks, the packed amax of 16-bit ones, the x2 fp8 conversion, the nibble packing,
 // the non-finite count) against the scalar core rules element by element, on chunks of
 // random bit patterns (a third of them specials: NaN, Inf, zeros, subnormals; some all-NaN

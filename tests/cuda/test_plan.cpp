@@ -1,4 +1,4 @@
-// Host tests of the CUDA backend's kernel choice (src/cuda/plan.h): plan() is a pure
+// Host tests of the CUDA backend's kernel choice (src/cuda/policy/plan.h): plan() is a pure
 // function of the validated problem, the layout and a DeviceInfo, so these run without a
 // GPU (the tensors carry made-up, never dereferenced device addresses). check_plan() runs
 // before launch() touches the device, so its rejections are tested here too; and the GPU
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/plan.h"
+#include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "stage_harness.h"
 #include "validate.h"

@@ -8,8 +8,8 @@
 #include "formats/e2m1/fp32.h"
 #include "formats/e2m1/pairs.h"
 #include "formats/recipe.h"
-#include "cuda/common.cuh"
-#include "cuda/packed_amax.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/packed_amax.cuh"
 
 namespace megamoe {
 namespace cuda {

@@ -15,11 +15,11 @@
 #include <type_traits>
 
 #include "formats/recipe.h"
-#include "cuda/chunk.cuh"
-#include "cuda/common.cuh"
-#include "cuda/plan.h"
-#include "cuda/trace.cuh"
-#include "cuda/topk.cuh"
+#include "cuda/kernels/chunk.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/geometry.h"
+#include "cuda/kernels/trace.cuh"
+#include "cuda/kernels/topk.cuh"
 
 namespace megamoe {
 namespace cuda {

@@ -6,8 +6,8 @@
 #pragma once
 
 #include "formats/recipe.h"
-#include "cuda/common.cuh"
-#include "cuda/topk.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/topk.cuh"
 
 namespace megamoe {
 namespace cuda {

@@ -21,10 +21,10 @@
 #include <type_traits>
 
 #include "formats/recipe.h"
-#include "cuda/chunk.cuh"
-#include "cuda/common.cuh"
-#include "cuda/topk.cuh"
-#include "cuda/trace.cuh"
+#include "cuda/kernels/chunk.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/topk.cuh"
+#include "cuda/kernels/trace.cuh"
 
 namespace megamoe {
 namespace cuda {

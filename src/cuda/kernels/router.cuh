@@ -47,9 +47,9 @@
 
 #include "core/numerics.h"
 #include "core/router.h"
-#include "cuda/common.cuh"
-#include "cuda/plan.h"
-#include "cuda/trace.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/geometry.h"
+#include "cuda/kernels/trace.cuh"
 
 namespace megamoe {
 namespace cuda {

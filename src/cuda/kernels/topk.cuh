@@ -4,8 +4,8 @@
 // give each row's entries to the row's first threads.
 #pragma once
 
-#include "cuda/common.cuh"
-#include "cuda/plan.h"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/geometry.h"
 
 namespace megamoe {
 namespace cuda {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/checked.h"
-#include "cuda/launch_util.cuh"
+#include "cuda/launch/launch_util.cuh"
 #include "megamoe/error.h"
 #include "validate.h"
 

@@ -3,8 +3,8 @@
 // instantiate it for their formats (launch_fast_ue8m0.cu, launch_fast_fp32_nvfp4.cu).
 #pragma once
 
-#include "cuda/launch_util.cuh"
-#include "cuda/quantize_fast.cuh"
+#include "cuda/launch/launch_util.cuh"
+#include "cuda/kernels/quantize_fast.cuh"
 #include "formats/visit.h"
 
 namespace megamoe {

@@ -1,7 +1,7 @@
 // launch_fast_fp32_nvfp4.cu: the fast kernel's instantiations for the formats without
 // UE8M0 scales (fp32 and e4m3 scale rows with fast group sizes: fp8 with fp32 scales,
 // NVFP4 static).
-#include "cuda/launch_fast.cuh"
+#include "cuda/launch/launch_fast.cuh"
 
 namespace megamoe {
 namespace cuda {

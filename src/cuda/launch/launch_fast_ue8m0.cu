@@ -1,7 +1,7 @@
 // launch_fast_ue8m0.cu: the fast kernel's instantiations for the formats with UE8M0
 // scales (the registry's rows with sf UE8M0 and fast group sizes). Split from
 // launch_fast_fp32_nvfp4.cu so that the two compile in parallel.
-#include "cuda/launch_fast.cuh"
+#include "cuda/launch/launch_fast.cuh"
 
 namespace megamoe {
 namespace cuda {

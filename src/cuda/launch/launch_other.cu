@@ -1,8 +1,8 @@
 // launch_other.cu: the general and row kernels' instantiations (every format of each, the
 // three input dtypes, with and without the non-finite counter).
-#include "cuda/launch_util.cuh"
-#include "cuda/quantize_generic.cuh"
-#include "cuda/quantize_rowwise.cuh"
+#include "cuda/launch/launch_util.cuh"
+#include "cuda/kernels/quantize_generic.cuh"
+#include "cuda/kernels/quantize_rowwise.cuh"
 #include "formats/visit.h"
 
 namespace megamoe {

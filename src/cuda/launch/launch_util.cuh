@@ -11,8 +11,8 @@
 
 #include "core/fastdiv.h"
 #include "core/layout.h"
-#include "cuda/common.cuh"
-#include "cuda/plan.h"
+#include "cuda/kernels/common.cuh"
+#include "cuda/policy/plan.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
 #include "validate.h"

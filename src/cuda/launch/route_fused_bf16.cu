@@ -1,6 +1,6 @@
 // route_fused_bf16.cu: the fused router + staging kernel's variants for bf16 hidden states
 // (route_fused.cuh).
-#include "cuda/route_fused.cuh"
+#include "cuda/launch/route_fused.cuh"
 
 namespace megamoe {
 namespace cuda {

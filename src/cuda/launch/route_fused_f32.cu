@@ -1,6 +1,6 @@
 // route_fused_f32.cu: the fused router + staging kernel's variants for f32 hidden states
 // (route_fused.cuh).
-#include "cuda/route_fused.cuh"
+#include "cuda/launch/route_fused.cuh"
 
 namespace megamoe {
 namespace cuda {

@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "cuda/aligned.cuh"
-#include "cuda/launch_util.cuh"
-#include "cuda/plan.h"
-#include "cuda/route_fused.cuh"
-#include "cuda/router.cuh"
+#include "cuda/launch/aligned.cuh"
+#include "cuda/launch/launch_util.cuh"
+#include "cuda/policy/plan.h"
+#include "cuda/launch/route_fused.cuh"
+#include "cuda/kernels/router.cuh"
 #include "megamoe/error.h"
 #include "megamoe/router.h"
 #include "validate.h"

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/numerics.h"
-#include "cuda/aligned.cuh"
-#include "cuda/launch_util.cuh"
+#include "cuda/launch/aligned.cuh"
+#include "cuda/launch/launch_util.cuh"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
 #include "validate.h"

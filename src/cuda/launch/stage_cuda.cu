@@ -11,9 +11,9 @@
 #include <string>
 
 #include "core/checked.h"
-#include "cuda/aligned.cuh"
-#include "cuda/launch_util.cuh"
-#include "cuda/plan.h"
+#include "cuda/launch/aligned.cuh"
+#include "cuda/launch/launch_util.cuh"
+#include "cuda/policy/plan.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
 #include "validate.h"

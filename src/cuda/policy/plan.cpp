@@ -1,7 +1,7 @@
 // plan.cpp: the CUDA backend's kernel choice (plan.h). Pure host code: no CUDA calls, so
 // the choice is unit-tested without a GPU (tests/cuda/test_plan.cpp). The thresholds are
 // measurements on an H200 (docs/DESIGN.md, PERFORMANCE.md).
-#include "cuda/plan.h"
+#include "cuda/policy/plan.h"
 
 #include <algorithm>
 #include <string>

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/kernels/geometry.h"
 #include "formats/format_list.h"
 #include "megamoe/stage.h"
 #include "megamoe/tensor.h"
@@ -21,16 +22,6 @@ enum class Role : uint8_t {
   kFast,     ///< vectorized: 16-element chunks of contiguous, aligned rows (quantize_fast.cuh)
   kGeneric,  ///< any strides and alignment, one scale word or group per thread (quantize_generic.cuh)
   kRowwise,  ///< one block per token row, two passes: row amax, then groups (quantize_rowwise.cuh)
-};
-
-/// How the grid covers the work.
-enum class Shape : uint8_t {
-  kLoop,       ///< fast: grid-stride loop over chunks (grid capped); top-k by a grid-stride pass before them
-  kSplitTopk,  ///< fast, 32-bit: one chunk per thread; top-k in blocks of their own after the quantizing ones
-  kSplitHalf,  ///< as kSplitTopk with half a chunk (8 elements) per thread: FP4 formats of 16-bit inputs at decode
-  kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
-  kRowwise,    ///< row kernel: block-stride loop over token rows
-  kGeneric,    ///< general kernel: grid-stride loop over scale units
 };
 
 /// Offsets and chunk indices in 32 or 64 bits.
@@ -96,36 +87,8 @@ constexpr int kDefaultMaxWaves = 16;
 constexpr int kRecipLoopWaves = 1;
 /// ... and it takes the loop shape from this many chunks a thread of that wave.
 constexpr int64_t kRecipLoopChunks = 8;
-/// No loop grid has more threads (the 32-bit modes rely on it: chunk + grid < 2^32).
-constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
-/// Threads of the tile shape's blocks (8 warps: one per token of a tile).
-constexpr int kTileThreads = 256;
-constexpr int kTileTokens = 8;
-/// Threads of the row kernel's blocks at most (its launch bounds: 3 such blocks an SM, 42
-/// registers a thread; fp32 inputs 2, 64 registers).
-constexpr int kRowwiseMaxThreads = 512;
-/// Threads of a split row kernel's blocks at most (Plan::row_split > 1).
-constexpr int kRowSplitMaxThreads = 256;
-/// The wide row kernel (Plan::row_wide): groups a thread, threads a block at most (its
-/// launch bounds: 8 such blocks an SM, 64 registers a thread for four chunks in flight), and
-/// the fewest groups a row it takes: more than 256 (H > 4096, blocks of 96 or 128 threads;
-/// at H = 4096 its 64-thread blocks were 5% slower than two groups a thread at T = 16384
-/// on an H100, at H = 7168 1.5% faster).
-constexpr int kRowWideGroups = 4;
-constexpr int kRowWideMaxThreads = 128;
+/// The wide row kernel's fewest groups a row (kernels/geometry.h kRowWideGroups).
 constexpr int64_t kRowWideMinGroups = 257;
-/// Full-buffer tail entries (-1 / +0.0) per thread of a top-k block: the tail of a decode
-/// call is most of its top-k entries (M * K against T * K), and four per thread keep its
-/// blocks within one wave where one per thread took four.
-constexpr int kTailEntriesPerThread = 4;
-/// Top-k blocks of a split-topk or tile plan: one entry of rows 0..T-1 per thread, then
-/// (fused tail) kTailEntriesPerThread entries of rows T..M-1 per thread.
-inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads, bool fused_tail) {
-  const int64_t real = (T * K + threads - 1) / threads;
-  const int64_t per_block = threads * kTailEntriesPerThread;
-  return real + (fused_tail ? ((M - T) * K + per_block - 1) / per_block : 0);
-}
-
 /// The library's choice for a validated call with T > 0. recip_table: the kernel that will
 /// run builds NVFP4 static's multiplier table in its loop shape (the staging kernel does;
 /// the fused router kernel does not, and gets the plan it would have without the table).
@@ -164,40 +127,12 @@ std::string explain_plan(const StageArgs& a, const detail::Problem& p);
 // The router's launch choices (router.cu; docs/ROUTER.md "Tokens per block"), host
 // functions of the problem and the device, tested without a GPU.
 
-/// Shared-memory score entries of one router block (tokens per block x E at most; key and
-/// score, 8 bytes: 12 KiB, 13 KiB with the selection candidates), small enough not to cut
-/// the quantizing blocks' occupancy in the fused kernel (static, so every block of that
-/// kernel has it) on any architecture built (100 KiB per SM on sm_86/89).
-constexpr int kRouterSmemEntries = 1536;
-/// Columns of 32 experts a lane keeps in registers in the router's register selection.
-constexpr uint32_t kRouterRegColumns = 4;
-/// Resident blocks per SM of the fused kernel's decode variant (its launch bounds).
-constexpr int kFusedDecodeBlocksPerSm = 4;
 /// One token a router block up to this many tokens per SM: the router kernel (one block a
 /// token is the shortest chain, and up to here the most blocks are the better trade) and
 /// the fused kernel's router blocks (which share the SMs with the quantizing blocks).
 /// Measured on the H200 against 2, 3, 4 and 6 tokens a block, T = 256..4096.
 constexpr int64_t kRouteOneTokenPerSm = 8;
 constexpr int64_t kFusedOneTokenPerSm = 16;
-
-/// Warps that select one token together in a router block of @p warps warps holding
-/// @p ntok tokens: as many as the block has per token, at most one per 32-expert column and
-/// at most 32 / K (the merge ranks G * K <= 32 candidates, one per lane); the fewest that
-/// give the same columns per warp. Block-uniform.
-MEGAMOE_HD uint32_t router_group(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
-  const uint32_t cols = (E + 31u) / 32u;
-  uint32_t g = warps / ntok;
-  g = g < cols ? g : cols;
-  g = g < 32u / K ? g : 32u / K;
-  const uint32_t per = (cols + g - 1u) / g;  // columns of the busiest warp
-  return (cols + per - 1u) / per;
-}
-
-/// Columns of 32 experts the busiest of a token's router_group warps selects over.
-MEGAMOE_HD uint32_t router_columns_per_warp(uint32_t warps, uint32_t ntok, uint32_t E, uint32_t K) {
-  const uint32_t cols = (E + 31u) / 32u, g = router_group(warps, ntok, E, K);
-  return (cols + g - 1u) / g;
-}
 
 /// Tokens per router block of @p threads threads for T tokens of E experts, top K: one up
 /// to kRouteOneTokenPerSm (@p fused: kFusedOneTokenPerSm) tokens per SM; beyond, for the
