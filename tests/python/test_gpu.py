@@ -89,9 +89,13 @@ def mxfp8_e5m2_quantize(x: torch.Tensor, G: int = 32):
     # the contract's product. (The CPU backend of torch divides; the UE8M0 exponent comes out
     # the same here.)
     s = amax.clamp(min=1e-4) / 57344.0
-    # log2 in float64: in float32 a value just above a power of two has a log2 that rounds to
-    # the integer below it, and its ceiling would lose the step up
-    e = torch.ceil(torch.log2(s.double())).clamp(-126, 127).to(torch.int32)
+    # ceil(log2 s) exactly, from frexp (s = m 2^x, m in [0.5, 1): x - 1 when m == 0.5, else x):
+    # FlashInfer rounds the scale up to a power of two in hardware (cvt.rp.satfinite.ue8x2),
+    # where a log2 can miss both ways: in float32 a value just above a power of two rounds
+    # to the integer below, and CUDA's float64 log2 of an exact power of two may land just
+    # above it (bf16 amaxes of 1.75 * 2^n give such s exactly).
+    m, x2 = torch.frexp(s)
+    e = torch.where(m == 0.5, x2 - 1, x2).clamp(-126, 127).to(torch.int32)
     scale = ((e + 127) << 23).view(torch.float32)  # 2^e, exact
     q = (xv * (1 / scale).unsqueeze(2)).to(torch.float8_e5m2).reshape(T, H)
     x_sf = (e + 127).to(torch.uint8).contiguous().view(torch.int32)  # 4 exponent bytes per word, LE
