@@ -10,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 namespace megamoe_cli {
@@ -233,6 +235,14 @@ int64_t checked_value(megamoe::core::Checked v, const std::string& what) {
 
 void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string& what) {
   if (bytes < 0) throw CliError("internal: negative byte count for " + what);
+  // More than the host's physical memory is refused before it is attempted: an allocator
+  // may overcommit (and fault while the buffer is zeroed) or abort instead of throwing.
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && bytes / page > pages) {
+    throw CliError("cannot allocate " + std::to_string(bytes) + " bytes for " + what +
+                   ": out of host memory (more than its " + std::to_string(static_cast<int64_t>(pages) * page) +
+                   " bytes)");
+  }
   try {
     buf.assign(static_cast<size_t>(bytes), 0);
   } catch (const std::bad_alloc&) {
