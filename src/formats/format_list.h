@@ -34,7 +34,10 @@ enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32 };
 /// Group sizes of the fast kernel, one bit each (the "fast" column).
 constexpr uint32_t kG16 = 1u << 0, kG32 = 1u << 1, kG128 = 1u << 2;
 /// The Rounding values a row accepts, one bit each (the "rounds" column).
-MEGAMOE_HD constexpr uint32_t round_bit(Rounding r) { return 1u << static_cast<uint32_t>(r); }
+/// (A value outside the enum, which a caller's raw bytes can hold, has no bit: no row accepts it.)
+MEGAMOE_HD constexpr uint32_t round_bit(Rounding r) {
+  return static_cast<uint32_t>(r) < 32u ? 1u << static_cast<uint32_t>(r) : 0u;
+}
 constexpr uint32_t kRoundFp8 = round_bit(Rounding::kDefault) | round_bit(Rounding::kNearestEven);
 constexpr uint32_t kRoundTtz = round_bit(Rounding::kDefault) | round_bit(Rounding::kTiesTowardZero);
 constexpr uint32_t kRoundRne = round_bit(Rounding::kNearestEven);

@@ -283,6 +283,9 @@ TEST_F(Validation, UnsupportedSchemes) {
   q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::infinity(); bad.emplace_back("floor inf", q);
   q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::quiet_NaN(); bad.emplace_back("floor nan", q);
   q = QuantScheme::mxfp8(); q.rounding = megamoe::Rounding::kTiesTowardZero; bad.emplace_back("fp8 ttz", q);
+  // Raw bytes outside the enum (a fuzzer's 49 and 170): rejected, with no shift past 32 bits.
+  q = QuantScheme::mxfp8(); q.rounding = static_cast<megamoe::Rounding>(49); bad.emplace_back("rounding 49", q);
+  q = QuantScheme::mxfp8(); q.rounding = static_cast<megamoe::Rounding>(170); bad.emplace_back("rounding 170", q);
   q = QuantScheme::fp8_fp32_g128(); q.scale = ScaleType::kFloat8E4M3; bad.emplace_back("fp8 e4m3 scales", q);
   q = QuantScheme::mxfp8(); q.group_k = 48; bad.emplace_back("G=48", q);
   q = QuantScheme::mxfp8(); q.group_k = 256; bad.emplace_back("G=256", q);
