@@ -321,8 +321,7 @@ Problem validate_args(const StageArgs& a) {
   check_rank(hs, "hidden_states", 2);
   p.T = hs.shape[0];
   p.H = hs.shape[1];
-  // The reference returns before any other check; full-buffer mode still fills the tail.
-  if (p.T == 0 && !a.full_buffer) return p;
+  if (returns_at_once(p.T, a.full_buffer)) return p;
   check_dtype(hs, "hidden_states", {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
 
   if (p.H % 128 != 0) fail(kSeedHidden128, "hidden_states", "hidden_size % 128 == 0", p.H);
@@ -439,7 +438,7 @@ Problem validate_routing(const RoutingArgs& a) {
   p.routing_only = true;
   check_rank(a.topk_ids, "topk_ids", 2);
   p.T = a.topk_ids.shape[0];
-  if (p.T == 0 && !a.full_buffer) return p;
+  if (returns_at_once(p.T, a.full_buffer)) return p;
   const TopkRefs topk = topk_refs(a);
   check_topk_pair(topk, p);
   check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
@@ -541,9 +540,7 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
                   std::to_string(p.T) + " tokens (the rows of router_logits)",
                   "shape " + stage->hidden_states.shape_str());
   }
-  // As prepare_inputs: T == 0 is done before any other check, unless a full-buffer tail
-  // is still to be filled.
-  if (p.T == 0 && !(p.fused && stage->full_buffer)) return p;
+  if (returns_at_once(p.T, p.fused && stage->full_buffer)) return p;
   check_dtype(lg, "router_logits", {DType::kFloat32, DType::kBFloat16});
   MEGAMOE_CHECK(p.E >= 1 && p.E <= core::kMaxRouterExperts, "router_logits", "1 to 512 experts (shape[1])",
                 "shape " + lg.shape_str());

@@ -44,6 +44,10 @@ Problem validate_args(const StageArgs& args);
 Problem validate_routing(const RoutingArgs& args);
 /// True when the call has work (T > 0, or a full-buffer tail to fill).
 inline bool has_work(const Problem& p) { return p.T > 0 || (p.full_buffer && p.M > 0); }
+/// The contract's early return, the one place it is stated: a call without tokens returns
+/// before any further check unless a full-buffer tail is still to be filled (the
+/// reference's behaviour; prepare_inputs, stage_routing and route_and_stage alike).
+constexpr bool returns_at_once(int64_t T, bool full_buffer) { return T == 0 && !full_buffer; }
 
 /// Sizes and options resolved from validated RouterArgs (route, or route_and_stage).
 struct RouterProblem {
