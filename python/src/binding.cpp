@@ -479,6 +479,29 @@ std::optional<float> as_float(const std::optional<double>& v) {
   return to_f32_arg(*v, "routed_scaling_factor");
 }
 
+/// A Python int argument @p name (anything with __index__) as an int64: a value outside
+/// int64 is a ValueError naming it and the value, in the words of megamoe._signature (not
+/// nanobind's "incompatible function arguments", which names neither); a non-int (a float,
+/// a str) is a TypeError naming it.
+int64_t to_i64_arg(nb::handle h, const char* name) {
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    throw nb::type_error((std::string("megamoe: ") + name + ": expected an int, got " +
+                          nb::type_name(h.type()).c_str()).c_str());
+  nb::object idx = nb::steal(PyNumber_Index(h.ptr()));
+  if (!idx.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow == 0) {
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    return static_cast<int64_t>(v);
+  }
+  const int64_t bits = nb::cast<int64_t>(idx.attr("bit_length")());
+  const std::string text = bits <= 128 ? std::string(nb::str(idx).c_str())
+                                       : std::string(overflow < 0 ? "a negative" : "an") + " int of " +
+                                             std::to_string(bits) + " bits";
+  throw nb::value_error((std::string("megamoe: ") + name + ": " + text + " does not fit in int64").c_str());
+}
+
 /// Imports the arrays of @p h into @p args. Returns false when the call has nothing to do:
 /// a 2-D hidden_states without rows (the reference reads num_tokens and returns before
 /// looking at anything else), except in full-buffer mode, whose top-k tail is filled even
@@ -767,17 +790,22 @@ NB_MODULE(_C, m) {
       "the floor.")
       .def(
           "__init__",
-          [](QuantScheme* self, QuantElem elem, ScaleType scale, int64_t group_m, int64_t group_k,
+          [](QuantScheme* self, QuantElem elem, ScaleType scale, nb::handle group_m, nb::handle group_k,
              bool is_static, bool symmetric, bool has_scale2, std::optional<megamoe::Scale2> scale2,
              megamoe::Rounding rounding, double amax_floor) {
-            QuantScheme q{elem, scale, group_m, group_k, is_static, symmetric,
+            QuantScheme q{elem,
+                          scale,
+                          to_i64_arg(group_m, "group_m"),
+                          to_i64_arg(group_k, "group_k"),
+                          is_static,
+                          symmetric,
                           resolve_scale2(has_scale2, scale2)};
             q.rounding = rounding;
             q.amax_floor = to_f32_arg(amax_floor, "amax_floor");
             new (self) QuantScheme(q);
           },
           nb::arg("elem") = QuantElem::kFloat8E4M3, nb::arg("scale") = ScaleType::kUE8M0,
-          nb::arg("group_m") = 1, nb::arg("group_k") = 32, nb::arg("is_static") = false,
+          nb::arg("group_m").none() = 1, nb::arg("group_k").none() = 32, nb::arg("is_static") = false,
           nb::arg("symmetric") = true, nb::arg("has_scale2") = false, nb::kw_only(),
           nb::arg("scale2").none() = nb::none(), nb::arg("rounding") = megamoe::Rounding::kDefault,
           nb::arg("amax_floor") = 1e-4,
@@ -785,9 +813,14 @@ NB_MODULE(_C, m) {
           "scale2 (keyword) overrides has_scale2, which alone means Scale2.STATIC.")
       .def_rw("elem", &QuantScheme::elem, "Quantized element type (QuantElem).")
       .def_rw("scale", &QuantScheme::scale, "Scale type (ScaleType).")
-      .def_rw("group_m", &QuantScheme::group_m, "Group rows (1 = per token).")
-      .def_rw("group_k", &QuantScheme::group_k,
-              "Group columns G along the hidden dimension (<= 0: per tensor / per token).")
+      .def_prop_rw(
+          "group_m", [](const QuantScheme& q) { return q.group_m; },
+          [](QuantScheme& q, nb::handle v) { q.group_m = to_i64_arg(v, "group_m"); },
+          nb::for_setter(nb::arg("value").none()), "Group rows (1 = per token).")
+      .def_prop_rw(
+          "group_k", [](const QuantScheme& q) { return q.group_k; },
+          [](QuantScheme& q, nb::handle v) { q.group_k = to_i64_arg(v, "group_k"); },
+          nb::for_setter(nb::arg("value").none()), "Group columns G along the hidden dimension (<= 0: per tensor / per token).")
       .def_rw("is_static", &QuantScheme::is_static, "Static (precomputed) scales.")
       .def_rw("symmetric", &QuantScheme::symmetric, "Symmetric quantization (no zero point).")
       .def_rw("scale2", &QuantScheme::scale2, "Second-level scale (Scale2).")

@@ -132,6 +132,36 @@ def test_helpers_ints_beyond_int64_are_value_errors_naming_them(value):
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("value", BEYOND_INT64, ids=str)
+def test_scheme_group_sizes_beyond_int64_are_value_errors_naming_them(value):
+    for name in ("group_m", "group_k"):
+        with pytest.raises(ValueError, match=re.escape(does_not_fit(name, value))):
+            megamoe.QuantScheme(**{name: value})
+        q = megamoe.QuantScheme()
+        with pytest.raises(ValueError, match=re.escape(does_not_fit(name, value))):
+            setattr(q, name, value)
+        assert q == megamoe.QuantScheme(), "a refused assignment changed the scheme"
+
+
+def test_scheme_group_sizes_take_index_ints_and_refuse_other_types():
+    q = megamoe.QuantScheme(group_m=np.int64(1), group_k=np.int32(128))
+    assert (q.group_m, q.group_k) == (1, 128)
+    q.group_k = np.uint8(32)
+    assert q == megamoe.QuantScheme()
+    assert megamoe.QuantScheme(group_k=2**63 - 1).group_k == 2**63 - 1
+    assert megamoe.QuantScheme(group_m=-(2**63)).group_m == -(2**63)
+    for bad in (1.5, "32", None, True):
+        with pytest.raises(TypeError, match="megamoe: group_k: expected an int"):
+            megamoe.QuantScheme(group_k=bad)
+        with pytest.raises(TypeError, match="megamoe: group_m: expected an int"):
+            megamoe.QuantScheme().group_m = bad
+    big = 2**200
+    with pytest.raises(ValueError, match=re.escape("megamoe: group_k: an int of 201 bits does not fit in int64")):
+        megamoe.QuantScheme(group_k=big)
+    with pytest.raises(ValueError, match=re.escape("megamoe: group_k: a negative int of 201 bits does not fit")):
+        megamoe.QuantScheme(group_k=-big)
+
+
 def test_int64_bounds_themselves_reach_the_library():
     """-2**63 and 2**63 - 1 are int64s: the library judges them (its own messages), the
     range check does not."""
