@@ -49,7 +49,6 @@
 #include "core/router.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/geometry.h"
-#include "cuda/kernels/trace.cuh"
 
 namespace megamoe {
 namespace cuda {
@@ -401,7 +400,7 @@ __device__ __forceinline__ uint32_t router_single_tau(const SingleScratch& s, ui
 /// keys in shared memory; @p Wh: the warps holding experts (>= K); @p out: K candidates,
 /// written by warp 0.
 __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32_t E, uint32_t K, uint32_t Wh,
-                                                     SingleScratch& s, uint64_t* out MM_TRACE_PARAM) {
+                                                     SingleScratch& s, uint64_t* out) {
   const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
   uint32_t m = 0;
   for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) m = max(m, key[e]);
@@ -409,7 +408,6 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
   if (lane == 0u) s.wmax[warp] = m;
   if (threadIdx.x == 0u) s.n = 0u;
   __syncthreads();
-  MM_TRACE_AT(5);
   const uint32_t tau = router_single_tau(s, Wh, K);
   for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
     const uint32_t k = key[e];
@@ -419,7 +417,6 @@ __device__ __forceinline__ bool router_select_single(const uint32_t* key, uint32
     }
   }
   __syncthreads();
-  MM_TRACE_AT(6);
   const uint32_t n = s.n;
   if (n > 32u) return false;
   if (warp == 0u) router_rank(s.sel, n, K, out);
@@ -476,13 +473,10 @@ __device__ __forceinline__ bool router_decode_applies(const RouterParams& r) {
 /// by a ballot and a shuffle each, summed in rank order (router_finish's order), and the
 /// lane of rank k stores entry k. More than 32 experts at or above tau (many equal keys):
 /// warp 0 selects by K rounds over the keys in shared memory (router_slice_topk) and
-/// router_finish. The same bytes as router_block_body's path for the same token. (Trace
-/// points: 5 the first logit loaded, 1 the keys, 2 the first barrier, 6 the second, 3 the
-/// ranking, 4 the stores.)
+/// router_finish. The same bytes as router_block_body's path for the same token.
 template <bool kInlined>
 __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64_t t, uint32_t* key, float* score,
                                                     SingleScratch& s, uint64_t* cand) {
-  MM_TRACE_DECL
   const uint32_t tid = threadIdx.x, lane = tid % 32u, warp = tid / 32u;
   const uint32_t E = static_cast<uint32_t>(r.E), K = static_cast<uint32_t>(r.K);
   const bool biased = (r.flags & kRouteBias) != 0;
@@ -510,7 +504,6 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   uint32_t nf = 0;
   MEGAMOE_UNROLL
   for (int c = 0; c < 2; ++c) nf += v[c] && core::non_finite(x[c]) ? 1u : 0u;
-  MM_TRACE_AFTER(5, x[0]);
   float sc[2] = {0.0f, 0.0f};
   if (two) {
     core::router_scores<2, kInlined, kInlined>(x, sc);
@@ -538,9 +531,7 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   m = warp_extreme<true>(m);
   if (lane == 0u) s.wmax[warp] = m;
   if (tid == 0u) s.n = 0u;
-  MM_TRACE_AT(1);
   __syncthreads();
-  MM_TRACE_AT(2);
   const bool rec = rec_word != 0;
   if (padded) {
     if (warp == 0u && lane < K) router_store(r, t, lane, false, -1, 0.0f, rec);
@@ -559,7 +550,6 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
     }
   }
   __syncthreads();
-  MM_TRACE_AT(6);
   if (warp != 0u) return;
   const uint32_t n = s.n;
   if (n > 32u) {  // warp-uniform
@@ -572,7 +562,6 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
   const float ms = lane < n ? s.sel_s[lane] : 0.0f;
   const uint32_t rank = router_rank_of(s.sel, n, mine);
   const bool win = lane < n && rank < K;  // K winners, ranks 0..K-1 (distinct candidates)
-  MM_TRACE_AT(3);
   // K <= the block's warps <= kRouterMaxWarps: winner q's score from the lane of rank q (a
   // ballot past K is empty and its shuffle unused), added in rank order.
   static_assert(kRouterMaxWarps == 8, "eight ranks");
@@ -590,8 +579,6 @@ __device__ __forceinline__ void router_decode_token(const RouterParams& r, int64
     router_store(r, t, rank, true, candidate_id(mine),
                  core::router_weight(ms, core::weight_denominator(sum), r.alpha), rec);
   }
-  MM_TRACE_AT(4);
-  MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-decode-fused" : "router-decode", true);
 }
 
 /// Rows T..M-1 of the staged top-k (the full buffer's tail), spread over all router blocks.
@@ -703,7 +690,6 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       return;
     }
   }
-  MM_TRACE_DECL
   const uint32_t warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
   const int64_t t0 = static_cast<int64_t>(rb) * r.tpb;
   const uint32_t ntok = static_cast<uint32_t>(t0 < r.T ? (r.T - t0 < r.tpb ? r.T - t0 : r.tpb) : 0);
@@ -747,10 +733,8 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
       i += router_score_rows<kChains, kInlined>(r, t0, i, n, rows, nf, sh_key, sh_s) * blockDim.x;
     }
   }
-  MM_TRACE_AT(1);
   if (r.nonfinite != nullptr) flush_nonfinite(r.nonfinite, nf);
   __syncthreads();
-  MM_TRACE_AT(2);
   const bool padded = pad_byte != 0u, rec = rec_word != 0;
   // 2. Selection: each warp the top K of its slice of its token, then (G > 1) the token's
   // first warp merges the slices; 3. that warp's lanes k < K: weights and stores.
@@ -758,10 +742,8 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     if (warp < ntok) router_hash(r, t0 + warp, rec);
   } else if (single && padded) {
     if (warp == 0u && lane < K) router_store(r, t0, lane, false, -1, 0.0f, rec);
-  } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand MM_TRACE_ARG)) {
-    MM_TRACE_AT(3);
+  } else if (single && router_select_single(sh_key, E, K, holding, sh_single, sh_cand)) {
     if (warp == 0u) router_finish(r, t0, sh_cand, sh_s, rec);
-    MM_TRACE_AT(4);
   } else if (ntok > 0) {  // (also a single token whose threshold let more than 32 experts through)
     if (single) G = group_of_block();
     const uint32_t tok = warp / G, slice = warp % G;
@@ -784,9 +766,6 @@ __device__ __forceinline__ void router_block_body(const RouterParams& r, uint32_
     }
   }
   router_fill_tail(r, rb);
-  // (points 5 and 6: the single-token selection's two barriers, 3: its ranking done, 4:
-  // the weights and stores after it)
-  MM_TRACE_PRINT((r.flags & kRouteStaged) ? "router-fused" : "router", true);
 }
 
 /// router_block_body not inlined, for the fused kernel: it has one instantiation per
