@@ -24,7 +24,7 @@
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/plan.h"
-#include "validate.h"
+#include "contract/validate.h"
 #include "cuda_bench.cuh"
 
 using namespace megamoe;

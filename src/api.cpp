@@ -11,7 +11,7 @@
 #include "megamoe/error.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 

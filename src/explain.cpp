@@ -7,7 +7,7 @@
 #include "megamoe/error.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 

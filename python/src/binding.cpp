@@ -4,7 +4,7 @@
 // export: NumPy, PyTorch, CuPy, JAX, DLPack capsules) becomes a megamoe::TensorRef
 // (data pointer, dtype, shape, strides in elements, device), QuantScheme is the C++
 // struct itself, and megamoe::Error becomes ValueError (invalid argument) or RuntimeError.
-// Every check of the staging contract lives in the library (src/validate.cpp).
+// Every check of the staging contract lives in the library (src/contract/validate.cpp).
 //
 // What nanobind refuses to import is explained rather than called "not an array": a
 // NumPy array whose dtype DLPack cannot carry (big-endian, structured, object, ...) or

@@ -21,7 +21,7 @@
 #include "cpu/pool.h"
 #include "megamoe/cpu.h"
 #include "megamoe/router.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cpu {

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "megamoe/stage.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cpu {

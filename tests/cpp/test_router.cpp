@@ -28,7 +28,7 @@
 #include "megamoe/megamoe.h"
 #include "router_cases.h"
 #include "router_reference.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace {
 

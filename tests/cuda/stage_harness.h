@@ -27,7 +27,7 @@
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe_reference.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace harness {
 

@@ -12,7 +12,7 @@
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "stage_harness.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace {
 

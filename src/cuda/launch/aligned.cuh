@@ -21,7 +21,7 @@
 #include "core/checked.h"
 #include "cuda/launch/launch_util.cuh"
 #include "megamoe/error.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cuda {

@@ -15,7 +15,7 @@
 #include "cuda/policy/plan.h"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cuda {

@@ -31,7 +31,7 @@
 #include "cuda/kernels/router.cuh"
 #include "megamoe/error.h"
 #include "megamoe/router.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cuda {

@@ -12,7 +12,7 @@
 #include "cuda/launch/launch_util.cuh"
 #include "megamoe/error.h"
 #include "megamoe/stage.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cuda {

@@ -12,7 +12,7 @@
 #include "formats/format_list.h"
 #include "megamoe/stage.h"
 #include "megamoe/tensor.h"
-#include "validate.h"
+#include "contract/validate.h"
 
 namespace megamoe {
 namespace cuda {

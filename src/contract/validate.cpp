@@ -1,5 +1,5 @@
-// validate.cpp: every argument check of the contract (docs/CONTRACT.md), run before any backend writes a byte.
-#include "validate.h"
+// contract/validate.cpp: every argument check of the contract (docs/CONTRACT.md), run before any backend writes a byte.
+#include "contract/validate.h"
 
 #include <algorithm>
 #include <cmath>

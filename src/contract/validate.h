@@ -1,4 +1,4 @@
-// validate.h: the one argument validator behind both backends.
+// contract/validate.h: the one argument validator behind both backends.
 #pragma once
 
 #include <cstdint>
