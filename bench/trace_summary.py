@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Medians of a trace build's phase lines (src/cuda/kernels/trace.cuh; scripts/device.sh trace).
+"""Medians of a trace build's phase lines (dev/trace/; scripts/device.sh trace).
 
     python3 bench/trace_summary.py FILE...   one JSON object per (file, kernel, block, thread)
 

@@ -41,9 +41,9 @@
 #   sass           bench/sass_mix.py over the built CUDA objects: opcode histograms of the kernels
 #                  matching $SASS_MATCH (default stage_fast_kernel) into sass.txt
 #   pybench        the full side-by-side bench/bench_stage.py
-#   trace          the decode kernels' clock64 phase trace (a -DMEGAMOE_TRACE=ON build in
-#                  build-trace; TRACE_CONFIGS, TRACE_CALLS, TRACE_ROUTER_ARGS; src/cuda/kernels/trace.cuh),
-#                  trace.jsonl
+#   trace          the decode kernels' clock64 phase trace (a build of the instrumented copy
+#                  dev/trace/tree.sh makes in build-trace/src; TRACE_CONFIGS, TRACE_CALLS,
+#                  TRACE_ROUTER_ARGS; dev/trace/), trace.jsonl
 #   multigpu       tests/multigpu/stage_symmetric.py under torchrun, one process per GPU
 #                  (NVLink multicast off), --timing; and pytest of tests/multigpu (#14; on a
 #                  machine of two or more GPUs; not in call1/call2)
@@ -591,9 +591,10 @@ step_bench_kernel() {
   timeout -k 5 "$(limit bench-kernel)" ./build-dev/megamoe_bench_kernel ${BENCH_ARGS:-} | tee "$WORK/bench-kernel.jsonl"
 }
 
-# The decode kernels' phase trace: megamoe_bench_kernel and megamoe_bench_router built with
-# -DMEGAMOE_TRACE=ON in build-trace (its own directory: the option stays in a CMake cache,
-# and build-dev must not time a trace build), then each "SCHEME T H" of TRACE_CONFIGS
+# The decode kernels' phase trace: megamoe_bench_kernel and megamoe_bench_router built from
+# the instrumented copy of the tree (dev/trace/tree.sh: build-trace/src, built in
+# build-trace/build; the product's kernels carry no trace points, and build-dev must not time
+# a trace build), then each "SCHEME T H" of TRACE_CONFIGS
 # ("a;b;..."), TRACE_CALLS calls replayed as one CUDA graph (as the benchmarks time them) and
 # again with a sync after each call, and megamoe_bench_router $TRACE_ROUTER_ARGS (its graph
 # replays overflow the device's printf buffer between syncs: the lines that fit; its "fast"
@@ -602,20 +603,20 @@ step_bench_kernel() {
 step_trace() {
   deps
   mkdir -p "$WORK/trace"
-  # shellcheck disable=SC2086  # CMAKE_EXTRA is a list of arguments
-  CMAKE_EXTRA="${CMAKE_EXTRA:-} -DMEGAMOE_TRACE=ON" cmake_build "$PWD" build-trace "$JOBS" $(($(limit trace) - 45)) \
-    megamoe_bench_kernel megamoe_bench_router >"$WORK/trace/build.log" 2>&1 || { tail -5 "$WORK/trace/build.log"; return 1; }
+  { bash dev/trace/tree.sh build-trace/src &&
+    cmake_build build-trace/src build-trace/build "$JOBS" $(($(limit trace) - 45)) \
+      megamoe_bench_kernel megamoe_bench_router; } >"$WORK/trace/build.log" 2>&1 || { tail -5 "$WORK/trace/build.log"; return 1; }
   local cfg mode cfgs
   IFS=';' read -ra cfgs <<<"${TRACE_CONFIGS:-mxfp8 1 7168;mxfp4 1 7168;nvfp4_static 1 7168;nvfp4_per_token 1 7168;nvfp4_per_token 64 7168}"
   for cfg in "${cfgs[@]}"; do
     for mode in graph sync; do
       # shellcheck disable=SC2086  # cfg is "SCHEME T H"
-      timeout -k 5 20 ./build-trace/megamoe_bench_kernel --one-format $cfg "${TRACE_CALLS:-200}" $mode \
+      timeout -k 5 20 ./build-trace/build/megamoe_bench_kernel --one-format $cfg "${TRACE_CALLS:-200}" $mode \
         >"$WORK/trace/${cfg// /_}_$mode.txt" 2>&1 || echo "trace: $cfg $mode rc=$?"
     done
   done
   # shellcheck disable=SC2086
-  timeout -k 5 60 ./build-trace/megamoe_bench_router ${TRACE_ROUTER_ARGS:---T 1 --layers 256:6:4096,384:6:7168 --eplb 0,1} \
+  timeout -k 5 60 ./build-trace/build/megamoe_bench_router ${TRACE_ROUTER_ARGS:---T 1 --layers 256:6:4096,384:6:7168 --eplb 0,1} \
     >"$WORK/trace/router.txt" 2>&1 || echo "trace: router rc=$?"
   python3 bench/trace_summary.py "$WORK"/trace/*_graph.txt "$WORK"/trace/*_sync.txt "$WORK/trace/router.txt" |
     tee "$WORK/trace.jsonl"

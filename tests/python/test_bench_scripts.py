@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -340,3 +341,20 @@ def test_trace_summary_medians(tmp_path):
     assert rows[1]["points"][2] == 431
     rc, _, err = _run([sys.executable, str(BENCH / "trace_summary.py")])
     assert rc == 2 and "Medians" in err
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+def test_trace_tree_instruments_a_copy(tmp_path):
+    """dev/trace/tree.sh: its patch still applies to the tree; the copy's kernels carry the
+    phase points and include dev/trace/trace.cuh, the tree's own kernels carry none."""
+    rc, out, err = _run(["bash", str(ROOT / "dev" / "trace" / "tree.sh"), "--check"])
+    assert rc == 0, out + err
+    dest = tmp_path / "tree"
+    rc, out, err = _run(["bash", str(ROOT / "dev" / "trace" / "tree.sh"), str(dest)])
+    assert rc == 0, out + err
+    kernels = pathlib.Path("src/cuda/kernels")
+    assert (dest / kernels / "trace.cuh").read_bytes() == (ROOT / "dev" / "trace" / "trace.cuh").read_bytes()
+    for name in ("router.cuh", "quantize_fast.cuh", "quantize_rowwise.cuh"):
+        assert "MM_TRACE_PRINT" in (dest / kernels / name).read_text()
+        assert "MM_TRACE" not in (ROOT / kernels / name).read_text()
+    assert (dest / "src" / "api.cpp").read_bytes() == (ROOT / "src" / "api.cpp").read_bytes()

@@ -18,7 +18,6 @@
 #include "cuda/kernels/chunk.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/geometry.h"
-#include "cuda/kernels/trace.cuh"
 #include "cuda/kernels/topk.cuh"
 
 namespace megamoe {
@@ -133,7 +132,6 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   static_assert(G % kChunk == 0 && G <= 128, "fast path groups span whole chunks");
   constexpr int kTPG = G / kChunk;                                 // threads per group
   constexpr int kOutBytes = kChunk / core::values_per_byte(F);    // x_q bytes per chunk
-  MM_TRACE_DECL
   RawChunk<In> x;
   if (active) {
     load_chunk<In>(static_cast<const typename InTraits<In>::T*>(p.hs) + offset(t, p.hs_s0, j * kChunk, Idx{1}), x);
@@ -142,7 +140,6 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
   }
   if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);
   const float amax = group_amax<kTPG>(chunk_amax<In>(x));
-  MM_TRACE_AFTER(1, amax);
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
   core::GroupParams gp;
@@ -158,14 +155,9 @@ __device__ __forceinline__ void stage_at(const ParamsT<Idx>& p, Idx t, Idx j, bo
     }
   } else {
     gp = group_params_of<F>(amax, floor, s2);
-    MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
     q = encode_chunk<F, In>(x, gp);
   }
-  MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * kOutBytes, Idx{1}), q.w);
-  MM_TRACE_AT(4);
-  // (one-pass grids only: a looping thread would print every chunk)
-  MM_TRACE_PRINT("fast", !kTile && static_cast<uint64_t>(gridDim.x) * blockDim.x >= static_cast<uint64_t>(p.n_chunks));
   // The group's first thread stores its scale: an fp32, or its byte into the packed word
   // and the shared-expert copy.
   if (j % kTPG != 0) return;
@@ -187,7 +179,6 @@ __device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const 
   static_assert(In != kInF32 && core::values_per_byte(F) == 2, "half chunks: FP4 of 16-bit inputs");
   constexpr int kTPG = 2 * G / kChunk;  // threads per group
   constexpr Half2Kind K = In == kInBF16 ? Half2Kind::kBF16 : Half2Kind::kF16;
-  MM_TRACE_DECL
   const uint32_t h = c & 1u;
   uint32_t t, j;
   row_and_chunk(p, c >> 1, t, j);
@@ -205,17 +196,12 @@ __device__ __forceinline__ void stage_half(const Params32& p, uint32_t c, const 
   if constexpr (X == Extras::kCount) nf += chunk_nonfinite<In>(x);  // (words 4..7: zeros, finite)
   const uint32_t (&lo)[4] = reinterpret_cast<const uint32_t(&)[4]>(x.w);
   const float amax = group_amax<kTPG>(abs_max_packed<K>(lo));
-  MM_TRACE_AFTER(1, amax);
   if (!active) return;
   const float floor = X == Extras::kNone ? core::kAmaxFloor : p.floor;
   const core::GroupParams gp = group_params_of<F>(amax, floor, s2);
-  MM_TRACE_AFTER(2, __uint_as_float(gp.sf));
   const Encoded<F> q = encode_chunk<F, In>(x, gp);
-  MM_TRACE_AFTER(3, __uint_as_float(q.w[0]));
   const uint32_t w0[1] = {q.w[0]};  // (the half's nibbles: one word)
   store_words<kStream>(p.xq + offset(t, p.xq_s0, j * (kChunk / 2) + h * (kChunk / 4), 1u), w0);
-  MM_TRACE_AT(4);
-  MM_TRACE_PRINT("half", true);
   const uint32_t jh = 2u * j + h;  // half chunk in the row
   if (jh % kTPG != 0) return;
   store_group_scale<F>(p, t, jh / kTPG, gp.sf);
@@ -286,9 +272,7 @@ __global__ void __launch_bounds__(256, kRecipTable<In, F, kShape> ? kRecipBlocks
     }
   } else {
     if (blockIdx.x >= p.quant_blocks) {  // block-uniform: a top-k block
-      MM_TRACE_DECL
       repack_block(p);
-      MM_TRACE_PRINT("topk", true);
       return;
     }
     const float s2 = static_scale2<F>(p);

@@ -24,7 +24,6 @@
 #include "cuda/kernels/chunk.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/topk.cuh"
-#include "cuda/kernels/trace.cuh"
 
 namespace megamoe {
 namespace cuda {
@@ -153,7 +152,6 @@ __device__ __forceinline__ void encode_group(const Params64& p, int64_t t, int64
 template <int In, bool kCount, int N, bool kSplit>
 __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, int64_t groups, float* buf, uint32_t& nf,
                                                  int part, core::TokenRow* sh = nullptr) {
-  MM_TRACE_DECL
   const auto* hs = static_cast<const typename InTraits<In>::T*>(p.hs);
   RawChunk<In> x[N];
 #pragma unroll
@@ -164,7 +162,6 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
   }
   // The row's top-k entries while the chunk loads are in flight.
   if constexpr (!kSplit) repack_topk<int64_t>(p, t, threadIdx.x, blockDim.x);
-  MM_TRACE_AT(1);
   float amax[N], row = 0.0f;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -172,16 +169,13 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     row = fmaxf(row, amax[n]);
     if constexpr (kCount) nf += !kSplit || n == part ? chunk_nonfinite<In>(x[n]) : 0u;
   }
-  MM_TRACE_AFTER(2, row);
   core::TokenRow tr;
   if constexpr (kSplit) {
     const float rmax = block_max<true>(row, buf);
-    MM_TRACE_AFTER(3, rmax);
     tr = core::nvfp4_token_row(core::per_token_scale(rmax, p.floor));
   } else {
     tr = row_constants_by_warp0(row, buf, sh, p.floor);
   }
-  MM_TRACE_AFTER(4, tr.rd6);
   if (threadIdx.x == 0 && (!kSplit || part == 0)) p.x_scales[t * p.xs_s0] = tr.pts;
   if constexpr (kSplit) {
     // The own chunk by selects (block-uniform part): one encode, the others' registers free.
@@ -214,9 +208,6 @@ __device__ __forceinline__ void row_in_registers(const Params64& p, int64_t t, i
     else if (groups == N * static_cast<int64_t>(blockDim.x)) encode(std::true_type{}, std::true_type{});
     else encode(std::true_type{}, std::false_type{});
   }
-  MM_TRACE_AT(5);
-  // (one-pass grids only: a looping block would print every row)
-  MM_TRACE_PRINT(kSplit ? "row-split" : "row", kSplit || p.T <= static_cast<int64_t>(gridDim.x));
 }
 
 /// Resident blocks per SM of the split variants (at most kRowSplitMaxThreads threads, up to

@@ -1,16 +1,16 @@
-// trace.cuh: a development aid, compiled in only with the CMake option MEGAMOE_TRACE
-// (scripts/device.sh trace builds it in a directory of its own): clock64 phase points in the
-// decode kernels (the fast kernel's stage_at, the row kernel, the router block), printed
-// from the device by threads 0 and 32 of the first eight blocks and of the last block;
-// bench/trace_summary.py turns the lines into medians. Without the option every macro is
-// empty and the kernels compile to the same instructions.
+// trace.cuh: the decode kernels' clock64 phase points (the fast kernel's stage_at, the row
+// kernel, the router block), a development aid that no product build contains.
+// dev/trace/tree.sh copies this header into a scratch copy of the tree as
+// src/cuda/kernels/trace.cuh and applies dev/trace/instrument.patch, which includes it from
+// the kernels and places the points; scripts/device.sh trace builds and runs that copy.
+// Threads 0 and 32 of the first eight blocks and of the last block print one line each from
+// the device; bench/trace_summary.py turns the lines into medians.
 //
 // A point records the SM clock; MM_TRACE_AFTER(k, v) first waits for @p v (the phase's
 // result: an asm input operand), so that it marks when that value exists rather than when
 // the instructions producing it were issued.
 #pragma once
 
-#ifdef MEGAMOE_TRACE
 #include <cstdio>
 
 namespace megamoe {
@@ -67,11 +67,3 @@ __device__ __forceinline__ void trace_print(const char* name, TraceBuf& b, bool 
 // with MM_TRACE_ARG (the caller's buffer).
 #define MM_TRACE_PARAM , ::megamoe::cuda::TraceBuf& mm_trace_
 #define MM_TRACE_ARG , mm_trace_
-#else
-#define MM_TRACE_DECL
-#define MM_TRACE_AT(k)
-#define MM_TRACE_AFTER(k, dep)
-#define MM_TRACE_PRINT(name, print)
-#define MM_TRACE_PARAM
-#define MM_TRACE_ARG
-#endif
