@@ -5,6 +5,10 @@
 // (data pointer, dtype, shape, strides in elements, device), QuantScheme is the C++
 // struct itself, and megamoe::Error becomes ValueError (invalid argument) or RuntimeError.
 // Every check of the staging contract lives in the library (src/contract/validate.cpp).
+// The staging entry points take their parameters from argument tables, one per entry point
+// and the same as megamoe._signature's, which fill a call's arguments by name and say where
+// the library names an argument otherwise (StageArgs::x_q is Python's x_fp8): its messages
+// are reworded to the parameter's name.
 //
 // What nanobind refuses to import is explained rather than called "not an array": a
 // NumPy array whose dtype DLPack cannot carry (big-endian, structured, object, ...) or
@@ -26,6 +30,9 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "megamoe/megamoe.h"
@@ -58,19 +65,18 @@ std::string type_name_of(nb::handle h) { return nb::type_name(h.type()).c_str();
                            .c_str());
 }
 
-/// The library calls the quantized output x_q; Python callers pass it as x_fp8 (vLLM's
-/// parameter name), so messages name it that way.
-std::string python_names(std::string msg) {
-  static const std::string kLib = "x_q", kPy = "x_fp8";
+/// @p msg with every occurrence of @p from that stands as a name of its own (not inside a
+/// longer identifier) replaced by @p to.
+std::string replace_name(std::string msg, const std::string& from, const std::string& to) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  size_t p = msg.find(kLib);
+  size_t p = msg.find(from);
   while (p != std::string::npos) {
-    const size_t end = p + kLib.size();
+    const size_t end = p + from.size();
     if ((p == 0 || !ident(msg[p - 1])) && (end == msg.size() || !ident(msg[end]))) {
-      msg.replace(p, kLib.size(), kPy);
-      p = msg.find(kLib, p + kPy.size());
+      msg.replace(p, from.size(), to);
+      p = msg.find(from, p + to.size());
     } else {
-      p = msg.find(kLib, end);
+      p = msg.find(from, end);
     }
   }
   return msg;
@@ -181,7 +187,8 @@ template <typename Size>
 /// dtype, and @c got describes the real one.
 struct Unrepresented {
   TensorRef* field;
-  std::string name;
+  std::string name;     ///< the caller's, for the message raised here
+  std::string library;  ///< the library's, as its messages say it
   std::string got;
 };
 
@@ -189,8 +196,9 @@ struct Unrepresented {
 /// a tensor accepts is the library's knowledge (it may depend on the scheme and shapes), so
 /// the library is asked: each such tensor is given a placeholder dtype that it rejects
 /// (every tensor rejects bool or int64), and the library's message about the placeholder
-/// is reworded to name the real dtype. @p check runs the library's checks only; it must
-/// never stage anything.
+/// is reworded to name the real dtype (the entry point rewords the library's names of
+/// arguments to the caller's). @p check runs the library's checks only; it must never stage
+/// anything.
 template <typename Check>
 [[noreturn]] void raise_unrepresented(const std::vector<Unrepresented>& bad, Check&& check) {
   for (DType placeholder : {DType::kBool, DType::kInt64}) {
@@ -198,10 +206,10 @@ template <typename Check>
     try {
       check();
     } catch (const Error& e) {
-      const std::string msg = python_names(e.what());
+      const std::string msg = e.what();
       const std::string tail = std::string(", got dtype ") + megamoe::dtype_name(placeholder);
       for (const Unrepresented& b : bad) {
-        const std::string head = "megamoe: " + b.name + ": expected dtype ";
+        const std::string head = "megamoe: " + b.library + ": expected dtype ";
         if (msg.size() > head.size() + tail.size() && msg.compare(0, head.size(), head) == 0 &&
             msg.compare(msg.size() - tail.size(), tail.size(), tail) == 0) {
           throw Error(ErrorCode::kInvalidArgument,
@@ -316,40 +324,60 @@ struct DLManagedVersioned {
 using RoArray = nb::ndarray<nb::ro>;
 using RwArray = nb::ndarray<>;
 
+/// An array argument as the caller passed it, with its names: the caller's (the Python
+/// parameter's, which messages of the binding use) and the library's (which the library's
+/// messages use; the same unless the entry point's argument table says otherwise).
+struct PyArray {
+  nb::handle obj;
+  const char* name = "";
+  const char* library = "";
+  bool is_none() const { return obj.is_none(); }
+};
+
 /// Imports the arrays of one call and keeps them alive for its duration.
 class Arrays {
  public:
-  /// Imports input @p h into @p dst. With @p stop_if_empty, returns true as soon as @p h is
+  /// Imports input @p a into @p dst. With @p stop_if_empty, returns true as soon as @p a is
   /// known to be a 2-D array without rows, before its dtype or device are looked at.
-  bool input(nb::handle h, const char* name, TensorRef& dst, bool stop_if_empty = false) {
-    return load(h, name, false, dst, stop_if_empty, std::nullopt);
+  bool input(const PyArray& a, TensorRef& dst, bool stop_if_empty = false) {
+    return load(a.obj, a, false, dst, stop_if_empty, std::nullopt);
   }
 
-  void output(nb::handle h, const char* name, TensorRef& dst) {
-    load(h, name, true, dst, false, std::nullopt);
+  /// Imports optional input @p a into @p dst unless it is None.
+  void input(const PyArray& a, std::optional<TensorRef>& dst) {
+    if (!a.is_none()) input(a, dst.emplace());
+  }
+
+  void output(const PyArray& a, TensorRef& dst) { load(a.obj, a, true, dst, false, std::nullopt); }
+
+  /// Imports optional output @p a into @p dst unless it is None.
+  void output(const PyArray& a, std::optional<TensorRef>& dst) {
+    if (!a.is_none()) output(a, dst.emplace());
   }
 
   /// The arguments imported with a placeholder dtype (see raise_unrepresented).
   const std::vector<Unrepresented>& unrepresented() const { return bad_; }
 
  private:
-  bool load(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
-            bool stop_if_empty, std::optional<DType> as) {
+  /// Imports @p h, argument @p arg (@p h is arg.obj or the array it is read as).
+  bool load(nb::handle h, const PyArray& arg, bool writable, TensorRef& dst, bool stop_if_empty,
+            std::optional<DType> as) {
     if (writable) {
       RwArray a;
-      if (nb::try_cast(h, a, false)) return take(std::move(a), rw_, name, dst, false, as);
+      if (nb::try_cast(h, a, false)) return take(std::move(a), rw_, arg, dst, false, as);
       RoArray r;
-      if (nb::try_cast(h, r, false)) invalid(name, "a writable array", "a read-only array");
+      if (nb::try_cast(h, r, false)) invalid(arg.name, "a writable array", "a read-only array");
     } else {
       RoArray a;
-      if (nb::try_cast(h, a, false)) return take(std::move(a), ro_, name, dst, stop_if_empty, as);
+      if (nb::try_cast(h, a, false)) return take(std::move(a), ro_, arg, dst, stop_if_empty, as);
     }
-    return refused(h, name, writable, dst, stop_if_empty);
+    return refused(h, arg, writable, dst, stop_if_empty);
   }
 
   template <typename Array>
-  bool take(Array&& a, std::vector<Array>& keep, const std::string& name, TensorRef& dst,
+  bool take(Array&& a, std::vector<Array>& keep, const PyArray& arg, TensorRef& dst,
             bool stop_if_empty, std::optional<DType> as) {
+    const char* name = arg.name;
     keep.push_back(std::move(a));
     const Array& k = keep.back();
     const size_t ndim = k.ndim();
@@ -366,7 +394,7 @@ class Arrays {
     if (as) {
       dst.dtype = *as;
     } else {
-      bad_.push_back({&dst, name, "dtype " + dlpack_dtype_name(k.dtype())});
+      bad_.push_back({&dst, name, arg.library, "dtype " + dlpack_dtype_name(k.dtype())});
     }
     return false;
   }
@@ -374,10 +402,10 @@ class Arrays {
   /// nanobind could not import @p h. Raises the error that says why, except for NumPy
   /// arrays whose dtype is to be reported with the library's list (recorded in bad_) or is
   /// one of ml_dtypes' that megamoe has (imported as bytes); those return like load().
-  bool refused(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
-               bool stop_if_empty) {
+  bool refused(nb::handle h, const PyArray& arg, bool writable, TensorRef& dst, bool stop_if_empty) {
+    const std::string name = arg.name;
     if (PyCapsule_CheckExact(h.ptr())) refused_capsule(h, name);
-    if (is_numpy_array(h)) return refused_numpy(h, name, writable, dst, stop_if_empty);
+    if (is_numpy_array(h)) return refused_numpy(h, arg, writable, dst, stop_if_empty);
     if (nb::hasattr(h, "__dlpack__")) {
       try {
         (void)h.attr("__dlpack__")();
@@ -393,8 +421,9 @@ class Arrays {
     not_an_array(h, name);
   }
 
-  bool refused_numpy(nb::handle h, const std::string& name, bool writable, TensorRef& dst,
+  bool refused_numpy(nb::handle h, const PyArray& arg, bool writable, TensorRef& dst,
                      bool stop_if_empty) {
+    const std::string name = arg.name;
     std::vector<int64_t> shape, strides;
     for (nb::handle s : h.attr("shape")) shape.push_back(nb::cast<int64_t>(s));
     for (nb::handle s : h.attr("strides")) strides.push_back(nb::cast<int64_t>(s));
@@ -411,7 +440,7 @@ class Arrays {
     if (!got.empty()) {
       // Only validation sees this ref (no data, no strides): enough to learn the dtypes
       // the library accepts here.
-      bad_.push_back({&dst, name, std::move(got)});
+      bad_.push_back({&dst, name, arg.library, std::move(got)});
       return false;
     }
     const int64_t itemsize = nb::cast<int64_t>(dt.attr("itemsize"));
@@ -421,7 +450,7 @@ class Arrays {
     if (mapped) {
       // The same bytes as unsigned integers (which DLPack carries), read as what they are.
       nb::object bytes = h.attr("view")(itemsize == 1 ? "u1" : "u2");
-      return load(bytes, name, writable, dst, false, mapped);
+      return load(bytes, arg, writable, dst, false, mapped);
     }
     invalid(name, "an array DLPack or the buffer protocol can export",
             "a NumPy array of dtype " + std::string(nb::str(dt).c_str()) + " that both refused");
@@ -447,18 +476,6 @@ class Arrays {
   std::vector<RoArray> ro_;
   std::vector<RwArray> rw_;
   std::vector<Unrepresented> bad_;
-};
-
-/// The Python handles of one staging call, in the order of megamoe._signature.PREPARE.
-struct StageHandles {
-  nb::handle hidden_states, topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out;
-  nb::handle is_padding, shared_x_sf;
-  std::optional<int64_t> shared_block_m;
-  QuantScheme hidden_quant;
-  nb::handle global_scale, x_scales, nonfinite_count;
-  bool full_buffer = false;
-  std::optional<double> routed_scaling_factor;
-  bool enable_pdl = false;
 };
 
 /// A Python float as an fp32 argument @p name (round to nearest, as DeepGEMM's SM90
@@ -502,36 +519,214 @@ int64_t to_i64_arg(nb::handle h, const char* name) {
   throw nb::value_error((std::string("megamoe: ") + name + ": " + text + " does not fit in int64").c_str());
 }
 
+/// The arguments of the staging entry points (prepare_inputs, explain, stage_routing, route,
+/// route_and_stage), each in the member named as its Python parameter; an entry point's
+/// argument table (below) says which it takes, in which order. The initializers are the
+/// defaults of the parameters that have one (arrays: None).
+struct Handles {
+  PyArray hidden_states, router_logits, e_score_correction_bias, topk_weights, topk_ids;
+  PyArray x_fp8, x_sf, topk_idx_out, topk_weights_out, is_padding, shared_x_sf;
+  std::optional<int64_t> shared_block_m;
+  QuantScheme hidden_quant = QuantScheme::mxfp8();
+  std::optional<int64_t> top_k;
+  std::optional<double> routed_scaling_factor;
+  PyArray tid2eid, input_ids, logical_to_physical_map, logical_replica_count, expert_load_view,
+      record_enabled, logits_nonfinite_count;
+  PyArray global_scale, x_scales, nonfinite_count;
+  bool full_buffer = false;
+  uintptr_t stream = 0;
+  bool enable_pdl = false;
+};
+
+megamoe::Stream stream_of(const Handles& h) { return reinterpret_cast<megamoe::Stream>(h.stream); }
+
+/// One row of an entry point's argument table: the Python parameter @c name, the member of
+/// Handles that receives it (rows are written with MEGAMOE_ARG, which spells the name once
+/// for both) and, for an array the library names otherwise, the library's name (the entry
+/// point rewords the library's messages to the parameter's name). Everything else follows
+/// from the member's type: an array (PyArray) is any Python object or None; an optional
+/// int or float takes None; the default of a parameter that is not required is the
+/// member's initializer.
+template <typename M, bool kRequired>
+struct Param {
+  using Member = M;
+  const char* name;
+  M Handles::*member;
+  const char* library;
+
+  /// This row with the library's name for the argument.
+  constexpr Param library_name(const char* lib) const { return {name, member, lib}; }
+};
+
+template <bool kRequired, typename M>
+constexpr Param<M, kRequired> make_param(const char* name, M Handles::*member) {
+  return {name, member, nullptr};
+}
+
+#define MEGAMOE_ARG(member) make_param<false>(#member, &Handles::member)
+#define MEGAMOE_REQUIRED_ARG(member) make_param<true>(#member, &Handles::member)
+
+/// The C++ type nanobind converts a parameter to: arrays stay Python objects until Arrays
+/// imports them (so that their errors name them).
+template <typename M>
+struct PyParam {
+  using type = M;
+};
+template <>
+struct PyParam<PyArray> {
+  using type = nb::handle;
+};
+
+template <typename M>
+constexpr bool kTakesNone = false;
+template <>
+constexpr bool kTakesNone<PyArray> = true;
+template <typename T>
+constexpr bool kTakesNone<std::optional<T>> = true;
+
+/// The nanobind annotation of row @p p. Arrays take None even when required, so that a
+/// missing one gets the TypeError naming it (and so that T == 0 returns whatever they are).
+template <typename M, bool R>
+auto nb_arg(const Param<M, R>& p) {
+  if constexpr (kTakesNone<M>) {
+    if constexpr (R) {
+      return nb::arg(p.name).none();
+    } else {
+      return nb::arg(p.name).none() = nb::none();
+    }
+  } else if constexpr (R) {
+    return nb::arg(p.name);
+  } else {
+    return nb::arg(p.name) = Handles{}.*p.member;
+  }
+}
+
+template <typename M, bool R>
+void fill(Handles& h, const Param<M, R>& p, typename PyParam<M>::type v) {
+  if constexpr (std::is_same_v<M, PyArray>) {
+    h.*p.member = PyArray{v, p.name, p.library != nullptr ? p.library : p.name};
+  } else {
+    h.*p.member = std::move(v);
+  }
+}
+
+/// Runs @p fn with the library's names of @p table's arguments in its errors reworded to
+/// the parameters' names.
+template <typename Table, typename Fn>
+auto with_parameter_names(const Table& table, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    auto rename = [&msg](const auto& p) {
+      if (p.library != nullptr) msg = replace_name(std::move(msg), p.library, p.name);
+    };
+    std::apply([&](const auto&... p) { (rename(p), ...); }, table);
+    throw Error(e.code(), msg);
+  }
+}
+
+template <typename Table, typename Fn, size_t... I>
+void def_entry(nb::module_& m, const char* name, const Table& table, Fn fn, const char* doc,
+               std::index_sequence<I...>) {
+  m.def(
+      name,
+      [table, fn](typename PyParam<typename std::tuple_element_t<I, Table>::Member>::type... v) {
+        Handles h;
+        (fill(h, std::get<I>(table), std::move(v)), ...);
+        return with_parameter_names(table, [&] { return fn(h); });
+      },
+      nb_arg(std::get<I>(table))..., doc);
+}
+
+/// Defines entry point @p name of @p m: its parameters are the rows of @p table (names,
+/// order, types, defaults); a call fills Handles by name and runs @p fn on them.
+template <typename Table, typename Fn>
+void def_entry(nb::module_& m, const char* name, const Table& table, Fn fn, const char* doc) {
+  def_entry(m, name, table, fn, doc, std::make_index_sequence<std::tuple_size_v<Table>>());
+}
+
+// The argument tables, one per entry point, spliced from shared pieces as those of
+// megamoe._signature (PREPARE, ROUTING, ROUTE, ROUTE_AND_STAGE), whose names and order they
+// are; tests/python/test_signature.py checks the module's parameters against them.
+
+/// The staged tensor: x_q in the C++ API (StageArgs::x_q) and the library's messages, x_fp8
+/// in Python (vLLM's parameter name).
+constexpr const char kQuantized[] = "x_q";
+/// The router's non-finite counter (RouterArgs::nonfinite_count), named apart from
+/// StageArgs::nonfinite_count in the library's messages; route calls it nonfinite_count,
+/// route_and_stage logits_nonfinite_count.
+constexpr const char kRouterCounter[] = "nonfinite_count (router)";
+
+// prepare_megamoe_inputs' outputs and options from x_fp8 on, which route_and_stage takes too.
+constexpr auto kStaged = std::make_tuple(
+    MEGAMOE_REQUIRED_ARG(x_fp8).library_name(kQuantized), MEGAMOE_REQUIRED_ARG(x_sf),
+    MEGAMOE_REQUIRED_ARG(topk_idx_out), MEGAMOE_REQUIRED_ARG(topk_weights_out), MEGAMOE_ARG(is_padding),
+    MEGAMOE_ARG(shared_x_sf), MEGAMOE_ARG(shared_block_m), MEGAMOE_ARG(hidden_quant));
+constexpr auto kStageOptions = std::make_tuple(MEGAMOE_ARG(global_scale), MEGAMOE_ARG(x_scales),
+                                               MEGAMOE_ARG(nonfinite_count), MEGAMOE_ARG(full_buffer));
+constexpr auto kLaunch = std::make_tuple(MEGAMOE_ARG(stream), MEGAMOE_ARG(enable_pdl));
+
+constexpr auto kPrepare = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(hidden_states), MEGAMOE_REQUIRED_ARG(topk_weights),
+                    MEGAMOE_REQUIRED_ARG(topk_ids)),
+    kStaged, kStageOptions, std::make_tuple(MEGAMOE_ARG(routed_scaling_factor)), kLaunch);
+
+constexpr auto kRouting = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids),
+                    MEGAMOE_REQUIRED_ARG(topk_idx_out), MEGAMOE_REQUIRED_ARG(topk_weights_out),
+                    MEGAMOE_ARG(is_padding), MEGAMOE_ARG(full_buffer), MEGAMOE_ARG(routed_scaling_factor)),
+    kLaunch);
+
+// The router's logits, bias (required, None allowed) and public top-k, then its options.
+constexpr auto kRouterHead =
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(router_logits), MEGAMOE_REQUIRED_ARG(e_score_correction_bias),
+                    MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids));
+constexpr auto kRouterOptions = std::make_tuple(
+    MEGAMOE_ARG(top_k), MEGAMOE_ARG(routed_scaling_factor), MEGAMOE_ARG(tid2eid), MEGAMOE_ARG(input_ids),
+    MEGAMOE_ARG(logical_to_physical_map), MEGAMOE_ARG(logical_replica_count), MEGAMOE_ARG(expert_load_view),
+    MEGAMOE_ARG(record_enabled));
+
+constexpr auto kRoute =
+    std::tuple_cat(kRouterHead, std::make_tuple(MEGAMOE_ARG(is_padding)), kRouterOptions,
+                   std::make_tuple(MEGAMOE_ARG(nonfinite_count).library_name(kRouterCounter)), kLaunch);
+
+constexpr auto kRouteAndStage = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(hidden_states)), kRouterHead, kStaged, kRouterOptions,
+    std::make_tuple(MEGAMOE_ARG(logits_nonfinite_count).library_name(kRouterCounter)), kStageOptions, kLaunch);
+
+#undef MEGAMOE_ARG
+#undef MEGAMOE_REQUIRED_ARG
+
 /// Imports the arrays of @p h into @p args. Returns false when the call has nothing to do:
 /// a 2-D hidden_states without rows (the reference reads num_tokens and returns before
 /// looking at anything else), except in full-buffer mode, whose top-k tail is filled even
 /// then (so every argument is read and checked). @p routed: the staging half of
-/// route_and_stage, whose top-k inputs are the router's outputs (not read here) and whose
-/// T is the router's (so hidden_states is imported whatever its rows, for the library to
-/// check, and the dtype errors are left to the caller, who validates both halves).
-bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args, bool routed = false) {
+/// route_and_stage, whose top-k inputs are the router's outputs (not read here), whose
+/// routed_scaling_factor is the router's and whose T is the router's (so hidden_states is
+/// imported whatever its rows, for the library to check, and the dtype errors are left to
+/// the caller, who validates both halves).
+bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool routed = false) {
   if (routed) {
-    arrays.input(h.hidden_states, "hidden_states", args.hidden_states);
+    arrays.input(h.hidden_states, args.hidden_states);
   } else {
-    if (arrays.input(h.hidden_states, "hidden_states", args.hidden_states, !h.full_buffer)) return false;
-    arrays.input(h.topk_weights, "topk_weights", args.topk_weights);
-    arrays.input(h.topk_ids, "topk_ids", args.topk_ids);
+    if (arrays.input(h.hidden_states, args.hidden_states, !h.full_buffer)) return false;
+    arrays.input(h.topk_weights, args.topk_weights);
+    arrays.input(h.topk_ids, args.topk_ids);
   }
-  if (!h.is_padding.is_none()) arrays.input(h.is_padding, "is_padding", args.is_padding.emplace());
-  arrays.output(h.x_fp8, "x_fp8", args.x_q);
-  arrays.output(h.x_sf, "x_sf", args.x_sf);
-  arrays.output(h.topk_idx_out, "topk_idx_out", args.topk_idx_out);
-  arrays.output(h.topk_weights_out, "topk_weights_out", args.topk_weights_out);
-  if (!h.shared_x_sf.is_none()) arrays.output(h.shared_x_sf, "shared_x_sf", args.shared_x_sf.emplace());
-  if (!h.global_scale.is_none()) arrays.input(h.global_scale, "global_scale", args.global_scale.emplace());
-  if (!h.x_scales.is_none()) arrays.output(h.x_scales, "x_scales", args.x_scales.emplace());
-  if (!h.nonfinite_count.is_none()) {
-    arrays.output(h.nonfinite_count, "nonfinite_count", args.nonfinite_count.emplace());
-  }
+  arrays.input(h.is_padding, args.is_padding);
+  arrays.output(h.x_fp8, args.x_q);
+  arrays.output(h.x_sf, args.x_sf);
+  arrays.output(h.topk_idx_out, args.topk_idx_out);
+  arrays.output(h.topk_weights_out, args.topk_weights_out);
+  arrays.output(h.shared_x_sf, args.shared_x_sf);
+  arrays.input(h.global_scale, args.global_scale);
+  arrays.output(h.x_scales, args.x_scales);
+  arrays.output(h.nonfinite_count, args.nonfinite_count);
   args.shared_block_m = h.shared_block_m;
   args.hidden_quant = h.hidden_quant;
   args.full_buffer = h.full_buffer;
-  args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+  if (!routed) args.routed_scaling_factor = as_float(h.routed_scaling_factor);
   args.enable_pdl = h.enable_pdl;
   if (!routed && !arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate(args); });
@@ -539,36 +734,34 @@ bool load_stage(Arrays& arrays, const StageHandles& h, megamoe::StageArgs& args,
   return true;
 }
 
-void prepare_inputs(const StageHandles& h, uintptr_t stream) {
+void prepare_inputs(const Handles& h) {
   Arrays arrays;
   megamoe::StageArgs args;
   if (!load_stage(arrays, h, args)) return;
   nb::gil_scoped_release release;
-  megamoe::prepare_inputs(args, reinterpret_cast<megamoe::Stream>(stream));
+  megamoe::prepare_inputs(args, stream_of(h));
 }
 
-std::string explain(const StageHandles& h) {
+std::string explain(const Handles& h) {
   Arrays arrays;
   megamoe::StageArgs args;
   if (!load_stage(arrays, h, args)) return "nothing to do: hidden_states has no rows (T == 0)";
   return megamoe::explain(args);
 }
 
-void stage_routing(nb::handle topk_weights, nb::handle topk_ids, nb::handle topk_idx_out,
-                   nb::handle topk_weights_out, nb::handle is_padding, bool full_buffer,
-                   std::optional<double> routed_scaling_factor, uintptr_t stream, bool enable_pdl) {
+void stage_routing(const Handles& h) {
   Arrays arrays;
   megamoe::RoutingArgs args;
   // T is topk_ids.shape[0], as in the library; without rows (and outside full-buffer mode)
   // nothing else is read.
-  if (arrays.input(topk_ids, "topk_ids", args.topk_ids, !full_buffer)) return;
-  arrays.input(topk_weights, "topk_weights", args.topk_weights);
-  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", args.is_padding.emplace());
-  arrays.output(topk_idx_out, "topk_idx_out", args.topk_idx_out);
-  arrays.output(topk_weights_out, "topk_weights_out", args.topk_weights_out);
-  args.full_buffer = full_buffer;
-  args.routed_scaling_factor = as_float(routed_scaling_factor);
-  args.enable_pdl = enable_pdl;
+  if (arrays.input(h.topk_ids, args.topk_ids, !h.full_buffer)) return;
+  arrays.input(h.topk_weights, args.topk_weights);
+  arrays.input(h.is_padding, args.is_padding);
+  arrays.output(h.topk_idx_out, args.topk_idx_out);
+  arrays.output(h.topk_weights_out, args.topk_weights_out);
+  args.full_buffer = h.full_buffer;
+  args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+  args.enable_pdl = h.enable_pdl;
   if (!arrays.unrepresented().empty()) {
     // There is no validate-only entry for routing calls: the copy without output pointers
     // fails the library's last check (non-null data) if it passes every other, so nothing
@@ -581,58 +774,26 @@ void stage_routing(nb::handle topk_weights, nb::handle topk_ids, nb::handle topk
     });
   }
   nb::gil_scoped_release release;
-  megamoe::stage_routing(args, reinterpret_cast<megamoe::Stream>(stream));
+  megamoe::stage_routing(args, stream_of(h));
 }
 
-/// The Python handles of the router's arguments (megamoe._signature's ROUTER_OPTIONS and
-/// the public top-k), shared by route and route_and_stage.
-struct RouterHandles {
-  nb::handle router_logits, e_score_correction_bias, topk_weights, topk_ids;
-  std::optional<int64_t> top_k;
-  std::optional<double> routed_scaling_factor;
-  nb::handle tid2eid, input_ids, logical_to_physical_map, logical_replica_count, expert_load_view,
-      record_enabled, nonfinite_count;
-};
-
-/// The library names the router's counter "nonfinite_count (router)" (StageArgs has one
-/// too); Python callers pass it as @p counter (nonfinite_count to route,
-/// logits_nonfinite_count to route_and_stage), so the library's messages are reworded.
-template <typename Fn>
-void with_router_names(const char* counter, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    static const std::string kLib = "nonfinite_count (router)";
-    std::string msg = e.what();
-    for (size_t p = msg.find(kLib); p != std::string::npos; p = msg.find(kLib, p)) {
-      msg.replace(p, kLib.size(), counter);
-      p += std::strlen(counter);
-    }
-    throw Error(e.code(), msg);
-  }
-}
-
-/// Imports the router's arrays of @p h into @p r. Returns false (nothing imported but the
-/// logits) when @p stop_if_empty and router_logits is 2-D without rows: the library reads
-/// T from the logits and returns at once then.
-bool load_router(Arrays& arrays, const RouterHandles& h, megamoe::RouterArgs& r, bool stop_if_empty,
-                 const char* counter) {
-  if (arrays.input(h.router_logits, "router_logits", r.router_logits, stop_if_empty)) return false;
-  auto input = [&](nb::handle x, const char* name, std::optional<TensorRef>& dst) {
-    if (!x.is_none()) arrays.input(x, name, dst.emplace());
-  };
-  input(h.e_score_correction_bias, "e_score_correction_bias", r.e_score_correction_bias);
-  arrays.output(h.topk_weights, "topk_weights", r.topk_weights);
-  arrays.output(h.topk_ids, "topk_ids", r.topk_ids);
-  input(h.tid2eid, "tid2eid", r.tid2eid);
-  input(h.input_ids, "input_ids", r.input_ids);
-  input(h.logical_to_physical_map, "logical_to_physical_map", r.logical_to_physical_map);
-  input(h.logical_replica_count, "logical_replica_count", r.logical_replica_count);
-  if (!h.expert_load_view.is_none()) {
-    arrays.output(h.expert_load_view, "expert_load_view", r.expert_load_view.emplace());
-  }
-  input(h.record_enabled, "record_enabled", r.record_enabled);
-  if (!h.nonfinite_count.is_none()) arrays.output(h.nonfinite_count, counter, r.nonfinite_count.emplace());
+/// Imports the router's arrays of @p h into @p r, its logits' non-finite counter from
+/// @p counter (route's nonfinite_count, route_and_stage's logits_nonfinite_count). Returns
+/// false (nothing imported but the logits) when @p stop_if_empty and router_logits is 2-D
+/// without rows: the library reads T from the logits and returns at once then.
+bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool stop_if_empty,
+                 const PyArray& counter) {
+  if (arrays.input(h.router_logits, r.router_logits, stop_if_empty)) return false;
+  arrays.input(h.e_score_correction_bias, r.e_score_correction_bias);
+  arrays.output(h.topk_weights, r.topk_weights);
+  arrays.output(h.topk_ids, r.topk_ids);
+  arrays.input(h.tid2eid, r.tid2eid);
+  arrays.input(h.input_ids, r.input_ids);
+  arrays.input(h.logical_to_physical_map, r.logical_to_physical_map);
+  arrays.input(h.logical_replica_count, r.logical_replica_count);
+  arrays.output(h.expert_load_view, r.expert_load_view);
+  arrays.input(h.record_enabled, r.record_enabled);
+  arrays.output(counter, r.nonfinite_count);
   // top_k defaults to the width of topk_ids; without a usable width, a valid placeholder
   // (E >= 1 is checked first) lets the library report what is wrong with topk_ids.
   r.top_k = h.top_k.value_or(r.topk_ids.ndim == 2 ? r.topk_ids.shape[1] : 1);
@@ -640,36 +801,31 @@ bool load_router(Arrays& arrays, const RouterHandles& h, megamoe::RouterArgs& r,
   return true;
 }
 
-void route(const RouterHandles& h, nb::handle is_padding, uintptr_t stream, bool enable_pdl) {
-  static const char* kCounter = "nonfinite_count";
+void route(const Handles& h) {
   Arrays arrays;
   megamoe::RouterArgs r;
-  if (!load_router(arrays, h, r, true, kCounter)) return;
-  if (!is_padding.is_none()) arrays.input(is_padding, "is_padding", r.is_padding.emplace());
-  r.enable_pdl = enable_pdl;
+  if (!load_router(arrays, h, r, true, h.nonfinite_count)) return;
+  arrays.input(h.is_padding, r.is_padding);
+  r.enable_pdl = h.enable_pdl;
   if (!arrays.unrepresented().empty()) {
-    raise_unrepresented(arrays.unrepresented(),
-                        [&] { with_router_names(kCounter, [&] { megamoe::validate_router(r); }); });
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_router(r); });
   }
   nb::gil_scoped_release release;
-  with_router_names(kCounter, [&] { megamoe::route(r, reinterpret_cast<megamoe::Stream>(stream)); });
+  megamoe::route(r, stream_of(h));
 }
 
-void route_and_stage(const RouterHandles& h, const StageHandles& s, uintptr_t stream) {
-  static const char* kCounter = "logits_nonfinite_count";
+void route_and_stage(const Handles& h) {
   Arrays arrays;
   megamoe::RouterArgs r;
   megamoe::StageArgs a;
   // T is the router's (the logits' rows); the staging half is read in full otherwise.
-  if (!load_router(arrays, h, r, !s.full_buffer, kCounter)) return;
-  load_stage(arrays, s, a, true);
+  if (!load_router(arrays, h, r, !h.full_buffer, h.logits_nonfinite_count)) return;
+  load_stage(arrays, h, a, true);
   if (!arrays.unrepresented().empty()) {
-    raise_unrepresented(arrays.unrepresented(),
-                        [&] { with_router_names(kCounter, [&] { megamoe::validate_router(r, &a); }); });
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_router(r, &a); });
   }
   nb::gil_scoped_release release;
-  with_router_names(kCounter,
-                    [&] { megamoe::route_and_stage(r, a, reinterpret_cast<megamoe::Stream>(stream)); });
+  megamoe::route_and_stage(r, a, stream_of(h));
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -732,7 +888,7 @@ void translate_error(const std::exception_ptr& p, void*) {
     PyObject* type = e.code() == ErrorCode::kInvalidArgument ? PyExc_ValueError
                      : e.code() == ErrorCode::kUnsupported   ? g_unsupported
                                                              : PyExc_RuntimeError;
-    PyErr_SetString(type, python_names(e.what()).c_str());
+    PyErr_SetString(type, e.what());
   }
 }
 
@@ -898,117 +1054,32 @@ NB_MODULE(_C, m) {
         nb::arg("shared_block_m").none() = nb::none(),
         "megamoe::output_shapes as {name: (shape, dtype name) or None} (see megamoe.output_shapes).");
 
-  // The staging entry points take their arguments in the order of megamoe._signature.PREPARE
-  // (tests/python/test_signature.py checks it). Array parameters accept None so that a
-  // missing one gets the TypeError naming it (and so that T == 0 returns whatever they are).
-  auto stage_entry = [&m](const char* name, auto fn, const char* doc) {
-    m.def(
-        name,
-        [fn](nb::handle hidden_states, nb::handle topk_weights, nb::handle topk_ids, nb::handle x_fp8,
-             nb::handle x_sf, nb::handle topk_idx_out, nb::handle topk_weights_out, nb::handle is_padding,
-             nb::handle shared_x_sf, std::optional<int64_t> shared_block_m, const QuantScheme& hidden_quant,
-             nb::handle global_scale, nb::handle x_scales, nb::handle nonfinite_count, bool full_buffer,
-             std::optional<double> routed_scaling_factor, uintptr_t stream, bool enable_pdl) {
-          StageHandles h{hidden_states, topk_weights, topk_ids,       x_fp8,           x_sf,
-                         topk_idx_out,  topk_weights_out, is_padding, shared_x_sf,     shared_block_m,
-                         hidden_quant,  global_scale, x_scales,     nonfinite_count, full_buffer,
-                         routed_scaling_factor, enable_pdl};
-          return fn(h, stream);
-        },
-        nb::arg("hidden_states").none(), nb::arg("topk_weights").none(), nb::arg("topk_ids").none(),
-        nb::arg("x_fp8").none(), nb::arg("x_sf").none(), nb::arg("topk_idx_out").none(),
-        nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
-        nb::arg("shared_x_sf").none() = nb::none(), nb::arg("shared_block_m").none() = nb::none(),
-        nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("global_scale").none() = nb::none(),
-        nb::arg("x_scales").none() = nb::none(), nb::arg("nonfinite_count").none() = nb::none(),
-        nb::arg("full_buffer") = false, nb::arg("routed_scaling_factor").none() = nb::none(),
-        nb::arg("stream") = 0, nb::arg("enable_pdl") = false, doc);
-  };
-  stage_entry(
-      "prepare_inputs", [](const StageHandles& h, uintptr_t stream) { prepare_inputs(h, stream); },
-      "Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).\n\n"
-      "Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,\n"
-      "outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`\n"
-      "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.\n"
-      "A 2-D hidden_states without rows returns at once, before any other argument is read,\n"
-      "unless full_buffer is set (the top-k tail is filled then).\n"
-      "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
-      "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
-  stage_entry(
-      "explain", [](const StageHandles& h, uintptr_t) { return explain(h); },
-      "What prepare_inputs would launch for these arguments, as text (validated, nothing run;\n"
-      "stream is ignored).");
-  m.def("stage_routing", &stage_routing, nb::arg("topk_weights").none(), nb::arg("topk_ids").none(),
-        nb::arg("topk_idx_out").none(), nb::arg("topk_weights_out").none(),
-        nb::arg("is_padding").none() = nb::none(), nb::arg("full_buffer") = false,
-        nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("stream") = 0,
-        nb::arg("enable_pdl") = false,
-        "Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,\n"
-        "full-buffer tail and routed scaling; topk_ids without rows returns at once unless\n"
-        "full_buffer is set.");
-  // The router's entry points take their arguments in the order of megamoe._signature.ROUTE
-  // and ROUTE_AND_STAGE (tests/python/test_signature.py checks it).
-  m.def(
-      "route",
-      [](nb::handle router_logits, nb::handle e_score_correction_bias, nb::handle topk_weights,
-         nb::handle topk_ids, nb::handle is_padding, std::optional<int64_t> top_k,
-         std::optional<double> routed_scaling_factor, nb::handle tid2eid, nb::handle input_ids,
-         nb::handle logical_to_physical_map, nb::handle logical_replica_count, nb::handle expert_load_view,
-         nb::handle record_enabled, nb::handle nonfinite_count, uintptr_t stream, bool enable_pdl) {
-        RouterHandles h{router_logits,   e_score_correction_bias, topk_weights,
-                        topk_ids,        top_k,                   routed_scaling_factor,
-                        tid2eid,         input_ids,               logical_to_physical_map,
-                        logical_replica_count, expert_load_view,  record_enabled,
-                        nonfinite_count};
-        route(h, is_padding, stream, enable_pdl);
-      },
-      nb::arg("router_logits").none(), nb::arg("e_score_correction_bias").none(), nb::arg("topk_weights").none(),
-      nb::arg("topk_ids").none(), nb::arg("is_padding").none() = nb::none(), nb::arg("top_k").none() = nb::none(),
-      nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("tid2eid").none() = nb::none(),
-      nb::arg("input_ids").none() = nb::none(), nb::arg("logical_to_physical_map").none() = nb::none(),
-      nb::arg("logical_replica_count").none() = nb::none(), nb::arg("expert_load_view").none() = nb::none(),
-      nb::arg("record_enabled").none() = nb::none(), nb::arg("nonfinite_count").none() = nb::none(),
-      nb::arg("stream") = 0, nb::arg("enable_pdl") = false,
-      "The fused DeepSeek-V4 router alone (see megamoe.route): router_logits [T, E] to the\n"
-      "public top-k topk_weights / topk_ids, with hash layers, EPLB and the logits' non-finite\n"
-      "counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: 1.0. router_logits\n"
-      "without rows returns at once.");
-  m.def(
-      "route_and_stage",
-      [](nb::handle hidden_states, nb::handle router_logits, nb::handle e_score_correction_bias,
-         nb::handle topk_weights, nb::handle topk_ids, nb::handle x_fp8, nb::handle x_sf, nb::handle topk_idx_out,
-         nb::handle topk_weights_out, nb::handle is_padding, nb::handle shared_x_sf,
-         std::optional<int64_t> shared_block_m, const QuantScheme& hidden_quant, std::optional<int64_t> top_k,
-         std::optional<double> routed_scaling_factor, nb::handle tid2eid, nb::handle input_ids,
-         nb::handle logical_to_physical_map, nb::handle logical_replica_count, nb::handle expert_load_view,
-         nb::handle record_enabled, nb::handle logits_nonfinite_count, nb::handle global_scale,
-         nb::handle x_scales, nb::handle nonfinite_count, bool full_buffer, uintptr_t stream, bool enable_pdl) {
-        RouterHandles r{router_logits,   e_score_correction_bias, topk_weights,
-                        topk_ids,        top_k,                   routed_scaling_factor,
-                        tid2eid,         input_ids,               logical_to_physical_map,
-                        logical_replica_count, expert_load_view,  record_enabled,
-                        logits_nonfinite_count};
-        StageHandles s{hidden_states, nb::handle(), nb::handle(), x_fp8,       x_sf,
-                       topk_idx_out,  topk_weights_out, is_padding, shared_x_sf, shared_block_m,
-                       hidden_quant,  global_scale, x_scales,   nonfinite_count, full_buffer,
-                       std::nullopt,  enable_pdl};
-        route_and_stage(r, s, stream);
-      },
-      nb::arg("hidden_states").none(), nb::arg("router_logits").none(), nb::arg("e_score_correction_bias").none(),
-      nb::arg("topk_weights").none(), nb::arg("topk_ids").none(), nb::arg("x_fp8").none(), nb::arg("x_sf").none(),
-      nb::arg("topk_idx_out").none(), nb::arg("topk_weights_out").none(), nb::arg("is_padding").none() = nb::none(),
-      nb::arg("shared_x_sf").none() = nb::none(), nb::arg("shared_block_m").none() = nb::none(),
-      nb::arg("hidden_quant") = QuantScheme::mxfp8(), nb::arg("top_k").none() = nb::none(),
-      nb::arg("routed_scaling_factor").none() = nb::none(), nb::arg("tid2eid").none() = nb::none(),
-      nb::arg("input_ids").none() = nb::none(), nb::arg("logical_to_physical_map").none() = nb::none(),
-      nb::arg("logical_replica_count").none() = nb::none(), nb::arg("expert_load_view").none() = nb::none(),
-      nb::arg("record_enabled").none() = nb::none(), nb::arg("logits_nonfinite_count").none() = nb::none(),
-      nb::arg("global_scale").none() = nb::none(), nb::arg("x_scales").none() = nb::none(),
-      nb::arg("nonfinite_count").none() = nb::none(), nb::arg("full_buffer") = false, nb::arg("stream") = 0,
-      nb::arg("enable_pdl") = false,
-      "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
-      "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
-      "router_logits without rows returns at once unless full_buffer is set.");
+  // The staging entry points: their parameters are the rows of their argument tables.
+  def_entry(m, "prepare_inputs", kPrepare, &prepare_inputs,
+            "Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).\n\n"
+            "Arrays are taken through DLPack or the buffer protocol (inputs may be read-only,\n"
+            "outputs must be writable); x_fp8 may be uint8. CUDA work is launched on `stream`\n"
+            "(a cudaStream_t as int, 0 = legacy default stream) with the GIL released.\n"
+            "A 2-D hidden_states without rows returns at once, before any other argument is read,\n"
+            "unless full_buffer is set (the top-k tail is filled then).\n"
+            "TypeError: an array argument is no array; ValueError: an invalid argument (including\n"
+            "arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).");
+  def_entry(m, "explain", kPrepare, &explain,
+            "What prepare_inputs would launch for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
+  def_entry(m, "stage_routing", kRouting, &stage_routing,
+            "Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,\n"
+            "full-buffer tail and routed scaling; topk_ids without rows returns at once unless\n"
+            "full_buffer is set.");
+  def_entry(m, "route", kRoute, &route,
+            "The fused DeepSeek-V4 router alone (see megamoe.route): router_logits [T, E] to the\n"
+            "public top-k topk_weights / topk_ids, with hash layers, EPLB and the logits' non-finite\n"
+            "counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: 1.0. router_logits\n"
+            "without rows returns at once.");
+  def_entry(m, "route_and_stage", kRouteAndStage, &route_and_stage,
+            "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
+            "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
+            "router_logits without rows returns at once unless full_buffer is set.");
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");

@@ -1,6 +1,7 @@
 """The one argument table (megamoe/_signature.py) and everything derived from it agree: the
 public functions' signatures (vLLM's positional order unchanged), the native module's
-parameter order, the committed stub _entry.pyi, the custom ops' schemas, mutated
+parameters (from the binding's own tables: names, order, types, defaults), the committed
+stub _entry.pyi, the custom ops' schemas, mutated
 arguments and fakes (torch parts skip without torch); packaging: the CLI launcher and the
 cost of `import megamoe` next to `import torch`."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,11 +31,24 @@ VLLM_PREPARE = [
 VLLM_ROUTING = ["topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out", "is_padding"]
 
 
+# The native module's annotation of each kind of table argument (nanobind's signature text).
+NATIVE_TYPES = {
+    "tensor": "object | None", "tensor?": "object | None", "int?": "int | None", "float?": "float | None",
+    "bool": "bool", "scheme": "megamoe._C.QuantScheme", "stream": "int",
+}  # fmt: skip
+
+
 def native_params(fn) -> list:
-    """Parameter names of a nanobind function, from its signature text."""
-    text = fn.__nb_signature__[0][0]
+    """(name, annotation, default or REQUIRED) of each parameter of a nanobind function, from
+    its live signature (the text with default placeholders \\0, \\1, ... and their values)."""
+    text, _, defaults = fn.__nb_signature__[0]
     inside = text[text.index("(") + 1 : text.rindex(")")]
-    return [p.split(":")[0].strip() for p in inside.split(", ") if p.strip() and p.strip() not in ("*", "/")]
+    out = []
+    for p in inside.split(", "):
+        m = re.fullmatch(r"(\w+): (.+?)(?: = \\(\d+))?", p.strip())
+        assert m, p
+        out.append((m[1], m[2], REQUIRED if m[3] is None else defaults[int(m[3])]))
+    return out
 
 
 @pytest.mark.parametrize(
@@ -76,12 +91,24 @@ def test_router_signatures_are_the_table():
         "topk_idx_out", "topk_weights_out", "is_padding", "shared_x_sf", "shared_block_m"]  # fmt: skip
 
 
-def test_native_parameter_order_is_the_table():
-    assert native_params(_C.prepare_inputs) == list(PREPARE.names)
-    assert native_params(_C.explain) == list(PREPARE.names)
-    assert native_params(_C.stage_routing) == list(ROUTING.names)
-    assert native_params(_C.route) == list(ROUTE.names)
-    assert native_params(_C.route_and_stage) == list(ROUTE_AND_STAGE.names)
+@pytest.mark.parametrize(
+    "name,spec",
+    [("prepare_inputs", PREPARE), ("explain", PREPARE), ("stage_routing", ROUTING), ("route", ROUTE),
+     ("route_and_stage", ROUTE_AND_STAGE)],
+)  # fmt: skip
+def test_native_parameters_are_the_table(name, spec):
+    # The binding's own argument tables (python/src/binding.cpp) give the native module its
+    # parameters: names, order, types and defaults must be this table's.
+    params = native_params(getattr(_C, name))
+    assert [n for n, _, _ in params] == list(spec.names)
+    for (n, annotation, default), p in zip(params, spec.params):
+        assert annotation == NATIVE_TYPES[p.kind], n
+        if p.default is REQUIRED:
+            assert default is REQUIRED, n
+        elif p.kind == "stream":
+            assert default == 0 and type(default) is int, n  # Spec.native_args passes None as 0
+        else:
+            assert default == p.default and type(default) is type(p.default), n
 
 
 def test_native_stub_parameter_order_is_the_table():
