@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu/simd.h"
+#include "cpu_simd_hooks.h"  // (active_target: the instruction set it prints)
 #include "megamoe/cpu.h"
 #include "megamoe/megamoe.h"
 

@@ -1,7 +1,8 @@
 // simd.h: the vectorized row quantizer of the CPU backend (Google Highway, one copy per
-// instruction set, chosen at run time) and the hooks through which tests compare each
-// instruction set with the scalar rules of src/core, which stay the definition and the
-// fallback (strided rows, groups narrower than a vector).
+// instruction set, chosen at run time). The scalar rules of src/core stay the definition
+// and the fallback (strided rows, groups narrower than a vector); the test suite compares
+// each instruction set's primitives (cpu/simd_ops.h) with them through hooks of its own
+// (tests/cpp/cpu_simd_hooks.h), which the library does not contain.
 #pragma once
 
 #include <cstddef>
@@ -46,29 +47,6 @@ bool quantize_rows(const Rows& r, int64_t t0, int64_t t1, int64_t* nonfinite);
 /// Off: the CPU backend takes the scalar path of src/core for everything (tests, benches).
 void set_enabled(bool on) noexcept;
 bool enabled() noexcept;
-
-// ---------------------------------------------------------------------------------------
-// Test hooks: the vector primitives of quantize_rows on n elements, any n.
-
-/// fp8 e4m3 bytes of in[i] (core::fp8_e4m3_from_float_sw).
-void encode_e4m3(const float* in, uint8_t* out, size_t n);
-/// The same for inputs with 2^-6 <= |x| (Inf included) and no NaN only: the encoder of
-/// groups whose every value is an e4m3 normal or saturates.
-void encode_e4m3_normal(const float* in, uint8_t* out, size_t n);
-/// e2m1 nibbles (one per byte) of in[i], ties toward zero or to nearest even.
-void encode_e2m1(const float* in, uint8_t* out, size_t n, bool ttz);
-/// Exact widening of n bf16 / fp16 / fp32 elements to fp32 bit patterns.
-void widen(In in, const void* src, uint32_t* out, size_t n);
-/// NaN-ignoring max |x| of each of `groups` groups of G consecutive fp32 elements (G a
-/// multiple of the vector length, else false), with the NaN/Inf count of all of them.
-bool group_amax(const float* x, size_t groups, size_t G, float* amax, int64_t* nonfinite);
-
-/// The instruction sets compiled into the quantizer (a mask of HWY_* target bits).
-int64_t compiled_targets() noexcept;
-/// Name of the instruction set a dispatch picks now ("AVX2", "EMU128", ...).
-const char* active_target();
-/// float lanes of that instruction set's vectors.
-size_t active_lanes();
 
 }  // namespace simd
 }  // namespace cpu

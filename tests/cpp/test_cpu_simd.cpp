@@ -39,6 +39,7 @@
 #include "formats/recipe.h"
 #include "cpu/pool.h"
 #include "cpu/simd.h"
+#include "cpu_simd_hooks.h"
 #include "megamoe/cpu.h"
 #include "megamoe/megamoe.h"
 
