@@ -167,6 +167,29 @@ TensorSpec spec1(DType dt, int64_t n) {
 }
 }  // namespace
 
+namespace detail {
+
+OutputShapes output_shapes_of(core::Format f, const QuantScheme& q, int64_t T, int64_t H, int64_t K) {
+  OutputShapes o;
+  const bool fp4 = core::values_per_byte(f) == 2;
+  const DType xq = fp4 ? DType::kUInt8 : core::elem_of(f) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+  const int64_t G = q.group_k;
+  o.x_q = spec2(xq, T, H / core::values_per_byte(f));
+  o.x_sf = core::packed_scales(f) ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
+  o.topk_idx_out = spec2(DType::kInt64, T, K);
+  o.topk_weights_out = spec2(DType::kFloat32, T, K);
+  if (core::row_of(f).s2 == Scale2::kPerToken) o.x_scales = spec1(DType::kFloat32, T);
+  if (core::row_of(f).s2 == Scale2::kStatic) o.global_scale = spec1(DType::kFloat32, 1);
+  return o;
+}
+
+core::Checked shared_sf_rows(int64_t T, int64_t bm) {
+  // Checked: a huge bm must not wrap to a small count.
+  return T == 0 ? core::Checked(0) : core::ceil_div(T, bm) * core::round_up(bm, 128);
+}
+
+}  // namespace detail
+
 OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& scheme,
                            std::optional<int64_t> shared_block_m) {
   MEGAMOE_CHECK(T >= 0 && H >= 0 && K >= 0, "output_shapes", "non-negative T, H and K",
@@ -178,8 +201,7 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
   }
   const core::Format f = detail::format_of(scheme);
   const int64_t G = scheme.group_k;
-  const bool packed = core::packed_scales(f);
-  if (packed) {
+  if (core::packed_scales(f)) {
     MEGAMOE_CHECK((H / G) % 4 == 0, "hidden_states",
                   "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
                   std::to_string(H) + " / " + std::to_string(G));
@@ -192,15 +214,7 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
                                                  std::to_string(T) + " H=" + std::to_string(H) +
                                                  " K=" + std::to_string(K));
   }
-  OutputShapes o;
-  const bool fp4 = core::values_per_byte(f) == 2;
-  const DType xq = fp4 ? DType::kUInt8 : core::elem_of(f) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
-  o.x_q = spec2(xq, T, H / core::values_per_byte(f));
-  o.x_sf = packed ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
-  o.topk_idx_out = spec2(DType::kInt64, T, K);
-  o.topk_weights_out = spec2(DType::kFloat32, T, K);
-  if (core::row_of(f).s2 == Scale2::kPerToken) o.x_scales = spec1(DType::kFloat32, T);
-  if (core::row_of(f).s2 == Scale2::kStatic) o.global_scale = spec1(DType::kFloat32, 1);
+  OutputShapes o = detail::output_shapes_of(f, scheme, T, H, K);
   if (shared_block_m) {
     const int64_t bm = *shared_block_m;
     if (core::sf_of(f) != core::Sf::kUE8M0x4) {
@@ -212,7 +226,7 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
       throw Error(ErrorCode::kInvalidArgument, "MegaMoE shared_block_m must be positive. (shared_block_m: expected > 0, got " +
                                                    std::to_string(bm) + ")");
     }
-    const core::Checked rows = T == 0 ? core::Checked(0) : core::ceil_div(T, bm) * core::round_up(bm, 128);
+    const core::Checked rows = detail::shared_sf_rows(T, bm);
     if (!rows.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(T) + " / " +

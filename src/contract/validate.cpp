@@ -20,16 +20,11 @@ namespace megamoe {
 namespace detail {
 namespace {
 
-constexpr const char* kSeedHidden128 =
-    "DeepSeek V4 MegaMoE input staging requires hidden_size to be a multiple of 128.";
 constexpr const char* kSeedTopkShape =
     "DeepSeek V4 MegaMoE input staging requires topk_weights and topk_ids to have the same "
     "shape.";
 constexpr const char* kSeedSharedPair =
     "DeepSeek V4 MegaMoE shared input staging requires both shared_x_sf and shared_block_m.";
-constexpr const char* kSeedSharedUe8m0 =
-    "DeepSeek V4 MegaMoE shared input staging currently requires UE8M0-packed hidden scales.";
-constexpr const char* kSeedSharedBm = "MegaMoE shared_block_m must be positive.";
 
 template <typename E, typename A>
 [[noreturn]] void fail(const char* context, const char* tensor, const E& e, const A& a) {
@@ -59,6 +54,23 @@ void check_shape2(const TensorRef& t, const char* name, int64_t r, int64_t c) {
   check_rank(t, name, 2);
   MEGAMOE_CHECK(t.shape[0] == r && t.shape[1] == c, name, "shape " + dims(r, c),
                 "shape " + t.shape_str());
+}
+
+/// An output as the shape rule (output_shapes) declares it: its shape, then its dtype
+/// (@p also: the one other dtype the contract accepts for its bytes, if any).
+void check_spec(const TensorRef& t, const char* name, const TensorSpec& spec,
+                std::optional<DType> also = std::nullopt) {
+  if (spec.ndim == 2) {
+    check_shape2(t, name, spec.shape[0], spec.shape[1]);
+  } else {
+    check_rank(t, name, 1);
+    MEGAMOE_CHECK(t.shape[0] == spec.shape[0], name, "shape " + spec.shape_str(), "shape " + t.shape_str());
+  }
+  if (also) {
+    check_dtype(t, name, {spec.dtype, *also});
+  } else {
+    check_dtype(t, name, {spec.dtype});
+  }
 }
 
 /// A one-element tensor: 0-D, [1] or [1, 1].
@@ -143,9 +155,9 @@ void check_topk_pair(const TopkRefs& k, Problem& p) {
   }
 }
 
-/// The rest of the top-k checks: rows, dtypes, padding, the outputs (M rows: T, or the
-/// buffer's row count in full-buffer mode) and the routed scaling factor.
-void check_topk_rest(const TopkRefs& k, bool full_buffer, const std::optional<float>& alpha, Problem& p) {
+/// The top-k inputs' rows and dtypes, the padding mask, and the outputs' row count M (T,
+/// or the buffer's row count in full-buffer mode).
+void check_topk_inputs(const TopkRefs& k, bool full_buffer, Problem& p) {
   MEGAMOE_CHECK(k.ids.shape[0] == p.T, "topk_ids", "shape " + dims(p.T, p.K), "shape " + k.ids.shape_str());
   check_dtype(k.ids, "topk_ids", {DType::kInt32, DType::kInt64});
   check_dtype(k.w, "topk_weights", {DType::kFloat32, DType::kBFloat16, DType::kFloat16});
@@ -165,10 +177,13 @@ void check_topk_rest(const TopkRefs& k, bool full_buffer, const std::optional<fl
                   "at least " + std::to_string(p.T) + " rows (full-buffer mode: max_tokens >= num_tokens)",
                   std::to_string(p.M) + " rows");
   }
-  check_shape2(k.idx_out, "topk_idx_out", p.M, p.K);
-  check_dtype(k.idx_out, "topk_idx_out", {DType::kInt64});
-  check_shape2(k.w_out, "topk_weights_out", p.M, p.K);
-  check_dtype(k.w_out, "topk_weights_out", {DType::kFloat32});
+}
+
+/// The top-k outputs as the shape rule declares them for the call's M rows (@p out), and
+/// the routed scaling factor.
+void check_topk_outputs(const TopkRefs& k, const OutputShapes& out, const std::optional<float>& alpha, Problem& p) {
+  check_spec(k.idx_out, "topk_idx_out", out.topk_idx_out);
+  check_spec(k.w_out, "topk_weights_out", out.topk_weights_out);
   p.has_alpha = alpha.has_value();
   if (p.has_alpha) {
     MEGAMOE_CHECK(std::isfinite(*alpha), "routed_scaling_factor", "a finite value", *alpha);
@@ -324,28 +339,23 @@ Problem validate_args(const StageArgs& a) {
   if (returns_at_once(p.T, a.full_buffer)) return p;
   check_dtype(hs, "hidden_states", {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
 
-  if (p.H % 128 != 0) fail(kSeedHidden128, "hidden_states", "hidden_size % 128 == 0", p.H);
-
-  // vLLM's MXFP4 path passes the default scheme with a packed int8/uint8 x_q of width H/2.
+  // vLLM's MXFP4 path passes the default scheme with a packed int8/uint8 x_q as wide as
+  // MXFP4's. The shape rule checks H first (a multiple of 128), as the reference does.
+  const TensorSpec mxfp4_xq = output_shapes(0, p.H, 0, QuantScheme::mxfp4()).x_q;
   QuantScheme q = a.hidden_quant;
-  if (q == QuantScheme::mxfp8().with_amax_floor(q.amax_floor) && a.x_q.ndim == 2 && a.x_q.shape[1] == p.H / 2 &&
-      (a.x_q.dtype == DType::kUInt8 || a.x_q.dtype == DType::kInt8)) {
+  if (q == QuantScheme::mxfp8().with_amax_floor(q.amax_floor) && a.x_q.ndim == 2 &&
+      a.x_q.shape[1] == mxfp4_xq.shape[1] && (a.x_q.dtype == mxfp4_xq.dtype || a.x_q.dtype == DType::kInt8)) {
     q = QuantScheme::mxfp4().with_amax_floor(q.amax_floor);
   }
+  // The scheme, whole scale words and T * H, as output_shapes rejects them.
+  const OutputShapes widths = output_shapes(p.T, p.H, 0, q);
   p.fmt = format_of(q);
   p.scheme = q;
   p.G = q.group_k;
   p.floor = q.amax_floor;
   p.ue8m0 = core::sf_of(p.fmt) == core::Sf::kUE8M0x4;
-  const bool packed = core::packed_scales(p.fmt);
-  if (packed) {
-    MEGAMOE_CHECK((p.H / p.G) % 4 == 0, "hidden_states",
-                  "hidden_size / group_size to be a multiple of 4 (4 scale bytes per int32 word)",
-                  std::to_string(p.H) + " / " + std::to_string(p.G));
-  }
-  const OutputShapes shapes = output_shapes(p.T, p.H, 0, q);
-  p.sf_cols = shapes.x_sf.shape[1];
-  p.xq_cols = shapes.x_q.shape[1];
+  p.sf_cols = widths.x_sf.shape[1];
+  p.xq_cols = widths.x_q.shape[1];
 
   const TopkRefs topk = topk_refs(a);
   check_topk_pair(topk, p);
@@ -355,19 +365,18 @@ Problem validate_args(const StageArgs& a) {
   }
   p.has_shared = a.shared_x_sf.has_value();
   if (p.has_shared) {
-    if (!p.ue8m0) fail(kSeedSharedUe8m0, "hidden_quant", "UE8M0 scales", to_string(q));
+    // The shape rule rejects non-UE8M0 scales, then bm <= 0, and gives the width.
     const int64_t bm = *a.shared_block_m;
-    if (bm <= 0) fail(kSeedSharedBm, "shared_block_m", "> 0", bm);
+    const int64_t cols = output_shapes(0, p.H, 0, q, bm).shared_x_sf->shape[1];
     const TensorRef& s = *a.shared_x_sf;
-    if (s.ndim != 2 || s.shape[1] != p.sf_cols) {
+    if (s.ndim != 2 || s.shape[1] != cols) {
       std::string got = s.ndim >= 0 && s.ndim <= 2 ? s.shape_str() : std::string("(?)");
       throw Error(ErrorCode::kInvalidArgument, "MegaMoE shared_x_sf must have shape (*, " +
-                                                   std::to_string(p.sf_cols) + "), got " + got +
-                                                   ".");
+                                                   std::to_string(cols) + "), got " + got + ".");
     }
-    // ceil(T / bm) * align(bm, 128), checked: a huge bm must not wrap to a small count.
-    // (T == 0, full-buffer mode: no rows, whatever bm)
-    const core::Checked req = p.T == 0 ? core::Checked(0) : core::ceil_div(p.T, bm) * core::round_up(bm, 128);
+    // The rows the tokens need (full-buffer mode too: the tail has no shared rows); a
+    // count past int64 (a huge bm) is named with the rows given.
+    const core::Checked req = shared_sf_rows(p.T, bm);
     if (!req.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "MegaMoE shared_x_sf has insufficient rows: requires ceil(" + std::to_string(p.T) +
@@ -384,45 +393,33 @@ Problem validate_args(const StageArgs& a) {
     p.shared_bm = bm;
   }
 
-  check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
-
-  // Outputs: in full-buffer mode every output has the M rows of the top-k buffers.
-  check_shape2(a.x_q, "x_q", p.M, p.xq_cols);
-  if (core::values_per_byte(p.fmt) == 1) {
-    check_dtype(a.x_q, "x_q", {core::elem_of(p.fmt) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3, DType::kUInt8});
-  } else {
-    check_dtype(a.x_q, "x_q", {DType::kUInt8, DType::kInt8});
-  }
-  check_shape2(a.x_sf, "x_sf", p.M, p.sf_cols);
-  if (packed) {
-    check_dtype(a.x_sf, "x_sf", {DType::kInt32});
-  } else {
-    check_dtype(a.x_sf, "x_sf", {DType::kFloat32});
-  }
+  check_topk_inputs(topk, a.full_buffer, p);
+  // Every output as the shape rule declares it for the call's M rows (unchecked form: a
+  // size past int64 is named by the tensor that has it, check_fits below).
+  const OutputShapes out = output_shapes_of(p.fmt, q, p.M, p.H, p.K);
+  check_topk_outputs(topk, out, a.routed_scaling_factor, p);
+  // x_q's bytes may also come as uint8 (fp8: NumPy has no fp8) or int8 (packed fp4).
+  check_spec(a.x_q, "x_q", out.x_q, out.x_q.dtype == DType::kUInt8 ? DType::kInt8 : DType::kUInt8);
+  check_spec(a.x_sf, "x_sf", out.x_sf);
   // Second-level scales: present exactly when the format has them.
   const std::string fmt_name = scheme_name(q);
   p.has_global = a.global_scale.has_value();
-  if (shapes.global_scale.has_value() != p.has_global) {
+  if (out.global_scale.has_value() != p.has_global) {
     fail(nullptr, "global_scale", p.has_global ? "none (" + fmt_name + " has no static global scale)"
                                                : "a [1] float32 tensor (" + fmt_name + " needs one)",
          p.has_global ? "a tensor" : "none");
   }
   if (p.has_global) {
-    check_scalar(*a.global_scale, "global_scale");
-    check_dtype(*a.global_scale, "global_scale", {DType::kFloat32});
+    check_scalar(*a.global_scale, "global_scale");  // 0-D, [1] or [1, 1]
+    check_dtype(*a.global_scale, "global_scale", {out.global_scale->dtype});
   }
   p.has_x_scales = a.x_scales.has_value();
-  if (shapes.x_scales.has_value() != p.has_x_scales) {
+  if (out.x_scales.has_value() != p.has_x_scales) {
     fail(nullptr, "x_scales", p.has_x_scales ? "none (" + fmt_name + " has no per-token scales)"
                                              : "a [T] float32 output (" + fmt_name + " writes one)",
          p.has_x_scales ? "a tensor" : "none");
   }
-  if (p.has_x_scales) {
-    check_rank(*a.x_scales, "x_scales", 1);
-    MEGAMOE_CHECK(a.x_scales->shape[0] == p.M, "x_scales", "shape (" + std::to_string(p.M) + ",)",
-                  "shape " + a.x_scales->shape_str());
-    check_dtype(*a.x_scales, "x_scales", {DType::kFloat32});
-  }
+  if (p.has_x_scales) check_spec(*a.x_scales, "x_scales", *out.x_scales);
   p.has_nonfinite = a.nonfinite_count.has_value();
   if (p.has_nonfinite) {
     check_scalar(*a.nonfinite_count, "nonfinite_count");
@@ -441,7 +438,10 @@ Problem validate_routing(const RoutingArgs& a) {
   if (returns_at_once(p.T, a.full_buffer)) return p;
   const TopkRefs topk = topk_refs(a);
   check_topk_pair(topk, p);
-  check_topk_rest(topk, a.full_buffer, a.routed_scaling_factor, p);
+  check_topk_inputs(topk, a.full_buffer, p);
+  // No activations: the shape rule's top-k outputs, at H = 0 under any scheme.
+  const QuantScheme any = QuantScheme::mxfp8();
+  check_topk_outputs(topk, output_shapes_of(format_of(any), any, p.M, 0, p.K), a.routed_scaling_factor, p);
   p.misaligned = check_memory(named_tensors(a), a.topk_ids.device);
   return p;
 }
