@@ -15,7 +15,8 @@
 ///     among themselves by id). k = 0..K-1 is the selection order (descending b).
 ///     Hash layers (tid2eid given): id_k = tid2eid[input_ids[t], k], no selection.
 ///  3. Weights: sum = s_0 + s_1 + ... + s_{K-1} (fp32, in k order), d = max(sum, 1e-20)
-///     (a NaN sum stays NaN, like torch.clamp), w_k = fl(fl(s_k / d) * routed_scaling_factor).
+///     (a NaN sum stays NaN, like torch.clamp), w_k = fl(s_k / d), and with a
+///     routed_scaling_factor alpha w_k = fl(fl(s_k / d) * alpha).
 ///     Every NaN weight is written as the quiet NaN 0x7FC00000 (CPUs and GPUs propagate
 ///     NaN payloads differently; the bytes must not differ).
 ///  4. EPLB (optional): the logical id l at flat position p = t*K + k becomes
@@ -62,8 +63,10 @@ struct RouterArgs {
   std::optional<TensorRef> e_score_correction_bias;
   /// K: experts per token, 1..16 and <= E (and == tid2eid.shape[1] for hash layers).
   int64_t top_k = 0;
-  /// Multiplies every kept weight (one fp32 rounding); must be finite. DeepSeek-V4: 1.5.
-  float routed_scaling_factor = 1.0f;
+  /// Optional routed scaling factor alpha (finite), as StageArgs::routed_scaling_factor:
+  /// kept weights become fl(w * alpha). Absent: no scaling (the bytes of alpha = 1, which
+  /// changes no weight). DeepSeek-V4: 1.5.
+  std::optional<float> routed_scaling_factor;
   /// out [T, K] int32 or int64: the chosen experts, physical ids when EPLB is given, -1
   /// on padded tokens.
   TensorRef topk_ids;

@@ -278,7 +278,7 @@ def route(router_logits: object | None, e_score_correction_bias: object | None, 
     """
     The fused DeepSeek-V4 router alone (see megamoe.route): router_logits [T, E] to the
     public top-k topk_weights / topk_ids, with hash layers, EPLB and the logits' non-finite
-    counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: 1.0. router_logits
+    counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: no scaling. router_logits
     without rows returns at once.
     """
 

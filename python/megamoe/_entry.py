@@ -133,7 +133,7 @@ _ROUTER_OPTIONS = """
         top_k: K, 1..16 and <= E; None: ``topk_ids.shape[1]`` (hash layers:
             ``tid2eid.shape[1]`` must equal it).
         routed_scaling_factor: finite alpha multiplying every kept weight (one fp32
-            rounding; DeepSeek-V4: 1.5); None: 1.0.
+            rounding; DeepSeek-V4: 1.5); None: no scaling.
         tid2eid: hash layers: ``[V, K]`` int32 table, with ``input_ids``: the ids are
             ``tid2eid[input_ids[t]]`` (no selection), the weights come from the logits.
         input_ids: hash layers: ``[T]`` int32 / int64 token ids.

@@ -433,7 +433,7 @@ _ROUTER_HEAD = (
     Param("topk_ids", "tensor", mutable=True),
 )
 # Every other option of megamoe::RouterArgs, keyword-only (top_k None: topk_ids.shape[1];
-# routed_scaling_factor None: 1.0).
+# routed_scaling_factor None: no scaling).
 _ROUTER_OPTIONS = (
     Param("top_k", "int?", None, keyword_only=True),
     Param("routed_scaling_factor", "float?", None, keyword_only=True),

@@ -797,7 +797,7 @@ bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool 
   // top_k defaults to the width of topk_ids; without a usable width, a valid placeholder
   // (E >= 1 is checked first) lets the library report what is wrong with topk_ids.
   r.top_k = h.top_k.value_or(r.topk_ids.ndim == 2 ? r.topk_ids.shape[1] : 1);
-  r.routed_scaling_factor = as_float(h.routed_scaling_factor).value_or(1.0f);
+  r.routed_scaling_factor = as_float(h.routed_scaling_factor);
   return true;
 }
 
@@ -1074,7 +1074,7 @@ NB_MODULE(_C, m) {
   def_entry(m, "route", kRoute, &route,
             "The fused DeepSeek-V4 router alone (see megamoe.route): router_logits [T, E] to the\n"
             "public top-k topk_weights / topk_ids, with hash layers, EPLB and the logits' non-finite\n"
-            "counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: 1.0. router_logits\n"
+            "counter. top_k None: topk_ids.shape[1]; routed_scaling_factor None: no scaling. router_logits\n"
             "without rows returns at once.");
   def_entry(m, "route_and_stage", kRouteAndStage, &route_and_stage,
             "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"

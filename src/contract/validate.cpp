@@ -547,9 +547,11 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   MEGAMOE_CHECK(r.top_k >= 1 && r.top_k <= core::kMaxRouterTopk && r.top_k <= p.E, "top_k",
                 "1 <= top_k <= min(16, E = " + std::to_string(p.E) + ")", r.top_k);
   p.K = r.top_k;
-  MEGAMOE_CHECK(std::isfinite(r.routed_scaling_factor), "routed_scaling_factor", "a finite value",
-                r.routed_scaling_factor);
-  p.alpha = r.routed_scaling_factor;
+  if (r.routed_scaling_factor) {
+    MEGAMOE_CHECK(std::isfinite(*r.routed_scaling_factor), "routed_scaling_factor", "a finite value",
+                  *r.routed_scaling_factor);
+    p.alpha = *r.routed_scaling_factor;
+  }
   check_shape2(r.topk_ids, "topk_ids", p.T, p.K);
   check_dtype(r.topk_ids, "topk_ids", {DType::kInt32, DType::kInt64});
   check_shape2(r.topk_weights, "topk_weights", p.T, p.K);

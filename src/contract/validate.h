@@ -62,7 +62,7 @@ struct RouterProblem {
   bool has_bias = false;       ///< e_score_correction_bias given
   bool has_padding = false;    ///< a padding mask (RouterArgs's for route, StageArgs's fused)
   bool has_nonfinite = false;  ///< RouterArgs::nonfinite_count given
-  float alpha = 1.0f;          ///< routed scaling factor
+  float alpha = 1.0f;          ///< routed scaling factor; 1 when absent (core::router_weight)
   bool fused = false;          ///< route_and_stage: stage below is the staging of the call
   bool misaligned = false;     ///< a tensor of the call off its element size (cuda/aligned.cuh)
   Problem stage;               ///< fused: the staging problem of staged_args(router, stage)

@@ -460,7 +460,12 @@ MEGAMOE_HD float weight_denominator(float sum) {
   return sum != sum ? sum : (sum > kWeightSumFloor ? sum : kWeightSumFloor);
 }
 
-/// w = fl(fl(s / d) * alpha), NaN written as the quiet NaN.
+/// w = fl(fl(s / d) * alpha), NaN written as the quiet NaN. Without a routed scaling factor
+/// the router's problem carries alpha = 1 (RouterProblem, contract/validate.h), which is no
+/// scaling: q * 1 is q for every quotient q, subnormal ones too (the host's router threads
+/// run in the default floating-point environment, no DAZ; the device's __fmul_rn is built
+/// with -ftz=false), zeros and infinities with their signs, and a NaN q is written as the
+/// quiet NaN either way.
 MEGAMOE_HD float router_weight(float s, float d, float alpha) {
   const float w = mul_rn(div_rn(s, d), alpha);
   return w != w ? quiet_nan() : w;

@@ -118,7 +118,7 @@ struct Spec {
   bool transposed_logits = false;
   std::vector<float> logits;  // [T, E]
   std::optional<std::vector<float>> bias;
-  float alpha = 1.0f;
+  std::optional<float> alpha;  // RouterArgs::routed_scaling_factor (absent: no scaling)
   std::optional<std::vector<uint8_t>> pad;
   // hash layers
   std::optional<std::vector<int32_t>> tid2eid;  // [V, K]

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -265,6 +266,36 @@ TEST(Route, RandomDeepSeekShapes) {
       }
     }
   }
+}
+
+/// A routed scaling factor left out is no scaling: the weights are the quotients fl(s / d)
+/// themselves (the reference forms no product then), which are the bytes of a factor of 1,
+/// subnormal quotients included.
+TEST(Route, AbsentScalingFactorIsNoScaling) {
+  std::vector<std::pair<std::string, Spec>> cases = catalog(megamoe::core::router_score);
+  // Scores of about 1.9e-22 (logit -100) beside 1.7e19 (logit 3e38): quotients near 1e-41.
+  Spec tiny = random_spec(2, 4, 2, 9);
+  tiny.bias.reset();
+  tiny.logits = {3e38f, -100.0f, -1000.0f, -1000.0f, -1000.0f, -99.0f, -1000.0f, 3e38f};
+  cases.emplace_back("subnormal quotients", tiny);
+  int subnormal = 0;
+  for (auto& [name, s] : cases) {
+    SCOPED_TRACE(name);
+    s.alpha.reset();
+    auto absent = routed(s);
+    expect_router_outputs(s, *absent, ref::route(reference_problem(s)));
+    s.alpha = 1.0f;
+    auto one = routed(s);
+    ASSERT_EQ(absent->weights.mem, one->weights.mem);
+    ASSERT_EQ(absent->ids.mem, one->ids.mem);
+    for (int64_t t = 0; t < s.T; ++t) {
+      for (int64_t k = 0; k < s.K; ++k) {
+        const float w = absent->weights.at<float>(t, k);
+        subnormal += w != 0.0f && std::fabs(w) < std::numeric_limits<float>::min() ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GE(subnormal, 2);
 }
 
 TEST(Route, NoBiasAndTransposedLogits) {

@@ -657,8 +657,12 @@ int fuzz_one(const uint8_t* data, size_t size) {
     std::memcpy(&v, &in.alpha_bits, 4);
     alpha = v;
   }
-  float ralpha = 1.0f;  // RouterArgs::routed_scaling_factor (0 bits: the default 1.0)
-  if (in.ralpha_bits != 0) std::memcpy(&ralpha, &in.ralpha_bits, 4);
+  std::optional<float> ralpha;  // RouterArgs::routed_scaling_factor (0 bits: absent, no scaling)
+  if (in.ralpha_bits != 0) {
+    float v;
+    std::memcpy(&v, &in.ralpha_bits, 4);
+    ralpha = v;
+  }
   const int64_t T = in.T, H = in.H, K = router_entry ? in.top_k : in.K;
   const int64_t M = full_buffer ? in.M : T;  // rows of the outputs
   const int64_t E = in.E, V = in.V, R = in.R, P = in.P;
@@ -928,7 +932,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   if (in.mode & kModeExtension) {
     char ab[64];
     std::snprintf(ab, sizeof ab, "%.9g / %.9g", alpha ? static_cast<double>(*alpha) : 0.0,
-                  static_cast<double>(ralpha));
+                  ralpha ? static_cast<double>(*ralpha) : 0.0);
     g_context += std::string("entry ") + kEntryName[entry] + " xflags " + std::to_string(xf) + " full_buffer " +
                  std::to_string(full_buffer) + " M " + std::to_string(in.M) + " alpha " +
                  (alpha ? "given" : "none") + " (stage / router: " + ab + ") E " + std::to_string(E) +
@@ -1072,7 +1076,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
     const int64_t k = in.top_k;
     aK = k;
     if (k < 1 || k > 16 || k > aE) violate("top_k outside 1..min(16, E)");
-    if (!std::isfinite(ralpha)) violate("the router's routed_scaling_factor is not finite");
+    if (ralpha && !std::isfinite(*ralpha)) violate("the router's routed_scaling_factor is not finite");
     shape2(kIds, aT, k);
     dtype_in(kIds, {DType::kInt32, DType::kInt64});
     shape2(kWeights, aT, k);

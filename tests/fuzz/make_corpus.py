@@ -63,7 +63,7 @@ Extension block (58 bytes, then 10 descriptors as above), only with mode bit 7
                     it); bit7 partial: input_ids / record_enabled left out (a rejection)
   i64  max_tokens   M, the outputs' rows in full-buffer mode (small sizes: M = T + v mod 4097)
   u32  alpha        fp32 bits of the staging / routing scaling factor
-  u32  router alpha fp32 bits of RouterArgs::routed_scaling_factor; 0 = the default 1.0
+  u32  router alpha fp32 bits of RouterArgs::routed_scaling_factor; 0 = absent (no scaling)
   i64  E, top_k, V, R, P   experts, the router's top-k (its K: the top-k shapes' columns),
                     tid2eid rows, replica slots, expert_load_view length (small sizes: E mod
                     513, top_k mod 18, V mod 65, R mod 9, P mod 1025; T mod 257 for router

@@ -64,9 +64,9 @@ def select(b: np.ndarray, K: int) -> np.ndarray:
     return np.lexsort((ids, neg, nan), axis=-1)[:, :K]
 
 
-def reference(logits, bias, K, alpha=1.0, pad=None, tid2eid=None, input_ids=None, eplb=None, ids_dtype=np.int32):
+def reference(logits, bias, K, alpha=None, pad=None, tid2eid=None, input_ids=None, eplb=None, ids_dtype=np.int32):
     """(topk_weights, topk_ids, load added, non-finite logits) by the rules; ``eplb`` =
-    (map [E, R], counts [E], P, record)."""
+    (map [E, R], counts [E], P, record); ``alpha`` None: no scaling (no product formed)."""
     x = np.asarray(logits, F32)
     T, E = x.shape
     s = scores(x)
@@ -89,7 +89,9 @@ def reference(logits, bias, K, alpha=1.0, pad=None, tid2eid=None, input_ids=None
         for k in range(K):  # in k order, one fp32 rounding each
             total = (total + s_sel[:, k]).astype(F32)
         d = np.where(np.isnan(total), total, np.maximum(total, SUM_FLOOR)).astype(F32)
-        w = ((s_sel / d[:, None]).astype(F32) * F32(alpha)).astype(F32)
+        w = (s_sel / d[:, None]).astype(F32)
+        if alpha is not None:
+            w = (w * F32(alpha)).astype(F32)
     w = np.where(np.isnan(w), QNAN.view(F32), w)
     w = np.where(ok, w, F32(0)).astype(F32)
     ids = np.where(ok, lid, -1)
@@ -168,6 +170,26 @@ def test_route_matches_the_rules(E, K, ids_dtype):
     megamoe.route(x, bias, w, ids, routed_scaling_factor=1.5)
     want = reference(x, bias, K, 1.5, ids_dtype=ids_dtype)
     check_route(w, ids, want[0], want[1])
+
+
+def test_route_without_scaling_factor_is_no_scaling():
+    """routed_scaling_factor None: the weights are the quotients fl(s / d) themselves (the
+    reference forms no product), the bytes of a factor of 1.0, subnormal quotients included
+    (scores near 1.9e-22 beside 1.7e19)."""
+    rng = np.random.default_rng(3)
+    tiny = np.full((2, 4), -1000.0, F32)
+    tiny[0, :2] = (3e38, -100.0)
+    tiny[1, 1:3] = (3e38, -99.0)
+    for x, K in ((logits_sample(rng, 37, 64, specials=True, ties=True), 6), (tiny, 2)):
+        bias = (rng.standard_normal(x.shape[1]) * 0.3).astype(F32) if K == 6 else None
+        w, ids = poisoned(x.shape[0], K)
+        megamoe.route(x, bias, w, ids)
+        want = reference(x, bias, K)
+        check_route(w, ids, want[0], want[1])
+        w1, ids1 = poisoned(x.shape[0], K)
+        megamoe.route(x, bias, w1, ids1, routed_scaling_factor=1.0)
+        assert np.array_equal(bits(w), bits(w1)) and np.array_equal(ids, ids1)
+    assert np.count_nonzero((w != 0) & (np.abs(w) < np.finfo(F32).tiny)) == 2
 
 
 def test_route_specials_padding_counter_and_no_bias():

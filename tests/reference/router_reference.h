@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "megamoe_reference.h"
@@ -54,7 +55,7 @@ struct Problem {
   int64_t T = 0, E = 0, K = 0;
   std::vector<float> logits;          ///< [T, E]
   std::vector<float> bias;            ///< [E] or empty (no bias)
-  float alpha = 1.0f;                 ///< routed scaling factor
+  std::optional<float> alpha;         ///< routed scaling factor; absent: none (no product)
   std::vector<uint8_t> pad;           ///< [T] or empty
   std::vector<int32_t> tid2eid;       ///< [V, K] or empty (no hash)
   std::vector<int64_t> input_ids;     ///< [T] (hash layers)
@@ -114,7 +115,8 @@ inline Result route(const Problem& p) {
     for (int64_t k = 0; k < p.K; ++k) {
       const int64_t e = chosen[static_cast<size_t>(k)];
       if (e < 0) continue;
-      const float w = mul32(div32(score(row[e]), d), p.alpha);
+      const float q = div32(score(row[e]), d);
+      const float w = p.alpha ? mul32(q, *p.alpha) : q;
       out.weights[static_cast<size_t>(t * p.K + k)] = std::isnan(w) ? nan_out() : w;
       int64_t id = e;
       if (!p.l2p.empty()) {
