@@ -21,7 +21,7 @@ struct DeviceCopy {
   void* ptr = nullptr;
   DeviceCopy(megamoe::TensorRef* h, int device) : host(h), dev(*h) {
     if (!h->is_contiguous()) throw CliError("internal: run_cuda needs contiguous host tensors");
-    megamoe::core::Checked n = megamoe::dtype_size(h->dtype);
+    Checked n = megamoe::dtype_size(h->dtype);
     for (int i = 0; i < h->ndim; ++i) n = n * h->shape[i];
     bytes = static_cast<size_t>(checked_value(n, "the byte count of a device buffer"));
     check(cudaMalloc(&ptr, bytes > 0 ? bytes : 1), "cudaMalloc");

@@ -8,6 +8,34 @@
 
 namespace megamoe_cli {
 
+float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float f16_value(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu, bits = 0;
+  if (e == 0x1F) {
+    bits = 0x7F800000u | m << 13;  // Inf, or NaN with its payload
+  } else if (e != 0) {
+    bits = (e + 112) << 23 | m << 13;  // exponent bias 15 -> 127
+  } else if (m != 0) {
+    // Subnormal m * 2^-24: shifted left s places until bit 10 is set, it is
+    // 1.f * 2^(-14 - s), an fp32 normal with exponent field 113 - s.
+    uint32_t s = 0;
+    for (; (m & 0x400u) == 0; ++s) m <<= 1;
+    bits = (113 - s) << 23 | (m & 0x3FFu) << 13;
+  }
+  bits |= sign;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 double e4m3_value(uint8_t b) {
   const int e = (b >> 3) & 0xF, m = b & 7;
   if (e == 0xF && m == 7) return std::numeric_limits<double>::quiet_NaN();

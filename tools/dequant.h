@@ -1,5 +1,6 @@
 // dequant.h: the staged values back as numbers (docs/CONTRACT.md "Per group"), for every
-// format megamoe-stage runs; the quality report (SNR, relative error) is computed from them.
+// format megamoe-stage runs, and the 16-bit inputs as fp32; the quality report (SNR,
+// relative error) is computed from them.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,10 @@ struct Quantized {
   float global_scale = 1.0f;         ///< gs (NVFP4 static)
 };
 
+/// bf16 bits -> fp32, exactly (the upper half of an fp32).
+float bf16_value(uint16_t b);
+/// IEEE binary16 bits -> fp32, exactly; a NaN keeps its sign and payload.
+float f16_value(uint16_t h);
 /// fp8 e4m3fn byte -> value (0x7F/0xFF are NaN; no infinities).
 double e4m3_value(uint8_t b);
 /// fp8 e5m2 byte -> value (0x7C/0xFC are +-Inf, 0x7D-0x7F/0xFD-0xFF NaN).

@@ -1,8 +1,10 @@
 // megamoe_stage.cpp: the megamoe-stage CLI. Stages DeepSeek-V4-shaped (or file-provided)
 // inputs with megamoe::prepare_inputs on the CPU or a CUDA device, times it, measures the
-// quantization quality and compares every output bitwise with the independent reference.
+// quantization quality and compares every output bitwise with the independent reference
+// (reference_check.h; in builds with MEGAMOE_CLI_REFERENCE). Public API only.
 //
-// Exit status: 0 = outputs match the reference, 1 = mismatch, 2 = usage, input or runtime error.
+// Exit status: 0 = outputs match the reference (or, without the reference check, a
+// successful run), 1 = mismatch, 2 = usage, input or runtime error.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -24,11 +26,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/router.h"
 #include "cuda_buffers.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/cpu.h"
 #include "megamoe/plan.h"
+#include "reference_check.h"
 #include "stage_check.h"
 #include "stage_inputs.h"
 
@@ -133,6 +135,13 @@ writes topk_ids and topk_weights. --router excludes --input and --save-inputs.
 Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
 error (the message names the file, tensor, what was expected and what was got).)";
 
+/// The end of --help in a build without the reference check.
+const char* kNoReferenceFooter = R"(
+
+This build has no reference check (CMake option MEGAMOE_CLI_REFERENCE off): "reference"
+and "router reference" read "not compiled in", and the exit status is 0 unless an error
+occurred.)";
+
 /// Validator of an integer flag: a decimal integer in [lo, hi]. It rewrites the text to
 /// canonical form because CLI11's own conversion (strtoll, base 0) saturates out-of-range
 /// values to INT64_MAX and reads "010" as octal 8.
@@ -194,6 +203,11 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+/// The router's limits as include/megamoe/router.h states them (E in 1..512, K in 1..16),
+/// checked before the [T, E] logits are generated; the library checks them again.
+constexpr int64_t kRouterMaxExperts = 512;
+constexpr int64_t kRouterMaxTopk = 16;
+
 /// Generated inputs of at least this many elements (T * H) get a progress line.
 constexpr int64_t kProgressElements = int64_t{1} << 20;
 
@@ -230,7 +244,6 @@ std::map<std::string, std::string> format_metadata(const megamoe::QuantScheme& q
 /// Allocate the outputs for @p in under scheme @p q (shapes from the contract; invalid
 /// requests still get buffers so that megamoe::validate can name the problem).
 StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, const Options& o) {
-  namespace core = megamoe::core;
   const int64_t T = in.T(), H = in.H(), K = in.K(), G = q.group_k > 0 ? q.group_k : 1;
   const int64_t cols = q.ue8m0() ? H / (4 * G) : H / G;
   StageOutputs out;
@@ -278,8 +291,10 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
     const int64_t bm = o.shared_block_m;
     int64_t rows = 0;  // bm <= 0: megamoe::validate rejects it with the contract's message
     if (bm > 0) {
-      // Checked: T + bm - 1 and bm + 127 wrap for a bm near INT64_MAX.
-      rows = checked_value(core::ceil_div(T, bm) * core::round_up(bm, 128),
+      // ceil(a / b) without forming a + b - 1, which wraps for a bm near INT64_MAX; the
+      // product is checked.
+      auto ceil_div = [](int64_t a, int64_t b) { return a == 0 ? 0 : (a - 1) / b + 1; };
+      rows = checked_value(Checked(ceil_div(T, bm)) * ceil_div(bm, 128) * 128,
                            "--shared-block-m " + std::to_string(bm) + ": the shared_x_sf row count ceil(" +
                                std::to_string(T) + " / bm) * round_up(bm, 128)");
     }
@@ -294,7 +309,7 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
 /// full-buffer mode the activation outputs (x_q, x_sf, x_scales, the shared copy) are
 /// written for the T tokens' rows only, the top-k outputs for all M rows.
 int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
-  megamoe::core::Checked b = 0;
+  Checked b = 0;
   const int64_t T = in.T();
   // Bytes of @p t's first T rows (rows of equal size; t has at least T rows).
   auto token_rows = [&](const Tensor& t) -> int64_t {
@@ -361,10 +376,10 @@ int run(const Options& o) {
   if (o.amax_floor && q.scale2 == megamoe::Scale2::kStatic) {
     throw CliError("--amax-floor: nvfp4-static has no amax floor (its scales come from --global-scale)");
   }
-  if (o.router && (o.gen.experts > megamoe::core::kMaxRouterExperts || o.gen.topk > megamoe::core::kMaxRouterTopk)) {
+  if (o.router && (o.gen.experts > kRouterMaxExperts || o.gen.topk > kRouterMaxTopk)) {
     // Refused before the [T, E] logits are generated (the library would refuse them after).
-    throw CliError("--router: expected 1 to " + std::to_string(megamoe::core::kMaxRouterExperts) +
-                   " experts and a top-k of 1 to " + std::to_string(megamoe::core::kMaxRouterTopk) +
+    throw CliError("--router: expected 1 to " + std::to_string(kRouterMaxExperts) +
+                   " experts and a top-k of 1 to " + std::to_string(kRouterMaxTopk) +
                    " (router_logits: 1 to 512 experts; top_k), got --experts " + std::to_string(o.gen.experts) +
                    " --topk " + std::to_string(o.gen.topk));
   }
@@ -514,24 +529,12 @@ int run(const Options& o) {
   const double t_med = median(times);
 
   // Quality and reference.
-  progress.step("checking against the reference");
+  progress.step(reference_compiled() ? "checking against the reference" : "measuring the quality");
   const int64_t G = q.group_k;
   const std::vector<float> hidden = to_float(in.hidden_states);
   const Quality qual = measure_quality(hidden, T, H, out, G, q.ue8m0());
-  RefCheck rcheck, ref;
-  if (o.router) {
-    // The staging reference gets the router reference's ids and weights as its top-k
-    // inputs (swapped in for the comparison only).
-    RouterRef rref = reference_router(rin.logits, rin.bias, in, K, o.routed_scaling_factor);
-    rcheck = compare_router(rref, r_ids, r_weights);
-    std::swap(in.topk_ids, rref.ids);
-    std::swap(in.topk_weights, rref.weights);
-    ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
-    std::swap(in.topk_ids, rref.ids);
-    std::swap(in.topk_weights, rref.weights);
-  } else {
-    ref = compare_with_reference(in, hidden, out, G, q.ue8m0());
-  }
+  const RouterRun router_run{&rin.logits, &rin.bias, K, o.routed_scaling_factor, &r_ids, &r_weights};
+  const std::optional<RefChecks> checks = check_reference(in, hidden, out, o.router ? &router_run : nullptr);
 
   if (!o.output.empty()) {
     std::vector<std::pair<std::string, const Tensor*>> ts = {
@@ -559,7 +562,7 @@ int run(const Options& o) {
                                                  : "|x| > 1e-3 * group amax";
   // With --router the staging reads no top-k inputs but the logits and bias, and the
   // router writes its public ids and weights.
-  const int64_t bytes = o.router ? checked_value(megamoe::core::Checked(bytes_per_call(in, out)) -
+  const int64_t bytes = o.router ? checked_value(Checked(bytes_per_call(in, out)) -
                                                      static_cast<int64_t>(in.topk_ids.data.size()) -
                                                      static_cast<int64_t>(in.topk_weights.data.size()) +
                                                      static_cast<int64_t>(rin.logits.data.size()) +
@@ -574,8 +577,13 @@ int run(const Options& o) {
   if (in.is_padding) {
     for (uint8_t b : in.is_padding->data) padded += b != 0;
   }
-  const int rc = ref.first || rcheck.first ? 1 : 0;
-  auto mismatch_json = [](const RefCheck& c) {
+  const int rc = checks && (checks->staging.first || checks->router.first) ? 1 : 0;
+  // A check the build does not have (null): null in JSON, "not compiled in" in text.
+  const RefCheck* staging_check = checks ? &checks->staging : nullptr;
+  const RefCheck* router_check = checks ? &checks->router : nullptr;
+  auto mismatch_json = [](const RefCheck* check) {
+    if (check == nullptr) return ojson();
+    const RefCheck& c = *check;
     ojson r = {{"match", !c.first.has_value()}, {"mismatches", c.mismatches}};
     if (c.first) {
       r["first_mismatch"] = {{"tensor", c.first->tensor}, {"row", c.first->row},         {"col", c.first->col},
@@ -585,7 +593,9 @@ int run(const Options& o) {
     }
     return r;
   };
-  auto mismatch_text = [](const RefCheck& c) {
+  auto mismatch_text = [](const RefCheck* check) {
+    if (check == nullptr) return std::string("not compiled in");
+    const RefCheck& c = *check;
     if (!c.first) return std::string("bit-exact match");
     const Mismatch& m = *c.first;
     return "MISMATCH, first in " + m.tensor + "[" + std::to_string(m.row) + ", " + std::to_string(m.col) +
@@ -648,7 +658,7 @@ int run(const Options& o) {
                     {"rel_err_rule", rel_err_rule},
                     {"rel_err_elements", qual.rel_err_elements},
                     {"finite_elements", qual.finite}};
-    j["reference"] = mismatch_json(ref);
+    j["reference"] = mismatch_json(staging_check);
     if (o.router) {
       j["router"] = {{"experts", rin.logits.shape[1]},
                      {"topk", K},
@@ -657,7 +667,7 @@ int run(const Options& o) {
                      {"routed_scaling_factor", o.routed_scaling_factor},
                      {"route_median_us", r_med * 1e6},
                      {"fused_median_us", t_med * 1e6},
-                     {"reference", mismatch_json(rcheck)}};
+                     {"reference", mismatch_json(router_check)}};
     } else {
       j["router"] = nullptr;
     }
@@ -734,9 +744,9 @@ int run(const Options& o) {
               << (r_med < 1e-3 ? fmt("%.2f us", r_med * 1e6) : fmt("%.3f ms", r_med * 1e3))
               << " per call, route_and_stage (time above) "
               << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3)) << "\n";
-    std::cout << "router reference: " << mismatch_text(rcheck) << "\n";
+    std::cout << "router reference: " << mismatch_text(router_check) << "\n";
   }
-  std::cout << "reference: " << mismatch_text(ref) << "\n";
+  std::cout << "reference: " << mismatch_text(staging_check) << "\n";
   if (!o.output.empty()) std::cout << "output: " << o.output << "\n";
   return rc;
 }
@@ -754,7 +764,7 @@ int main(int argc, char** argv) {
       "against the independent reference.",
       "megamoe-stage"};
   app.set_version_flag("--version", megamoe::version());
-  app.footer(kFooter);
+  app.footer(std::string(kFooter) + (reference_compiled() ? "" : kNoReferenceFooter));
   app.get_formatter()->column_width(34);
 
   auto* input = app.add_option("--input", o.input,

@@ -132,8 +132,8 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
     sizes_fit = sizes_fit && n <= static_cast<uint64_t>(kInt64Max);
     t.shape.push_back(static_cast<int64_t>(n));
   }
-  const megamoe::core::Checked numel =
-      sizes_fit ? shape_numel(t.shape) : megamoe::core::Checked::overflow();
+  const Checked numel =
+      sizes_fit ? shape_numel(t.shape) : Checked::overflow();
   if (!numel.ok()) fail(path, where + "shape too large: " + dump_bounded(*sh) + " has more than 2^63 - 1 elements");
   auto off = e.find("data_offsets");
   if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
@@ -149,7 +149,7 @@ void parse_entry(const std::string& path, const std::string& name, const json& e
   }
   const int64_t es = st_dtype_size(t.dtype);
   if (es == 0) return;  // a dtype megamoe does not read: load_inputs names it if it matters
-  const megamoe::core::Checked need = numel * es;
+  const Checked need = numel * es;
   // end - begin <= data_size < 2^63 (the file size came from a signed stream offset).
   if (!need.ok() || static_cast<uint64_t>(need.value()) != end - begin) {
     fail(path, where + "data_offsets span " + std::to_string(end - begin) + " bytes, but dtype " +
@@ -222,13 +222,13 @@ int64_t st_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-megamoe::core::Checked shape_numel(const std::vector<int64_t>& shape) {
-  megamoe::core::Checked n = 1;
-  for (int64_t d : shape) n = d < 0 ? megamoe::core::Checked::overflow() : n * d;
+Checked shape_numel(const std::vector<int64_t>& shape) {
+  Checked n = 1;
+  for (int64_t d : shape) n = d < 0 ? Checked::overflow() : n * d;
   return n;
 }
 
-int64_t checked_value(megamoe::core::Checked v, const std::string& what) {
+int64_t checked_value(Checked v, const std::string& what) {
   if (!v.ok()) throw CliError(what + " does not fit in int64 (more than 2^63 - 1)");
   return v.value();
 }

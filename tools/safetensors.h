@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/checked.h"
+#include "checked.h"
 #include "megamoe/tensor.h"
 
 namespace megamoe_cli {
@@ -48,9 +48,9 @@ std::string clip(const std::string& s);
 /// Bytes per element of a safetensors dtype name; 0 when unknown.
 int64_t st_dtype_size(const std::string& dtype);
 /// Element count of @p shape; overflowed when a size is negative or the product does not fit.
-megamoe::core::Checked shape_numel(const std::vector<int64_t>& shape);
+Checked shape_numel(const std::vector<int64_t>& shape);
 /// The value of @p v; throws CliError "<what> does not fit in int64" when it overflowed.
-int64_t checked_value(megamoe::core::Checked v, const std::string& what);
+int64_t checked_value(Checked v, const std::string& what);
 /// Resize @p buf to @p bytes zero bytes; throws CliError naming @p what when the host
 /// cannot allocate them (instead of std::bad_alloc or std::length_error).
 void allocate_bytes(std::vector<uint8_t>& buf, int64_t bytes, const std::string& what);

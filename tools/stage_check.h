@@ -1,6 +1,6 @@
-// stage_check.h: what megamoe-stage measures about one staging result: quantization
-// quality after dequantizing, and a bitwise comparison with the independent reference
-// (tests/reference/megamoe_reference.h).
+// stage_check.h: what megamoe-stage measures about one staging result: the outputs as
+// staged, and the quantization quality after dequantizing. The bitwise comparison with the
+// independent reference is reference_check.h's.
 #pragma once
 
 #include <cstdint>
@@ -61,22 +61,6 @@ struct Quality {
   int64_t finite = 0;            ///< elements counted in the SNR
 };
 
-/// First differing element of a comparison.
-struct Mismatch {
-  std::string tensor;   ///< output name
-  int64_t row = 0;      ///< row (token, or shared_x_sf row)
-  int64_t col = 0;      ///< column
-  int64_t index = 0;    ///< flat row-major index, row * columns + col
-  std::string got;      ///< what megamoe wrote (hex bits, value where useful)
-  std::string expected; ///< what the reference computed
-};
-
-/// Result of the comparison with the reference.
-struct RefCheck {
-  std::optional<Mismatch> first;  ///< empty when every output matches bitwise
-  int64_t mismatches = 0;         ///< differing elements over all outputs
-};
-
 /// hidden_states or topk_weights (BF16/F16/F32) as fp32, exactly.
 std::vector<float> to_float(const Tensor& t);
 
@@ -84,24 +68,5 @@ std::vector<float> to_float(const Tensor& t);
 /// elements only: no rows are visited when H == 0.
 Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
                         const StageOutputs& out, int64_t G, bool ue8m0);
-
-/// The router reference's outputs (tests/reference/router_reference.h) for --router.
-struct RouterRef {
-  Tensor ids;      ///< I64 [T, K], -1 on padded tokens
-  Tensor weights;  ///< F32 [T, K]
-};
-
-/// Route @p logits / @p bias (F32 or BF16 [T, E], F32 [E]) with the independent reference:
-/// top @p K, routed scaling @p alpha, padding from in.is_padding.
-RouterRef reference_router(const Tensor& logits, const Tensor& bias, const StageInputs& in, int64_t K, float alpha);
-
-/// Compare megamoe's public router outputs (I32 ids, F32 weights) with the reference's.
-RefCheck compare_router(const RouterRef& want, const Tensor& ids, const Tensor& weights);
-
-/// Run megamoe_ref::stage on @p in and compare every output bitwise (shared_x_sf rows
-/// through megamoe_ref::shared_row). The reference is not run when none of its outputs
-/// has an element (T == 0, or H == K == 0 without x_scales): it would visit all T rows.
-RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>& hidden,
-                                const StageOutputs& out, int64_t G, bool ue8m0);
 
 }  // namespace megamoe_cli

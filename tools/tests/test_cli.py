@@ -956,6 +956,22 @@ def case_e5m2():
     expect_error(SMALL + ["--scheme", "mxfp8-e5m2", "--global-scale", "0.5"], "--global-scale", "nvfp4-static")
 
 
+
+def case_no_reference():
+    """A CLI built without the reference check (MEGAMOE_CLI_REFERENCE off) stages, measures
+    and reports as always, says the check is not compiled in, and exits 0."""
+    p = run(*SMALL, expect_rc=0)
+    check("reference: not compiled in" in p.stdout and "bit-exact" not in p.stdout, p.stdout)
+    check(snr(p.stdout) > 30, p.stdout)
+    p = run(*SMALL, "--router", expect_rc=0)
+    check("router reference: not compiled in" in p.stdout and "\nreference: not compiled in" in p.stdout, p.stdout)
+    j = json.loads(run(*SMALL, "--router", "--json", expect_rc=0).stdout)
+    check(j["reference"] is None and j["router"]["reference"] is None and j["exit_code"] == 0, j)
+    check(j["quality"]["snr_db"] > 30, j["quality"])
+    p = run("--help", expect_rc=0)
+    check("MEGAMOE_CLI_REFERENCE" in p.stdout and "not compiled in" in p.stdout, p.stdout)
+    expect_error(SMALL + ["--scheme", "nope"], "--scheme")
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":
