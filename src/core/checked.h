@@ -1,6 +1,6 @@
 // checked.h: overflow-checked int64 arithmetic for every size, extent and byte span the
-// library (and its CLI) computes from caller-supplied numbers. Host only: the device code
-// works on values the validator has already proven to fit.
+// library computes from caller-supplied numbers (the CLI has its own, tools/checked.h).
+// Host only: the device code works on values the validator has already proven to fit.
 #pragma once
 
 #include <cstdint>
