@@ -2,6 +2,7 @@
 // part comes from the CUDA backend's plan (src/cuda/policy/plan.h) when the build has one.
 #include <cstdint>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "megamoe/error.h"
@@ -14,10 +15,17 @@ namespace megamoe {
 #if MEGAMOE_WITH_CUDA
 namespace cuda {
 std::string explain_plan(const StageArgs& a, const detail::Problem& p);
-}
+std::string explain_routing(const RoutingArgs& a, const detail::Problem& p);
+std::string explain_router(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p);
+}  // namespace cuda
 #endif
 
 namespace {
+
+#if MEGAMOE_WITH_CUDA
+/// Stands in for the scratch of a dense copy (explain reads nothing from it).
+void* scratch_address(const detail::NamedTensor&) { return reinterpret_cast<void*>(uintptr_t{1} << 40); }
+#endif
 
 std::string describe(const StageArgs& args) {
   const detail::Problem p = detail::validate_args(args);
@@ -37,8 +45,7 @@ std::string describe(const StageArgs& args) {
     // aligned scratch (src/cuda/launch/aligned.cuh): the plan of those (the address stands in for
     // the scratch; nothing is read from it).
     StageArgs b = args;
-    const int moved = detail::move_misaligned_to_dense(
-        detail::named_tensors(b), [](const detail::NamedTensor&) { return reinterpret_cast<void*>(uintptr_t{1} << 40); });
+    const int moved = detail::move_misaligned_to_dense(detail::named_tensors(b), scratch_address);
     return cuda::explain_plan(b, p) + " (" + scheme_name(p.scheme) + " " + sizes + "), on dense copies of " +
            std::to_string(moved) + " tensor(s) off their element size: gathered before, outputs scattered after";
   }
@@ -50,12 +57,58 @@ std::string describe(const StageArgs& args) {
 #endif
 }
 
-}  // namespace
+std::string describe(const RoutingArgs& args) {
+  const detail::Problem p = detail::validate_routing(args);
+  if (args.topk_ids.device.type == Device::Type::kCPU) {
+    return detail::has_work(p) ? "cpu backend: top-k repack of " + std::to_string(p.M) + " x " + std::to_string(p.K) +
+                                     " entries on the calling thread"
+                               : "cpu backend: nothing to do (T == 0)";
+  }
+#if MEGAMOE_WITH_CUDA
+  if (!detail::has_work(p)) return "cuda backend: nothing to launch (T == 0)";
+  const std::string plan = cuda::explain_routing(args, p);
+  return p.misaligned ? plan + ", on dense copies of the tensors off their element size" : plan;
+#else
+  if (!detail::has_work(p)) return "nothing to do (T == 0)";
+  return "this build has no CUDA backend: topk_ids is on " + to_string(args.topk_ids.device) +
+         " and stage_routing would throw (kUnsupported)";
+#endif
+}
 
-std::string explain(const StageArgs& args) {
-  // Nothing but megamoe::Error leaves the API (as in prepare_inputs).
+std::string describe(const RouterArgs& r, const StageArgs* stage) {
+  const detail::RouterProblem p = detail::validate_router(r, stage);
+  const std::string sizes = "T=" + std::to_string(p.T) + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K);
+  const char* what = stage != nullptr ? "route_and_stage" : "route";
+  if (r.router_logits.device.type == Device::Type::kCPU) {
+    if (!detail::has_work(p)) return "cpu backend: nothing to do (T == 0)";
+    std::string s = "cpu backend: " + std::string(what) + " " + sizes + ": the router over token rows (worker threads for large calls)";
+    if (stage != nullptr) s += ", then the staging of its outputs (" + scheme_name(p.stage.scheme) + ")";
+    return s;
+  }
+#if MEGAMOE_WITH_CUDA
+  if (!detail::has_work(p)) return "cuda backend: nothing to launch (T == 0)";
+  if (p.misaligned) {
+    // As prepare_inputs: the call runs on dense copies at aligned scratch.
+    RouterArgs rb = r;
+    std::optional<StageArgs> sb;
+    if (stage != nullptr) sb = *stage;
+    const int moved = detail::move_misaligned_to_dense(detail::named_tensors(rb, sb ? &*sb : nullptr), scratch_address);
+    return cuda::explain_router(rb, sb ? &*sb : nullptr, p) + " (" + what + " " + sizes + "), on dense copies of " +
+           std::to_string(moved) + " tensor(s) off their element size";
+  }
+  return cuda::explain_router(r, stage, p) + " (" + what + " " + sizes + ")";
+#else
+  if (!detail::has_work(p)) return "nothing to do (T == 0)";
+  return "this build has no CUDA backend: router_logits is on " + to_string(r.router_logits.device) + " and " + what +
+         " would throw (kUnsupported)";
+#endif
+}
+
+/// Nothing but megamoe::Error leaves the API (as in prepare_inputs).
+template <typename F>
+std::string guarded(F&& f) {
   try {
-    return describe(args);
+    return f();
   } catch (const Error&) {
     throw;
   } catch (const std::bad_alloc&) {
@@ -65,6 +118,24 @@ std::string explain(const StageArgs& args) {
   } catch (...) {
     throw Error(ErrorCode::kInternal, "megamoe: explain: internal error");
   }
+}
+
+}  // namespace
+
+std::string explain(const StageArgs& args) {
+  return guarded([&] { return describe(args); });
+}
+
+std::string explain(const RoutingArgs& args) {
+  return guarded([&] { return describe(args); });
+}
+
+std::string explain(const RouterArgs& router) {
+  return guarded([&] { return describe(router, nullptr); });
+}
+
+std::string explain(const RouterArgs& router, const StageArgs& stage) {
+  return guarded([&] { return describe(router, &stage); });
 }
 
 }  // namespace megamoe

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megamoe/router.h"
 #include "megamoe/stage.h"
 
 namespace megamoe {
@@ -19,5 +20,18 @@ namespace megamoe {
 /// @throws megamoe::Error for invalid arguments (the same checks as prepare_inputs) or a
 ///   failing CUDA device query.
 std::string explain(const StageArgs& args);
+
+/// @brief The same for stage_routing: "cuda backend: kernel=routing threads=... grid=...
+/// pdl=..." or "cpu backend: ...".
+std::string explain(const RoutingArgs& args);
+
+/// @brief The same for route(): the router kernel's launch ("cuda backend: kernel=router
+/// threads=... tokens_per_block=... router_blocks=... pdl=...").
+std::string explain(const RouterArgs& router);
+
+/// @brief The same for route_and_stage(): one fused launch ("kernel=router+stage (one
+/// launch) ... | quantizing blocks: <the staging plan>"), the router kernel then the staging
+/// plan's kernel (generic and row-kernel plans), or the router kernel alone (T == 0, H == 0).
+std::string explain(const RouterArgs& router, const StageArgs& stage);
 
 }  // namespace megamoe

@@ -93,6 +93,51 @@ TEST(Api, ExplainWithoutTokens) {
   for (int64_t v : io) EXPECT_EQ(v, -1);
 }
 
+// explain() of the routing-only call and of the router's: validated like the call, then
+// the launch as text; invalid arguments throw the call's error and nothing is run.
+TEST(Api, ExplainRoutingAndRouterCalls) {
+  const int64_t T = 3, E = 16, K = 2, H = 128;
+  std::vector<float> w(T * K, 0.5f), logits(T * E, 1.0f), hs(T * H, 1.0f), wo(T * K), rw(T * K);
+  std::vector<int32_t> ids(T * K, 1), rid(T * K), sf(T * 1);
+  std::vector<int64_t> io(T * K, 7);
+  std::vector<uint8_t> xq(T * H);
+  megamoe::RoutingArgs r;
+  r.topk_ids = TensorRef(ids.data(), DType::kInt32, {T, K});
+  r.topk_weights = TensorRef(w.data(), DType::kFloat32, {T, K});
+  r.topk_idx_out = TensorRef(io.data(), DType::kInt64, {T, K});
+  r.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {T, K});
+  EXPECT_EQ(megamoe::explain(r), "cpu backend: top-k repack of 3 x 2 entries on the calling thread");
+  for (int64_t v : io) EXPECT_EQ(v, 7) << "explain ran the call";
+  megamoe::RoutingArgs bad = r;
+  bad.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {T, K + 1});
+  EXPECT_THROW(megamoe::explain(bad), megamoe::Error);
+
+  megamoe::RouterArgs g;
+  g.router_logits = TensorRef(logits.data(), DType::kFloat32, {T, E});
+  g.top_k = K;
+  g.topk_ids = TensorRef(rid.data(), DType::kInt32, {T, K});
+  g.topk_weights = TensorRef(rw.data(), DType::kFloat32, {T, K});
+  EXPECT_EQ(megamoe::explain(g), "cpu backend: route T=3 E=16 K=2: the router over token rows (worker threads for large calls)");
+  megamoe::StageArgs a;
+  a.hidden_states = TensorRef(hs.data(), DType::kFloat32, {T, H});
+  a.x_q = TensorRef(xq.data(), DType::kFloat8E4M3, {T, H});
+  a.x_sf = TensorRef(sf.data(), DType::kInt32, {T, 1});
+  a.topk_idx_out = TensorRef(io.data(), DType::kInt64, {T, K});
+  a.topk_weights_out = TensorRef(wo.data(), DType::kFloat32, {T, K});
+  EXPECT_EQ(megamoe::explain(g, a),
+            "cpu backend: route_and_stage T=3 E=16 K=2: the router over token rows (worker threads for large "
+            "calls), then the staging of its outputs (mxfp8)");
+  for (int64_t v : io) EXPECT_EQ(v, 7) << "explain ran the call";
+  megamoe::RouterArgs bad_g = g;
+  bad_g.top_k = E + 1;
+  EXPECT_THROW(megamoe::explain(bad_g), megamoe::Error);
+  EXPECT_THROW(megamoe::explain(bad_g, a), megamoe::Error);
+  g.router_logits = TensorRef(logits.data(), DType::kFloat32, {0, E});
+  g.topk_ids = TensorRef(rid.data(), DType::kInt32, {0, K});
+  g.topk_weights = TensorRef(rw.data(), DType::kFloat32, {0, K});
+  EXPECT_EQ(megamoe::explain(g), "cpu backend: nothing to do (T == 0)");
+}
+
 #ifdef MEGAMOE_TEST_DLPACK
 TEST(Api, TensorRefFromDlpack) {
   std::vector<float> buf(12);

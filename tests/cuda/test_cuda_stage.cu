@@ -528,4 +528,21 @@ TEST(CudaStage, ExplainNamesThePlan) {
   EXPECT_EQ(h.rfind("cpu backend:", 0), 0u) << h;
 }
 
+TEST(CudaStage, ExplainNamesTheRoutingPlan) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Case c;
+  c.T = 64;
+  Staged s(c);
+  ASSERT_TRUE(s.ok());
+  const megamoe::StageArgs a = s.args(true);
+  megamoe::RoutingArgs r;
+  r.topk_ids = a.topk_ids;
+  r.topk_weights = a.topk_weights;
+  r.topk_idx_out = a.topk_idx_out;
+  r.topk_weights_out = a.topk_weights_out;
+  const std::string e = megamoe::explain(r);
+  const int64_t blocks = (a.topk_ids.shape[0] * a.topk_ids.shape[1] + 255) / 256;
+  EXPECT_EQ(e, "cuda backend: kernel=routing threads=256 grid=" + std::to_string(blocks) + " pdl=off") << e;
+}
+
 }  // namespace

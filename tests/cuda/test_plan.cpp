@@ -11,6 +11,7 @@
 
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
+#include "megamoe/router.h"
 #include "stage_harness.h"
 #include "contract/validate.h"
 
@@ -156,8 +157,8 @@ TEST(CudaPlan, Nvfp4StaticLoopRunsOneWave) {
   EXPECT_EQ(FakeCall(16384, 4096, q, f16).plan().shape, mc::Shape::kSplitTopk);
   // The fused router kernel (no table) gets the plan it had before the table.
   const FakeCall c4(16384, 4096, q), c7(16384, 7168, q);
-  EXPECT_EQ(mc::plan(megamoe::detail::validate_args(c4.a), c4.a, kH200, false).shape, mc::Shape::kSplitTopk);
-  const mc::Plan f7 = mc::plan(megamoe::detail::validate_args(c7.a), c7.a, kH200, false);
+  EXPECT_EQ(mc::plan(megamoe::detail::validate_args(c4.a), c4.a, kH200, mc::PlanFor::kFusedRouter).shape, mc::Shape::kSplitTopk);
+  const mc::Plan f7 = mc::plan(megamoe::detail::validate_args(c7.a), c7.a, kH200, mc::PlanFor::kFusedRouter);
   EXPECT_EQ(f7.shape, mc::Shape::kLoop);
   EXPECT_EQ(f7.grid, 132 * 16 * 8);
 }
@@ -745,6 +746,140 @@ TEST(CudaPlan, FusedDecodeVariantWhileTheRouterBlocksFitAWave) {
   EXPECT_FALSE(mc::fused_decode_variant(4 * 132 + 1, kH200));
   EXPECT_TRUE(mc::fused_decode_variant(4 * 20, mc::DeviceInfo{20, 90}));
   EXPECT_FALSE(mc::fused_decode_variant(4 * 20 + 1, mc::DeviceInfo{20, 90}));
+}
+
+// ---------------------------------------------------------------------------------------
+// The routing-only and router launches as plan values (routing_plan, router_plan).
+
+TEST(CudaPlan, RoutingPlanOneThreadPerEntryCappedGrid) {
+  for (int64_t M : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{1} << 24}) {
+    for (int64_t K : {1, 6, 8}) {
+      const mc::RoutingPlan p = mc::routing_plan(M, K, false, kH200);
+      SCOPED_TRACE(mc::to_string(p));
+      EXPECT_EQ(p.threads, 256);
+      EXPECT_EQ(p.grid, M * K == 0 ? 0 : std::min<int64_t>((M * K + 255) / 256, mc::kRoutingMaxBlocks));
+      EXPECT_FALSE(p.pdl);
+    }
+  }
+  EXPECT_TRUE(mc::routing_plan(4, 8, true, kH200).pdl);
+  EXPECT_FALSE(mc::routing_plan(4, 8, true, mc::DeviceInfo{108, 80}).pdl);
+  EXPECT_EQ(mc::to_string(mc::routing_plan(4, 8, true, kH200)), "kernel=routing threads=256 grid=1 pdl=on");
+}
+
+/// A router call at made-up device addresses, with route_and_stage's staging from FakeCall.
+struct FakeRouter {
+  FakeCall stage;
+  megamoe::RouterArgs r;
+  FakeRouter(int64_t T, int64_t E, const QuantScheme& q, const Opts& o = {}) : stage(T, 7168, q, o) {
+    const Device d = Device::cuda(0);
+    r.router_logits = TensorRef(stage.alloc(T * E * 4), DType::kFloat32, {T, E}, d);
+    r.e_score_correction_bias = TensorRef(stage.alloc(E * 4), DType::kFloat32, {E}, d);
+    r.top_k = o.K;
+    r.topk_ids = TensorRef(stage.alloc(T * o.K * 4), DType::kInt32, {T, o.K}, d);
+    r.topk_weights = TensorRef(stage.alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
+  }
+  mc::RouterPlan route(const mc::DeviceInfo& dev = kH200) const {
+    return mc::router_plan(megamoe::detail::validate_router(r, nullptr), nullptr, r.enable_pdl, dev);
+  }
+  mc::RouterPlan route_and_stage(const mc::DeviceInfo& dev = kH200) const {
+    const StageArgs a = megamoe::detail::staged_args(r, stage.a);
+    return mc::router_plan(megamoe::detail::validate_router(r, &stage.a), &a, stage.a.enable_pdl, dev);
+  }
+  /// The staging plan of the same call run by the staging kernel.
+  mc::Plan staging_plan() const {
+    const StageArgs a = megamoe::detail::staged_args(r, stage.a);
+    return mc::plan(megamoe::detail::validate_router(r, &stage.a).stage, a, kH200);
+  }
+};
+
+TEST(CudaPlan, RouterPlanOfRouteIsTheRouterKernel) {
+  for (int64_t T : {1, 64, 1056, 1057, 65536}) {
+    for (int64_t E : {256, 384}) {
+      const mc::RouterPlan p = FakeRouter(T, E, QuantScheme::mxfp8()).route();
+      SCOPED_TRACE(mc::to_string(p));
+      EXPECT_EQ(p.launch, mc::RouterLaunch::kRouter);
+      EXPECT_EQ(p.threads, 256);
+      EXPECT_EQ(p.tokens_per_block, mc::router_tokens_per_block(T, E, 8, 256, false, kH200));
+      EXPECT_EQ(p.router_blocks, (T + p.tokens_per_block - 1) / p.tokens_per_block);
+      EXPECT_EQ(mc::to_string(p).rfind("kernel=router threads=256 tokens_per_block=", 0), 0u);
+    }
+  }
+}
+
+TEST(CudaPlan, RouterPlanFusesFastStagingPlans) {
+  for (const QuantScheme& q : kAll) {
+    for (int64_t T : {1, 2, 64, 2048, 16384}) {
+      const FakeRouter c(T, 256, q);
+      const mc::RouterPlan p = c.route_and_stage();
+      const mc::Plan staging = c.staging_plan();
+      SCOPED_TRACE(mc::to_string(p) + " / staging kernel: " + mc::to_string(staging));
+      if (staging.role != mc::Role::kFast) {
+        EXPECT_EQ(p.launch, mc::RouterLaunch::kRouterThenStage);
+        EXPECT_EQ(p.threads, 256);
+        EXPECT_EQ(mc::to_string(p.stage), mc::to_string(staging));  // the second launch is the staging plan
+        continue;
+      }
+      EXPECT_EQ(p.launch, mc::RouterLaunch::kFused);
+      // The fused kernel's quantizing blocks: whole chunks, no multiplier table, split-topk
+      // in blocks of at least 256 threads; the router blocks follow them in the grid.
+      EXPECT_NE(p.stage.shape, mc::Shape::kSplitHalf);
+      if (p.stage.shape == mc::Shape::kSplitTopk) {
+        EXPECT_GE(p.stage.threads, 256);
+      }
+      EXPECT_EQ(p.threads, p.stage.threads);
+      EXPECT_EQ(p.tokens_per_block, mc::router_tokens_per_block(T, 256, 8, p.threads, true, kH200));
+      EXPECT_EQ(p.router_blocks, (T + p.tokens_per_block - 1) / p.tokens_per_block);
+      EXPECT_EQ(p.stage.grid, p.stage.quant_blocks + p.router_blocks);
+      EXPECT_EQ(p.decode, mc::fused_decode_variant(p.router_blocks, kH200));
+      EXPECT_EQ(p.stage.fmt, staging.fmt);
+      EXPECT_EQ(p.stage.index, staging.index);
+      EXPECT_EQ(p.stage.store, staging.store);
+      // Without a split-half shape or NVFP4 static's table-driven loop, the staging
+      // kernel's shape stands.
+      if (staging.shape != mc::Shape::kSplitHalf && !(q == QuantScheme::nvfp4_static())) {
+        EXPECT_EQ(p.stage.shape, staging.shape);
+      }
+      const megamoe::detail::RouterProblem pr = megamoe::detail::validate_router(c.r, &c.stage.a);
+      EXPECT_NO_THROW(mc::check_plan(p.stage, pr.stage, megamoe::detail::staged_args(c.r, c.stage.a)));
+      EXPECT_NE(mc::to_string(p).find("kernel=router+stage (one launch)"), std::string::npos);
+      EXPECT_NE(mc::to_string(p).find("| quantizing blocks: " + mc::to_string(p.stage)), std::string::npos);
+    }
+  }
+  // MXFP4 at T = 1: the staging kernel's split-half shape becomes whole chunks.
+  const FakeRouter c(1, 256, QuantScheme::mxfp4());
+  EXPECT_EQ(c.staging_plan().shape, mc::Shape::kSplitHalf);
+  EXPECT_EQ(c.route_and_stage().stage.shape, mc::Shape::kSplitTopk);
+  EXPECT_EQ(c.route_and_stage().stage.threads, 256);
+}
+
+TEST(CudaPlan, RouterPlanTwoLaunchesForGenericStaging) {
+  Opts o;
+  o.strided_hidden = true;
+  o.hidden_col_stride = true;
+  const FakeRouter c(64, 256, QuantScheme::mxfp8(), o);
+  const mc::RouterPlan p = c.route_and_stage();
+  EXPECT_EQ(p.launch, mc::RouterLaunch::kRouterThenStage);
+  EXPECT_EQ(p.stage.role, mc::Role::kGeneric);
+  EXPECT_NE(mc::to_string(p).find(" ; then kernel=generic"), std::string::npos) << mc::to_string(p);
+}
+
+TEST(CudaPlan, RouterPlanFillsTheTailWithoutTokens) {
+  Opts o;
+  o.max_tokens = 4096;
+  const FakeRouter c(0, 256, QuantScheme::mxfp8(), o);
+  const mc::RouterPlan p = c.route_and_stage();
+  EXPECT_EQ(p.launch, mc::RouterLaunch::kRouter);
+  EXPECT_EQ(p.router_blocks, (4096 * 8 + 256 * mc::kRouterTailPerThread - 1) / (256 * mc::kRouterTailPerThread));
+}
+
+TEST(CudaPlan, RouterPlanPdlNeedsSm90) {
+  FakeRouter c(8, 256, QuantScheme::mxfp8());
+  c.r.enable_pdl = true;
+  EXPECT_TRUE(c.route().pdl);
+  EXPECT_FALSE(c.route(mc::DeviceInfo{108, 80}).pdl);
+  EXPECT_FALSE(c.route_and_stage().pdl);  // route_and_stage takes StageArgs::enable_pdl
+  c.stage.a.enable_pdl = true;
+  EXPECT_TRUE(c.route_and_stage().pdl);
 }
 
 // The GPU tests' expected images come from the reference; here they are built for every

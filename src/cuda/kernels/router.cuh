@@ -49,6 +49,7 @@
 #include "core/router.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/geometry.h"
+#include "cuda/kernels/topk.cuh"
 
 namespace megamoe {
 namespace cuda {
@@ -199,10 +200,7 @@ __device__ __forceinline__ void router_store(const RouterParams& r, int64_t t, i
   if (r.flags & kRouteIdsI64) static_cast<int64_t*>(r.ids)[io] = id;
   else static_cast<int32_t*>(r.ids)[io] = static_cast<int32_t>(id);
   r.w[t * r.w_s0 + k * r.w_s1] = w;
-  if (r.flags & kRouteStaged) {
-    r.idx_out[t * r.io_s0 + k * r.io_s1] = id;
-    r.w_out[t * r.wo_s0 + k * r.wo_s1] = w;
-  }
+  if (r.flags & kRouteStaged) store_entry(r, t, k, id, w);
 }
 
 /// A selection candidate packed so that the selection order is the integer order: the key
@@ -588,8 +586,7 @@ __device__ __forceinline__ void router_fill_tail(const RouterParams& r, uint32_t
   for (int64_t i = static_cast<int64_t>(rb) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(r.blocks) * blockDim.x) {
     const int64_t t = r.T + i / r.K, k = i % r.K;
-    r.idx_out[t * r.io_s0 + k * r.io_s1] = -1;
-    r.w_out[t * r.wo_s0 + k * r.wo_s1] = 0.0f;
+    mark_empty(r, t, k);
   }
 }
 

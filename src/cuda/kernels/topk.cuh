@@ -1,7 +1,8 @@
-// topk.cuh: the router top-k repack (docs/CONTRACT.md), entry by entry, shared by
-// every kernel: the split-topk and tile shapes give it blocks of their own (one entry per
-// thread), the loop shape a grid-stride pass before its chunks, the general and row kernels
-// give each row's entries to the row's first threads.
+// topk.cuh: the router top-k repack (docs/CONTRACT.md), entry by entry, the one of every
+// kernel: the staging kernels (the split-topk and tile shapes give it blocks of their own,
+// one entry per thread; the loop shape a grid-stride pass before its chunks; the general
+// and row kernels each row's entries to the row's first threads), the routing-only kernel
+// (routing.cuh) and, for its staged outputs and their tail, the router (router.cuh).
 #pragma once
 
 #include "cuda/kernels/common.cuh"
@@ -11,11 +12,28 @@ namespace megamoe {
 namespace cuda {
 namespace {
 
+/// The staged top-k entry (t, k): id and weight. P: any kernel's parameters with the
+/// staged outputs' fields (idx_out, w_out and their strides io_s0, io_s1, wo_s0, wo_s1):
+/// the staging kernels', the routing-only kernel's and the router's.
+template <typename Idx, typename P>
+__device__ __forceinline__ void store_entry(const P& p, Idx t, Idx k, int64_t id, float w) {
+  p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = id;
+  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = w;
+}
+
+/// Entry (t, k) of a full-buffer tail row (no token): -1 / +0.0, nothing read.
+template <typename Idx, typename P>
+__device__ __forceinline__ void mark_empty(const P& p, Idx t, Idx k) {
+  store_entry(p, t, k, int64_t{-1}, 0.0f);
+}
+
 /// Top-k entry (t, k), t < T: padded rows get id -1 and weight 0, others a copy (ids
 /// widened to int64, weights to fp32, times the routed scaling factor when the call has
 /// one: one fp32 product). Both loads (and the padding flag's) issue before any use.
-template <typename Idx>
-__device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k) {
+/// P: the staging kernels' ParamsT<Idx> or the routing-only kernel's RoutingParams (the
+/// same top-k fields and kFlag bits).
+template <typename Idx, typename P>
+__device__ __forceinline__ void repack_entry(const P& p, Idx t, Idx k) {
   const Idx ioff = offset(t, p.ids_s0, k, p.ids_s1);
   const Idx woff = offset(t, p.w_s0, k, p.w_s1);
   const int64_t id = (p.flags & kFlagIdsI64) ? static_cast<const int64_t*>(p.ids)[ioff]
@@ -30,9 +48,9 @@ __device__ __forceinline__ void repack_entry(const ParamsT<Idx>& p, Idx t, Idx k
                   : (p.flags & kFlagWF16) ? core::half_to_float(static_cast<uint16_t>(wbits))
                                           : core::bits_float(wbits);
   const float wk = (p.flags & kFlagAlpha) ? core::scale_weight(w, p.alpha) : w;
-  p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = pad != 0 ? int64_t{-1} : id;
-  p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = pad != 0 ? 0.0f : wk;
+  store_entry(p, t, k, pad != 0 ? int64_t{-1} : id, pad != 0 ? 0.0f : wk);
 }
+
 
 /// Top-k repack of row t, entries k = first, first + step, ...
 template <typename Idx>
@@ -94,8 +112,7 @@ __device__ __forceinline__ void repack_block(const ParamsT<Idx>& p) {
     const Idx e = base + static_cast<Idx>(r) * blockDim.x;  // 32-bit modes: < n_topk + grid threads < 2^32
     if (e >= p.n_topk) return;
     const Idx t = topk_row_of(p, e), k = e - t * p.K;
-    p.idx_out[offset(t, p.io_s0, k, p.io_s1)] = int64_t{-1};
-    p.w_out[offset(t, p.wo_s0, k, p.wo_s1)] = 0.0f;
+    mark_empty(p, t, k);
   }
 }
 

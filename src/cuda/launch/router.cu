@@ -51,17 +51,10 @@ __global__ void __launch_bounds__(256) route_kernel(const __grid_constant__ Rout
 // ---------------------------------------------------------------------------------------
 // Host side.
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-/// Tail entries a router block fills per thread before more blocks are added.
-constexpr int64_t kTailPerThread = 8;
-/// The most blocks of a grid's x dimension.
-constexpr int64_t kMaxRouterGrid = 0x7FFFFFFF;
-
-/// The router blocks' parameters for blocks of @p threads threads (@p fused: the fused
-/// kernel's router blocks); tokens per block from router_tokens_per_block (plan.h).
-RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, int threads,
-                           bool fused, const DeviceInfo& dev, bool pdl) {
+/// The router blocks' parameters for the plan's router blocks (@p fused: the fused
+/// kernel's, whose group is that of its block size).
+RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p,
+                           const RouterPlan& plan) {
   RouterParams rp = {};
   rp.logits = r.router_logits.data;
   rp.lg_s0 = r.router_logits.strides[0];
@@ -114,7 +107,7 @@ RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail
     rp.M = p.stage.M;
     f |= kRouteStaged;
   }
-  rp.flags = f | (pdl ? kRoutePdl : 0u);
+  rp.flags = f | (plan.pdl ? kRoutePdl : 0u);
   rp.T = p.T;
   rp.E = p.E;
   rp.K = p.K;
@@ -122,28 +115,18 @@ RouterParams router_params(const RouterArgs& r, const StageArgs* s, const detail
   rp.R = p.R;
   rp.P = p.P;
   rp.alpha = p.alpha;
-  rp.tpb = router_tokens_per_block(p.T, p.E, p.K, threads, fused, dev);
-  rp.group = router_group(static_cast<uint32_t>(threads / 32), rp.tpb, static_cast<uint32_t>(p.E),
+  rp.tpb = plan.tokens_per_block;
+  rp.group = router_group(static_cast<uint32_t>(plan.threads / 32), rp.tpb, static_cast<uint32_t>(p.E),
                           static_cast<uint32_t>(p.K));
-  const int64_t token_blocks = ceil_div(p.T, rp.tpb);
-  const int64_t tail_blocks = ceil_div((rp.M - p.T) * p.K, threads * kTailPerThread);
-  // One block per tpb tokens, no loop over token blocks: a grid beyond CUDA's limit is
-  // refused before any launch (about 2^33 tokens).
-  const int64_t blocks = std::max<int64_t>({1, token_blocks, tail_blocks});
-  if (blocks > kMaxRouterGrid) {
-    throw Error(ErrorCode::kUnsupported, "megamoe: route: " + std::to_string(p.T) + " tokens need " +
-                                             std::to_string(blocks) + " router blocks, more than a CUDA grid holds (" +
-                                             std::to_string(kMaxRouterGrid) + ")");
-  }
-  rp.blocks = static_cast<uint32_t>(blocks);
+  rp.blocks = static_cast<uint32_t>(plan.router_blocks);  // <= kMaxGridBlocks (router_plan)
   return rp;
 }
 
-void launch_router(const RouterParams& rp, bool pdl, cudaStream_t stream) {
+void launch_router(const RouterParams& rp, const RouterPlan& plan, cudaStream_t stream) {
   Plan pl;
-  pl.threads = 256;
-  pl.grid = rp.blocks;
-  pl.pdl = pdl;
+  pl.threads = plan.threads;
+  pl.grid = plan.router_blocks;
+  pl.pdl = plan.pdl;
   launch_kernel(route_kernel, rp, pl, stream);
 }
 
@@ -152,45 +135,23 @@ void route_aligned(const RouterArgs& r, const StageArgs* s, const detail::Router
   DeviceGuard scope(index);
   const DeviceInfo dev = device_info(index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
-  const bool pdl = (s != nullptr ? s->enable_pdl : r.enable_pdl) && dev.arch >= 90;
-  // The router alone: route(); T == 0 (only the staged tail); H == 0 without per-token
-  // scales (no activation to stage: the router writes the staged top-k itself).
-  if (s == nullptr || p.stage.T == 0 || (p.stage.H == 0 && !p.stage.has_x_scales)) {
-    launch_router(router_params(r, s, p, 256, false, dev, pdl), pdl, stream);
-    return;
-  }
-  const StageArgs a = detail::staged_args(r, *s);
-  Plan pl = plan(p.stage, a, dev, /*recip_table=*/false);  // the fused kernel's loop has no table
-  if (pl.shape == Shape::kSplitHalf) {  // the fused kernel quantizes whole chunks
-    pl.shape = Shape::kSplitTopk;
-    fill_grid(pl, p.stage, dev);
-  }
-  // The router blocks have the plan's block size; at decode (split-topk plans) the router
-  // block is the launch's critical path and its latency falls with more threads (scores
-  // and selection spread wider), while the quantizing blocks, one chunk a thread, do not
-  // care: 256 threads there.
-  if (pl.role == Role::kFast && pl.shape == Shape::kSplitTopk && pl.threads < 256) {
-    pl.threads = 256;
-    fill_grid(pl, p.stage, dev);
-  }
-  check_plan(pl, p.stage, a);
-  if (pl.role != Role::kFast) {  // two launches (see the file comment)
-    launch_router(router_params(r, s, p, 256, false, dev, pdl), pdl, stream);
-    launch(pl, a, p.stage, stream_handle);
-    return;
-  }
-  RouterParams rp = router_params(r, s, p, pl.threads, true, dev, pdl);
-  if (pl.quant_blocks + int64_t{rp.blocks} > kMaxRouterGrid) {
-    throw Error(ErrorCode::kUnsupported, "megamoe: route_and_stage: " + std::to_string(pl.quant_blocks) +
-                                             " quantizing and " + std::to_string(rp.blocks) +
-                                             " router blocks, more than a CUDA grid holds");
-  }
-  pl.grid = pl.quant_blocks + rp.blocks;
-  const bool decode = fused_decode_variant(rp.blocks, dev);
-  switch (in_kind(pl.in)) {
-    case kInBF16: return route_fused_bf16(pl, a, p.stage, rp, decode, stream);
-    case kInF16: return route_fused_f16(pl, a, p.stage, rp, decode, stream);
-    default: return route_fused_f32(pl, a, p.stage, rp, decode, stream);
+  const bool enable_pdl = s != nullptr ? s->enable_pdl : r.enable_pdl;
+  std::optional<StageArgs> a;
+  if (s != nullptr) a = detail::staged_args(r, *s);
+  const RouterPlan plan = router_plan(p, a ? &*a : nullptr, enable_pdl, dev);
+  const RouterParams rp = router_params(r, s, p, plan);
+  switch (plan.launch) {
+    case RouterLaunch::kRouter: return launch_router(rp, plan, stream);
+    case RouterLaunch::kRouterThenStage:
+      launch_router(rp, plan, stream);
+      return launch(plan.stage, *a, p.stage, stream_handle);
+    case RouterLaunch::kFused:
+      check_plan(plan.stage, p.stage, *a);
+      switch (in_kind(plan.stage.in)) {
+        case kInBF16: return route_fused_bf16(plan.stage, *a, p.stage, rp, plan.decode, stream);
+        case kInF16: return route_fused_f16(plan.stage, *a, p.stage, rp, plan.decode, stream);
+        default: return route_fused_f32(plan.stage, *a, p.stage, rp, plan.decode, stream);
+      }
   }
 }
 
@@ -206,6 +167,14 @@ std::vector<detail::NamedTensor> call_tensors(const RouterCall& c) {
 }
 
 }  // namespace
+
+std::string explain_router(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p) {
+  const DeviceInfo dev = device_info(r.router_logits.device.index);
+  std::optional<StageArgs> a;
+  if (s != nullptr) a = detail::staged_args(r, *s);
+  return "cuda backend: " +
+         to_string(router_plan(p, a ? &*a : nullptr, s != nullptr ? s->enable_pdl : r.enable_pdl, dev));
+}
 
 void route(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p, Stream stream) {
   if (!p.misaligned) return route_aligned(r, s, p, stream);

@@ -72,14 +72,22 @@ void launch(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stre
 }
 
 std::string explain_plan(const StageArgs& a, const detail::Problem& p) {
+  const DeviceInfo dev = device_info(a.hidden_states.device.index);
   if (p.T == 0) {
-    return p.full_buffer && p.M > 0 ? "cuda backend: the routing-only kernel fills the full-buffer tail (T == 0)"
+    return p.full_buffer && p.M > 0 ? "cuda backend: " + to_string(routing_plan(p.M, p.K, a.enable_pdl, dev)) +
+                                          " (the routing-only kernel fills the full-buffer tail, T == 0)"
                                     : "cuda backend: nothing to launch (T == 0)";
   }
-  if (empty_rows(p)) return "cuda backend: the routing-only kernel stages the top-k (H == 0: no activations)";
-  const Plan pl = plan(p, a, device_info(a.hidden_states.device.index));
+  if (empty_rows(p)) {
+    return "cuda backend: " + to_string(routing_plan(p.M, p.K, a.enable_pdl, dev)) +
+           " (the routing-only kernel stages the top-k, H == 0: no activations)";
+  }
+  const Plan pl = plan(p, a, dev);
   const bool tail_launch = p.full_buffer && p.M > p.T && !pl.fused_tail;
-  return "cuda backend: " + to_string(pl) + (tail_launch ? " + routing-only kernel for the full-buffer tail" : "");
+  return "cuda backend: " + to_string(pl) +
+         (tail_launch ? " ; then " + to_string(routing_plan(p.M - p.T, p.K, a.enable_pdl, dev)) +
+                            " (the routing-only kernel fills the full-buffer tail)"
+                      : "");
 }
 
 namespace {

@@ -180,8 +180,9 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own(plan) ? topk_blocks : 0);
 }
 
-Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table) {
-  const bool recip = recip_table && recip_format(p, a, dev);  // the loop shape builds the table
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, PlanFor target) {
+  const bool fused = target == PlanFor::kFusedRouter;
+  const bool recip = !fused && recip_format(p, a, dev);  // the staging kernel's loop builds the table
   Plan pl;
   pl.fmt = p.fmt;
   pl.in = a.hidden_states.dtype;
@@ -222,9 +223,10 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, b
         pl.shape = Shape::kTile;
         pl.threads = kTileThreads;
       } else {
-        const bool half = p.fmt == core::Format::kMxfp4 && split_half_applies(p.fmt, pl.in) &&
+        const bool half = !fused && p.fmt == core::Format::kMxfp4 && split_half_applies(p.fmt, pl.in) &&
                           chunks <= kSplitHalfChunksPerSm * std::max(1, dev.sm_count);
         pl.shape = !one_pass ? Shape::kLoop : half ? Shape::kSplitHalf : Shape::kSplitTopk;
+        if (fused && pl.shape == Shape::kSplitTopk) pl.threads = std::max(pl.threads, 256);
       }
     } else {
       pl.shape = Shape::kLoop;
@@ -373,6 +375,87 @@ uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, b
 
 bool fused_decode_variant(int64_t router_blocks, const DeviceInfo& dev) {
   return router_blocks <= int64_t{kFusedDecodeBlocksPerSm} * std::max(1, dev.sm_count);
+}
+
+RoutingPlan routing_plan(int64_t M, int64_t K, bool enable_pdl, const DeviceInfo& dev) {
+  RoutingPlan rp;
+  rp.pdl = enable_pdl && dev.arch >= 90;
+  const int64_t n = M * K;  // validated: the outputs' element count fits int64
+  rp.grid = n == 0 ? 0 : std::min<int64_t>(ceil_div(n, rp.threads), kRoutingMaxBlocks);
+  return rp;
+}
+
+std::string to_string(const RoutingPlan& rp) {
+  return "kernel=routing threads=" + std::to_string(rp.threads) + " grid=" + std::to_string(rp.grid) +
+         (rp.pdl ? " pdl=on" : " pdl=off");
+}
+
+namespace {
+
+/// Router blocks of @p threads threads for T tokens whose staged outputs (when @p staged)
+/// have @p M rows: one per tokens_per_block tokens, or enough to fill the tail, at least one.
+void size_router_blocks(RouterPlan& rp, const detail::RouterProblem& p, int64_t M, bool fused, const DeviceInfo& dev) {
+  rp.tokens_per_block = router_tokens_per_block(p.T, p.E, p.K, rp.threads, fused, dev);
+  const int64_t token_blocks = ceil_div(p.T, rp.tokens_per_block);
+  const int64_t tail_blocks = ceil_div((M - p.T) * p.K, rp.threads * kRouterTailPerThread);
+  rp.router_blocks = std::max<int64_t>({1, token_blocks, tail_blocks});
+  // One block per tokens_per_block tokens, no loop over token blocks: a grid beyond CUDA's
+  // limit is refused before any launch.
+  if (rp.router_blocks > kMaxGridBlocks) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: route: " + std::to_string(p.T) + " tokens need " +
+                                             std::to_string(rp.router_blocks) +
+                                             " router blocks, more than a CUDA grid holds (" +
+                                             std::to_string(kMaxGridBlocks) + ")");
+  }
+}
+
+}  // namespace
+
+RouterPlan router_plan(const detail::RouterProblem& p, const StageArgs* staged, bool enable_pdl,
+                       const DeviceInfo& dev) {
+  RouterPlan rp;
+  rp.pdl = enable_pdl && dev.arch >= 90;
+  const int64_t M = staged != nullptr ? p.stage.M : p.T;
+  // The router alone: route(); T == 0 (only the staged tail); H == 0 without per-token
+  // scales (no activation to stage: the router writes the staged top-k itself).
+  if (staged == nullptr || p.stage.T == 0 || (p.stage.H == 0 && !p.stage.has_x_scales)) {
+    size_router_blocks(rp, p, M, false, dev);
+    return rp;
+  }
+  rp.stage = plan(p.stage, *staged, dev, PlanFor::kFusedRouter);
+  if (rp.stage.role != Role::kFast) {
+    // Generic and row-kernel plans keep their block loops inside their own kernels: the
+    // router kernel, then the staging kernel.
+    rp.launch = RouterLaunch::kRouterThenStage;
+    size_router_blocks(rp, p, M, false, dev);
+    return rp;
+  }
+  rp.launch = RouterLaunch::kFused;
+  rp.threads = rp.stage.threads;
+  size_router_blocks(rp, p, M, true, dev);
+  if (rp.stage.quant_blocks + rp.router_blocks > kMaxGridBlocks) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: route_and_stage: " + std::to_string(rp.stage.quant_blocks) +
+                                             " quantizing and " + std::to_string(rp.router_blocks) +
+                                             " router blocks, more than a CUDA grid holds");
+  }
+  rp.stage.grid = rp.stage.quant_blocks + rp.router_blocks;
+  rp.decode = fused_decode_variant(rp.router_blocks, dev);
+  return rp;
+}
+
+std::string to_string(const RouterPlan& rp) {
+  std::string router = "threads=" + std::to_string(rp.threads) + " tokens_per_block=" +
+                       std::to_string(rp.tokens_per_block) + " router_blocks=" + std::to_string(rp.router_blocks) +
+                       (rp.pdl ? " pdl=on" : " pdl=off");
+  switch (rp.launch) {
+    case RouterLaunch::kRouter: return "kernel=router " + router;
+    case RouterLaunch::kFused:
+      return "kernel=router+stage (one launch) " + router + (rp.decode ? " decode=on" : " decode=off") +
+             " | quantizing blocks: " + to_string(rp.stage);
+    case RouterLaunch::kRouterThenStage:
+      return "kernel=router " + router + " ; then " + to_string(rp.stage);
+  }
+  return "kernel=router (unknown launch)";
 }
 
 }  // namespace cuda

@@ -89,10 +89,15 @@ constexpr int kRecipLoopWaves = 1;
 constexpr int64_t kRecipLoopChunks = 8;
 /// The wide row kernel's fewest groups a row (kernels/geometry.h kRowWideGroups).
 constexpr int64_t kRowWideMinGroups = 257;
-/// The library's choice for a validated call with T > 0. recip_table: the kernel that will
-/// run builds NVFP4 static's multiplier table in its loop shape (the staging kernel does;
-/// the fused router kernel does not, and gets the plan it would have without the table).
-Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, bool recip_table = true);
+/// The kernel a staging plan is for: the staging kernel, or the quantizing blocks of the
+/// fused router + staging kernel, which quantize whole chunks (no split-half shape), build
+/// no NVFP4 multiplier table in their loop (the plan they would have without it) and run
+/// split-topk in blocks of at least 256 threads (at decode the router blocks, of the same
+/// size, are the launch's critical path and their latency falls with more threads, while
+/// the quantizing blocks, one chunk a thread, do not care).
+enum class PlanFor : uint8_t { kStaging, kFusedRouter };
+/// The library's choice for a validated call with T > 0.
+Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, PlanFor target = PlanFor::kStaging);
 
 /// Recompute grid and quant_blocks from the plan's role, shape and threads (after a caller
 /// changed them); max_waves caps the looping shapes' grids.
@@ -146,6 +151,51 @@ uint32_t router_tokens_per_block(int64_t T, int64_t E, int64_t K, int threads, b
 /// one wave of it (their chain is then the launch's critical path; beyond, the quantizing
 /// blocks' occupancy matters more).
 bool fused_decode_variant(int64_t router_blocks, const DeviceInfo& dev);
+
+// ---------------------------------------------------------------------------------------
+// The other launches as plan values: the routing-only kernel (stage_routing, a full-buffer
+// tail, staging without activations) and the router's (route, route_and_stage). Made here,
+// run as they are by the launch units; explain() prints them.
+
+/// The routing-only kernel: one thread per top-k entry of the [M, K] outputs.
+struct RoutingPlan {
+  int threads = 256;
+  int64_t grid = 0;  ///< blocks; 0: nothing to launch (M * K == 0)
+  bool pdl = false;
+};
+/// The routing-only kernel's grid caps at this many blocks (it loops beyond).
+constexpr int64_t kRoutingMaxBlocks = 65536;
+RoutingPlan routing_plan(int64_t M, int64_t K, bool enable_pdl, const DeviceInfo& dev);
+std::string to_string(const RoutingPlan& plan);
+
+/// What a router call launches.
+enum class RouterLaunch : uint8_t {
+  kRouter,           ///< the router kernel alone (route(); route_and_stage without activations to stage)
+  kFused,            ///< one launch: router blocks, then the staging plan's quantizing blocks
+  kRouterThenStage,  ///< two launches: the router kernel, then the staging plan's kernel
+};
+
+/// A router call's launches.
+struct RouterPlan {
+  RouterLaunch launch = RouterLaunch::kRouter;
+  int threads = 256;              ///< threads of the router blocks (fused: the staging plan's)
+  uint32_t tokens_per_block = 1;  ///< router_tokens_per_block
+  int64_t router_blocks = 1;      ///< token blocks, or the blocks that fill the staged tail
+  bool decode = false;            ///< kFused: the decode variant (fused_decode_variant)
+  bool pdl = false;
+  /// kFused: the quantizing blocks (stage.grid = stage.quant_blocks + router_blocks, the
+  /// whole launch); kRouterThenStage: the second launch. Unused for kRouter.
+  Plan stage;
+};
+/// Tail entries a router block fills per thread before more blocks are added.
+constexpr int64_t kRouterTailPerThread = 8;
+/// The most blocks of a grid's x dimension.
+constexpr int64_t kMaxGridBlocks = 0x7FFFFFFF;
+/// The library's choice for a validated router call with work; @p staged: route_and_stage's
+/// staging (detail::staged_args), null for route(). Throws megamoe::Error (kUnsupported)
+/// for a grid beyond CUDA's limit (about 2^33 tokens).
+RouterPlan router_plan(const detail::RouterProblem& p, const StageArgs* staged, bool enable_pdl, const DeviceInfo& dev);
+std::string to_string(const RouterPlan& plan);
 
 }  // namespace cuda
 }  // namespace megamoe
