@@ -289,6 +289,24 @@ def route_and_stage(hidden_states: object | None, router_logits: object | None, 
     router_logits without rows returns at once unless full_buffer is set.
     """
 
+def explain_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What stage_routing would launch for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
+def explain_route(router_logits: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, is_padding: object | None = None, top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, nonfinite_count: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What route would launch for these arguments, as text (validated, nothing run; stream
+    is ignored).
+    """
+
+def explain_route_and_stage(hidden_states: object | None, router_logits: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, logits_nonfinite_count: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What route_and_stage would launch for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
 def set_cpu_threads(n: int) -> None:
     """
     Threads one CPU staging call may use, the caller included (0 = one per CPU).

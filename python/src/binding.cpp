@@ -519,10 +519,10 @@ int64_t to_i64_arg(nb::handle h, const char* name) {
   throw nb::value_error((std::string("megamoe: ") + name + ": " + text + " does not fit in int64").c_str());
 }
 
-/// The arguments of the staging entry points (prepare_inputs, explain, stage_routing, route,
-/// route_and_stage), each in the member named as its Python parameter; an entry point's
-/// argument table (below) says which it takes, in which order. The initializers are the
-/// defaults of the parameters that have one (arrays: None).
+/// The arguments of the staging entry points (prepare_inputs, stage_routing, route,
+/// route_and_stage and their explain twins), each in the member named as its Python
+/// parameter; an entry point's argument table (below) says which it takes, in which order.
+/// The initializers are the defaults of the parameters that have one (arrays: None).
 struct Handles {
   PyArray hidden_states, router_logits, e_score_correction_bias, topk_weights, topk_ids;
   PyArray x_fp8, x_sf, topk_idx_out, topk_weights_out, is_padding, shared_x_sf;
@@ -749,12 +749,11 @@ std::string explain(const Handles& h) {
   return megamoe::explain(args);
 }
 
-void stage_routing(const Handles& h) {
-  Arrays arrays;
-  megamoe::RoutingArgs args;
-  // T is topk_ids.shape[0], as in the library; without rows (and outside full-buffer mode)
-  // nothing else is read.
-  if (arrays.input(h.topk_ids, args.topk_ids, !h.full_buffer)) return;
+/// Imports the arrays of @p h into @p args (stage_routing's and explain_routing's). Returns
+/// false when the call has nothing to do: T is topk_ids.shape[0], as in the library; without
+/// rows (and outside full-buffer mode) nothing else is read.
+bool load_routing(Arrays& arrays, const Handles& h, megamoe::RoutingArgs& args) {
+  if (arrays.input(h.topk_ids, args.topk_ids, !h.full_buffer)) return false;
   arrays.input(h.topk_weights, args.topk_weights);
   arrays.input(h.is_padding, args.is_padding);
   arrays.output(h.topk_idx_out, args.topk_idx_out);
@@ -773,8 +772,22 @@ void stage_routing(const Handles& h) {
       megamoe::stage_routing(probe);
     });
   }
+  return true;
+}
+
+void stage_routing(const Handles& h) {
+  Arrays arrays;
+  megamoe::RoutingArgs args;
+  if (!load_routing(arrays, h, args)) return;
   nb::gil_scoped_release release;
   megamoe::stage_routing(args, stream_of(h));
+}
+
+std::string explain_routing(const Handles& h) {
+  Arrays arrays;
+  megamoe::RoutingArgs args;
+  if (!load_routing(arrays, h, args)) return "nothing to do: topk_ids has no rows (T == 0)";
+  return megamoe::explain(args);
 }
 
 /// Imports the router's arrays of @p h into @p r, its logits' non-finite counter from
@@ -801,31 +814,60 @@ bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool 
   return true;
 }
 
-void route(const Handles& h) {
-  Arrays arrays;
-  megamoe::RouterArgs r;
-  if (!load_router(arrays, h, r, true, h.nonfinite_count)) return;
+/// Imports the arrays of route's (and explain_route's) @p h into @p r; false when
+/// router_logits has no rows (nothing to do).
+bool load_route(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r) {
+  if (!load_router(arrays, h, r, true, h.nonfinite_count)) return false;
   arrays.input(h.is_padding, r.is_padding);
   r.enable_pdl = h.enable_pdl;
   if (!arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_router(r); });
   }
+  return true;
+}
+
+void route(const Handles& h) {
+  Arrays arrays;
+  megamoe::RouterArgs r;
+  if (!load_route(arrays, h, r)) return;
   nb::gil_scoped_release release;
   megamoe::route(r, stream_of(h));
+}
+
+std::string explain_route(const Handles& h) {
+  Arrays arrays;
+  megamoe::RouterArgs r;
+  if (!load_route(arrays, h, r)) return "nothing to do: router_logits has no rows (T == 0)";
+  return megamoe::explain(r);
+}
+
+/// Imports the arrays of route_and_stage's (and explain_route_and_stage's) @p h into @p r
+/// and @p a; false when the call has nothing to do. T is the router's (the logits' rows);
+/// the staging half is read in full otherwise.
+bool load_route_and_stage(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, megamoe::StageArgs& a) {
+  if (!load_router(arrays, h, r, !h.full_buffer, h.logits_nonfinite_count)) return false;
+  load_stage(arrays, h, a, true);
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_router(r, &a); });
+  }
+  return true;
 }
 
 void route_and_stage(const Handles& h) {
   Arrays arrays;
   megamoe::RouterArgs r;
   megamoe::StageArgs a;
-  // T is the router's (the logits' rows); the staging half is read in full otherwise.
-  if (!load_router(arrays, h, r, !h.full_buffer, h.logits_nonfinite_count)) return;
-  load_stage(arrays, h, a, true);
-  if (!arrays.unrepresented().empty()) {
-    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_router(r, &a); });
-  }
+  if (!load_route_and_stage(arrays, h, r, a)) return;
   nb::gil_scoped_release release;
   megamoe::route_and_stage(r, a, stream_of(h));
+}
+
+std::string explain_route_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::RouterArgs r;
+  megamoe::StageArgs a;
+  if (!load_route_and_stage(arrays, h, r, a)) return "nothing to do: router_logits has no rows (T == 0)";
+  return megamoe::explain(r, a);
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -1080,6 +1122,15 @@ NB_MODULE(_C, m) {
             "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
             "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
             "router_logits without rows returns at once unless full_buffer is set.");
+  def_entry(m, "explain_routing", kRouting, &explain_routing,
+            "What stage_routing would launch for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
+  def_entry(m, "explain_route", kRoute, &explain_route,
+            "What route would launch for these arguments, as text (validated, nothing run; stream\n"
+            "is ignored).");
+  def_entry(m, "explain_route_and_stage", kRouteAndStage, &explain_route_and_stage,
+            "What route_and_stage would launch for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");
