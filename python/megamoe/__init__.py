@@ -33,7 +33,16 @@ from ._C import (
     check_scheme,
     has_cuda_backend,
 )
-from ._entry import explain, prepare_megamoe_inputs, route, route_and_stage, stage_megamoe_routing
+from ._entry import (
+    explain,
+    explain_route,
+    explain_route_and_stage,
+    explain_routing,
+    prepare_megamoe_inputs,
+    route,
+    route_and_stage,
+    stage_megamoe_routing,
+)
 from ._ops import (
     OutputShapes,
     StagedInputs,
@@ -77,6 +86,9 @@ __all__ = [
     "dequantize",
     "output_shapes",
     "explain",
+    "explain_routing",
+    "explain_route",
+    "explain_route_and_stage",
     "StagedInputs",
     "OutputShapes",
     "TensorSpec",

@@ -6,7 +6,16 @@ from __future__ import annotations
 from . import _ops
 from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
 
-__all__ = ["prepare_megamoe_inputs", "explain", "stage_megamoe_routing", "route", "route_and_stage"]
+__all__ = [
+    "prepare_megamoe_inputs",
+    "explain",
+    "stage_megamoe_routing",
+    "explain_routing",
+    "route",
+    "explain_route",
+    "route_and_stage",
+    "explain_route_and_stage",
+]
 
 _PREPARE_ARGS = """
     Args:
@@ -221,3 +230,30 @@ _ROUTE_AND_STAGE_DOC = (
 
 route = ROUTE.make_function("route", _ops.route_impl, _ROUTE_DOC)
 route_and_stage = ROUTE_AND_STAGE.make_function("route_and_stage", _ops.route_and_stage_impl, _ROUTE_AND_STAGE_DOC)
+
+# The explain twins of the other calls: the same arguments, the plan as text.
+_EXPLAIN_CALL_DOC = """What :func:`{call}` would launch for these arguments, as text.
+
+    Takes exactly the arguments of :func:`{call}`, validates them as it does (the same
+    ``TypeError`` / ``ValueError``; nothing is written) and describes the plan without
+    running it: for CUDA tensors the kernel launch the CUDA backend would pick for them on
+    their device, for CPU tensors the CPU backend's work. A call that {call} would return
+    at once ({rows} without rows{full}) gives "nothing to do: {rows} has no rows (T == 0)".
+    For logs and bug reports: the wording may change between versions. ``stream`` is
+    ignored.
+"""
+
+
+def _explain_doc(call: str, rows: str, full: bool) -> str:
+    return _EXPLAIN_CALL_DOC.format(call=call, rows=rows, full=", outside full-buffer mode" if full else "")
+
+
+explain_routing = ROUTING.make_function(
+    "explain_routing", _ops.explain_routing_impl, _explain_doc("stage_megamoe_routing", "topk_ids", True)
+)
+explain_route = ROUTE.make_function(
+    "explain_route", _ops.explain_route_impl, _explain_doc("route", "router_logits", False)
+)
+explain_route_and_stage = ROUTE_AND_STAGE.make_function(
+    "explain_route_and_stage", _ops.explain_route_and_stage_impl, _explain_doc("route_and_stage", "router_logits", True)
+)

@@ -28,7 +28,6 @@ _torch_glue: Any = None  # megamoe._torch once loaded
 _P_FULL = PREPARE.index("full_buffer")
 _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
-_NOTHING = "nothing to do: hidden_states has no rows (T == 0)"
 
 
 def _torch_for(x: Any) -> Any:
@@ -58,15 +57,41 @@ def prepare_impl(*a: Any) -> None:
     _C.prepare_inputs(*PREPARE.native_args(a, as_scheme))
 
 
-def explain_impl(*a: Any) -> str:
-    if not _as_bool(a[_P_FULL], "full_buffer") and no_tokens(a[0]):
-        return _NOTHING
-    if not hasattr(_C, "explain"):  # pragma: no cover - a library without plan.h
-        raise NotImplementedError("megamoe.explain: this build of megamoe has no megamoe::explain")
-    glue = _torch_for(a[0])
+def _at_once(a: Any, rows: int, full: Optional[int]) -> bool:
+    """A call (``a``: its arguments in table order) returns at once: its argument ``rows``
+    is an array without rows, outside full-buffer mode (argument ``full``, if it has one)."""
+    return (full is None or not _as_bool(a[full], "full_buffer")) and no_tokens(a[rows])
+
+
+def _explain(name: str, spec: Any, a: Any, rows: int, full: Optional[int], scheme: Any) -> str:
+    """megamoe.<name> (``a``: the arguments of ``spec``'s call in table order): "nothing to
+    do" without the native module for a call that would return at once, else the text of
+    megamoe._C.<name> (the same name), torch tensors through megamoe._torch's glue."""
+    if _at_once(a, rows, full):
+        return f"nothing to do: {spec.names[rows]} has no rows (T == 0)"
+    native = getattr(_C, name, None)
+    if native is None:  # pragma: no cover - a library without plan.h
+        raise NotImplementedError(f"megamoe.{name}: this build of megamoe has no megamoe::explain for it")
+    glue = _torch_for(a[rows]) or _torch_for(a[0])
     if glue is not None:
-        return glue.explain(a)
-    return _C.explain(*PREPARE.native_args(a, as_scheme))
+        return glue.explain_call(spec, native, a, scheme)
+    return native(*spec.native_args(a, scheme))
+
+
+def explain_impl(*a: Any) -> str:
+    return _explain("explain", PREPARE, a, 0, _P_FULL, as_scheme)
+
+
+def explain_routing_impl(*a: Any) -> str:  # T is topk_ids.shape[0]
+    return _explain("explain_routing", ROUTING, a, 1, _R_FULL, None)
+
+
+def explain_route_impl(*a: Any) -> str:  # T is router_logits.shape[0]
+    return _explain("explain_route", ROUTE, a, 0, None, None)
+
+
+def explain_route_and_stage_impl(*a: Any) -> str:
+    return _explain("explain_route_and_stage", ROUTE_AND_STAGE, a, 1, _RS_FULL, as_scheme)
 
 
 def _dispatch(a: Any, rows: int, full: Optional[int], torch_path: str, native: Any) -> None:
@@ -77,7 +102,7 @@ def _dispatch(a: Any, rows: int, full: Optional[int], torch_path: str, native: A
     if glue is not None:
         getattr(glue, torch_path)(a)
         return
-    if (full is None or not _as_bool(a[full], "full_buffer")) and no_tokens(a[rows]):
+    if _at_once(a, rows, full):
         return
     native(a)
 

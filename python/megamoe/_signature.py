@@ -1,10 +1,11 @@
 """The one description of every staging entry point's arguments.
 
 ``PREPARE`` (prepare_megamoe_inputs, explain, torch.ops.megamoe.prepare_inputs,
-megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing,
+megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing, explain_routing,
 torch.ops.megamoe.stage_routing, megamoe._C.stage_routing), ``ROUTE`` (route,
-torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE`` (route_and_stage,
-torch.ops.megamoe.route_and_stage, megamoe._C.route_and_stage) list each argument once:
+explain_route, torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE``
+(route_and_stage, explain_route_and_stage, torch.ops.megamoe.route_and_stage,
+megamoe._C.route_and_stage) list each argument once:
 name, kind, default, whether the call writes it, whether it is keyword-only (the pieces
 several tables share are written once, as tuples spliced into them). Everything that
 spells an argument list is derived from them here:
@@ -336,7 +337,8 @@ class Spec:
             else:
                 default = "..." if p.kind == "scheme" else repr(p.default)
                 parts.append(f"{p.name}: {ann} = {default}")
-        head = f"def {name}(\n" + "".join(f"    {a},\n" for a in parts) + f") -> {'str' if name == 'explain' else 'None'}:"
+        returns = "str" if name.startswith("explain") else "None"  # explain*: the plan as text
+        head = f"def {name}(\n" + "".join(f"    {a},\n" for a in parts) + f") -> {returns}:"
         return head + f'\n    """{doc}"""\n'
 
 
@@ -475,8 +477,11 @@ ENTRY_POINTS = (
     ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
     ("explain", PREPARE, "What prepare_megamoe_inputs would launch for these arguments, as text."),
     ("stage_megamoe_routing", ROUTING, "Routing-only staging (vLLM's stage_megamoe_routing)."),
+    ("explain_routing", ROUTING, "What stage_megamoe_routing would launch for these arguments, as text."),
     ("route", ROUTE, "The fused DeepSeek-V4 router alone: router logits to the public top-k."),
+    ("explain_route", ROUTE, "What route would launch for these arguments, as text."),
     ("route_and_stage", ROUTE_AND_STAGE, "Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call."),
+    ("explain_route_and_stage", ROUTE_AND_STAGE, "What route_and_stage would launch for these arguments, as text."),
 )
 
 

@@ -35,6 +35,7 @@ from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS,
 __all__ = [
     "prepare",
     "explain",
+    "explain_call",
     "stage_routing",
     "route",
     "route_and_stage",
@@ -206,9 +207,17 @@ def prepare(a: Sequence[Any]) -> None:
     torch.ops.megamoe.prepare_inputs(*PREPARE.op_values(a, _op_scheme_args))
 
 
+def explain_call(spec: Any, native: Any, a: Sequence[Any], scheme: Any) -> str:
+    """Torch path of megamoe.explain and its siblings (explain_routing, explain_route,
+    explain_route_and_stage): ``native`` (megamoe._C's function of the same name) on the
+    arguments of ``spec``'s call (``a``, table order), tensors as DLPack capsules. No custom
+    op: nothing is written, so there is nothing for torch to track; the stream is ignored."""
+    return native(*spec.native_args(a, scheme, _cap))
+
+
 def explain(a: Sequence[Any]) -> str:
     """Torch path of megamoe.explain."""
-    return _C.explain(*PREPARE.native_args(_with_stream(a, _P_STREAM, a[0]), as_scheme, _cap))
+    return explain_call(PREPARE, _C.explain, a, as_scheme)
 
 
 def _direct_or_op(spec: Any, a: Sequence[Any], t: Any, run: Any, op_name: str) -> None:
