@@ -3,6 +3,7 @@
 /// or fp32 group scales, top-k repack, padding mask, shared-expert scale permutation).
 #pragma once
 
+#include "megamoe/buffers.h"
 #include "megamoe/cpu.h"
 #include "megamoe/error.h"
 #include "megamoe/plan.h"
