@@ -314,3 +314,14 @@ def set_cpu_threads(n: int) -> None:
 
 def cpu_threads() -> int:
     """Threads a large CPU staging call uses now (>= 1)."""
+
+def deepgemm_buffer_layout(variant: str, num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int, intermediate_hidden: int, num_shared_experts: int, mma_type: str, activation: str, num_sms: int, num_ring_tokens: int) -> dict:
+    """
+    megamoe::deepgemm::buffer_layout: DeepGEMM's MegaMoE symmetric buffer as {field: value, 'regions':
+    [(name, offset, nbytes, dtype name, shape, strides, role, sliced)]} (see megamoe.buffers.deepgemm_layout).
+    """
+
+def deepgemm_block_m(num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_tokens: int, num_topk: int, mma_type: str) -> int:
+    """
+    megamoe::deepgemm::block_m: DeepGEMM's block M for a call of num_tokens tokens (get_block_m_for_mega_moe).
+    """

@@ -936,6 +936,9 @@ void translate_error(const std::exception_ptr& p, void*) {
 
 }  // namespace
 
+// DeepGEMM's MegaMoE buffers (buffers_binding.cpp).
+void register_buffers(nb::module_& m);
+
 NB_MODULE(_C, m) {
   m.doc() = "megamoe._C: native bindings of the megamoe C++ library (use the megamoe package).";
   g_unsupported = PyErr_NewExceptionWithDoc(
@@ -1134,4 +1137,5 @@ NB_MODULE(_C, m) {
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");
+  register_buffers(m);
 }
