@@ -445,3 +445,19 @@ def test_views_over_an_existing_buffer():
         mb.deepgemm_views(np.zeros(2 * lay.nbytes, np.uint8)[::2], lay)
     with pytest.raises(TypeError, match="expected a torch tensor or NumPy array"):
         mb.deepgemm_views(bytearray(lay.nbytes), lay)
+
+
+def test_nvfp4_ties_are_where_deepgemms_test_differs():
+    """docs/BUFFERS.md: DeepGEMM's NVFP4 test rounds e2m1 ties to the even code, megamoe's
+    NVFP4 toward zero; they differ exactly at |v| = 0.75, 1.75, 3.5 (one code)."""
+    buf = mb.alloc_deepgemm_buffer("sm100", 8, 16, 2, 512, 512, mma_type="fp4xfp4", num_sms=132)
+    h = np.zeros((1, 512), np.float32)
+    h[0, :8] = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]  # amax 6: the group's scale is 1.0
+    megamoe.prepare_megamoe_inputs(h, np.ones((1, 2), np.float32), np.zeros((1, 2), np.int32), **buf.outputs(1),
+                                   global_scale=np.ones(1, np.float32))  # fmt: skip
+    nib = np.stack([buf.x[0, :4] & 15, buf.x[0, :4] >> 4], 1).reshape(-1)
+    assert buf.x_sf[0, 0] & 0xFF == 0x38  # e4m3 1.0
+    ttz = [7, 0, 1, 2, 3, 4, 5, 6]
+    deepgemm_test = [7, 0, 2, 2, 4, 4, 6, 6]  # its RNE helper: > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5
+    assert nib.tolist() == ttz
+    assert [i for i in range(8) if ttz[i] != deepgemm_test[i]] == [2, 4, 6]
