@@ -829,7 +829,12 @@ TEST(CudaPlan, RouterPlanFusesFastStagingPlans) {
       EXPECT_EQ(p.threads, p.stage.threads);
       EXPECT_EQ(p.tokens_per_block, mc::router_tokens_per_block(T, 256, 8, p.threads, true, kH200));
       EXPECT_EQ(p.router_blocks, (T + p.tokens_per_block - 1) / p.tokens_per_block);
-      EXPECT_EQ(p.stage.grid, p.stage.quant_blocks + p.router_blocks);
+      EXPECT_EQ(p.fused.grid, p.stage.quant_blocks + p.router_blocks);
+      EXPECT_EQ(mc::to_string(p.fused), mc::to_string([&] {  // the staging plan but for the grid
+        mc::Plan f = p.stage;
+        f.grid = p.fused.grid;
+        return f;
+      }()));
       EXPECT_EQ(p.decode, mc::fused_decode_variant(p.router_blocks, kH200));
       EXPECT_EQ(p.stage.fmt, staging.fmt);
       EXPECT_EQ(p.stage.index, staging.index);

@@ -147,10 +147,10 @@ void route_aligned(const RouterArgs& r, const StageArgs* s, const detail::Router
       return launch(plan.stage, *a, p.stage, stream_handle);
     case RouterLaunch::kFused:
       check_plan(plan.stage, p.stage, *a);
-      switch (in_kind(plan.stage.in)) {
-        case kInBF16: return route_fused_bf16(plan.stage, *a, p.stage, rp, plan.decode, stream);
-        case kInF16: return route_fused_f16(plan.stage, *a, p.stage, rp, plan.decode, stream);
-        default: return route_fused_f32(plan.stage, *a, p.stage, rp, plan.decode, stream);
+      switch (in_kind(plan.fused.in)) {
+        case kInBF16: return route_fused_bf16(plan.fused, *a, p.stage, rp, plan.decode, stream);
+        case kInF16: return route_fused_f16(plan.fused, *a, p.stage, rp, plan.decode, stream);
+        default: return route_fused_f32(plan.fused, *a, p.stage, rp, plan.decode, stream);
       }
   }
 }

@@ -438,7 +438,8 @@ RouterPlan router_plan(const detail::RouterProblem& p, const StageArgs* staged, 
                                              " quantizing and " + std::to_string(rp.router_blocks) +
                                              " router blocks, more than a CUDA grid holds");
   }
-  rp.stage.grid = rp.stage.quant_blocks + rp.router_blocks;
+  rp.fused = rp.stage;
+  rp.fused.grid = rp.stage.quant_blocks + rp.router_blocks;
   rp.decode = fused_decode_variant(rp.router_blocks, dev);
   return rp;
 }
@@ -450,8 +451,8 @@ std::string to_string(const RouterPlan& rp) {
   switch (rp.launch) {
     case RouterLaunch::kRouter: return "kernel=router " + router;
     case RouterLaunch::kFused:
-      return "kernel=router+stage (one launch) " + router + (rp.decode ? " decode=on" : " decode=off") +
-             " | quantizing blocks: " + to_string(rp.stage);
+      return "kernel=router+stage (one launch) grid=" + std::to_string(rp.fused.grid) + " " + router +
+             (rp.decode ? " decode=on" : " decode=off") + " | quantizing blocks: " + to_string(rp.stage);
     case RouterLaunch::kRouterThenStage:
       return "kernel=router " + router + " ; then " + to_string(rp.stage);
   }

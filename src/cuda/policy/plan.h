@@ -183,9 +183,12 @@ struct RouterPlan {
   int64_t router_blocks = 1;      ///< token blocks, or the blocks that fill the staged tail
   bool decode = false;            ///< kFused: the decode variant (fused_decode_variant)
   bool pdl = false;
-  /// kFused: the quantizing blocks (stage.grid = stage.quant_blocks + router_blocks, the
-  /// whole launch); kRouterThenStage: the second launch. Unused for kRouter.
+  /// kFused: the quantizing blocks' plan, kRouterThenStage: the second launch's; as plan()
+  /// gives it for that kernel (check_plan holds it to the staging rules). Unused for kRouter.
   Plan stage;
+  /// kFused: the one launch, stage's quantizing blocks then the router blocks (grid =
+  /// stage.quant_blocks + router_blocks; no top-k blocks: the router writes the top-k).
+  Plan fused;
 };
 /// Tail entries a router block fills per thread before more blocks are added.
 constexpr int64_t kRouterTailPerThread = 8;
