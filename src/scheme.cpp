@@ -80,11 +80,11 @@ std::string to_string(const QuantScheme& q) {
 namespace detail {
 
 namespace {
-/// The format of @p q's codecs, group and second-level scale, with a finite positive floor
-/// (resolve_format adds the format's own floor bound).
+/// The format of @p q's codecs, group and second-level scale, with a finite floor that is 0
+/// or positive (resolve_format adds the format's own bound on positive floors).
 bool resolve_shape(const QuantScheme& q, core::Format* out) {
   const bool common = q.group_m == 1 && q.symmetric && !q.is_static && q.group_k > 0 &&
-                      std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
+                      std::isfinite(q.amax_floor) && q.amax_floor >= 0.0f;
   if (!common) return false;
   // The first registry row whose codecs, second-level scale, group and tie rule the scheme
   // names (rows that accept Rounding::kDefault come before their other-rule siblings).
@@ -101,7 +101,8 @@ bool resolve_shape(const QuantScheme& q, core::Format* out) {
 
 bool resolve_format(const QuantScheme& q, core::Format* out) {
   core::Format f;
-  if (!resolve_shape(q, &f) || !(q.amax_floor >= core::min_amax_floor(f))) return false;
+  // 0 (either sign: the same scheme, the same bytes) selects the unit-scale rule.
+  if (!resolve_shape(q, &f) || !(q.amax_floor == 0.0f || q.amax_floor >= core::min_amax_floor(f))) return false;
   return *out = f, true;
 }
 
@@ -112,14 +113,15 @@ core::Format format_of(const QuantScheme& q) {
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("megamoe: hidden_quant: amax_floor: ") + core::format_name(f) +
                     " stores an fp32 scale derived from the floor and needs a floor >= 2^-100 "
-                    "(7.88860905e-31), below which a zero group's scale underflows; got " +
+                    "(7.88860905e-31), below which a zero group's scale underflows, or a floor of 0 "
+                    "(the unit scale); got " +
                     float_text(q.amax_floor) + " in " + to_string(q) + ".");
   }
   if (q.elem == QuantElem::kFloat4E2M1) {
     throw Error(ErrorCode::kInvalidArgument,
                 "megamoe: hidden_quant: fp4 e2m1 staging supports MXFP4 (UE8M0 scales, groups of 1x32) "
                 "and NVFP4 (fp8_e4m3 scales, groups of 1x16, ties toward zero, a static or per-token "
-                "second-level scale), dynamic, symmetric, with a finite positive amax_floor; got " +
+                "second-level scale), dynamic, symmetric, with a finite amax_floor that is 0 or positive; got " +
                     to_string(q) + ".");
   }
   throw Error(ErrorCode::kInvalidArgument, kSeedScheme + to_string(q) + ".");

@@ -793,13 +793,14 @@ int main(int argc, char** argv) {
                              "mxfp4-rne", "nvfp4-static", "nvfp4-per-token"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
-                 "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's]")
+                 "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's; 0 gives a zero group the "
+                 "unit scale, FlashInfer's SM90 rule]")
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
             const float v = std::strtof(s.c_str(), nullptr);
-            return std::isfinite(v) && v > 0.0f ? std::string() : "expected a finite positive value, got " + s;
+            return std::isfinite(v) && v >= 0.0f ? std::string() : "expected a finite non-negative value, got " + s;
           },
-          "POSITIVE", "finite positive"));
+          "NON-NEGATIVE", "finite non-negative"));
   app.add_option("--global-scale", o.global_scale,
                  "nvfp4-static: the [1] fp32 global_scale input [default: max|x| / 2688 of the input]");
   auto* max_tokens = app.add_option("--max-tokens", o.max_tokens,

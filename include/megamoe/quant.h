@@ -17,7 +17,8 @@
 ///    caller passes: StageArgs::global_scale) or computed per token (an extra output
 ///    StageArgs::x_scales). Presets nvfp4_static(), nvfp4_per_token().
 /// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
-/// pre-dispatch and SGLang's kernels): with_amax_floor(). The numeric recipe of each is in
+/// pre-dispatch and SGLang's kernels; 0 for FlashInfer's SM90 rule, a zero group's unit
+/// scale): with_amax_floor(). The numeric recipe of each is in
 /// src/formats/ (one folder per family; formats/format_list.h the registry) and
 /// docs/CONTRACT.md.
 #pragma once
@@ -67,7 +68,7 @@ struct QuantScheme {
   bool symmetric = true;                    ///< symmetric (no zero point)
   Scale2 scale2 = Scale2::kNone;            ///< second-level scale
   Rounding rounding = Rounding::kDefault;   ///< tie rule of the element encoding
-  float amax_floor = 1e-4f;                 ///< lower bound of a group's amax
+  float amax_floor = 1e-4f;                 ///< lower bound of a group's amax (0: the unit scale)
 
   /// @brief fp8 e4m3 + UE8M0 scales, G = 32 (MXFP8; the default).
   static constexpr QuantScheme mxfp8() noexcept { return QuantScheme{}; }

@@ -75,10 +75,10 @@ class QuantScheme:
 
     Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP8 e5m2 (UE8M0,
     G = 32), MXFP4 (UE8M0, G = 32, either tie rule) and NVFP4 (e4m3 scales, G = 16, static
-    or per-token second-level scale), dynamic, symmetric, with a finite positive amax
-    floor. Presets: mxfp8(), fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(),
-    mxfp8_e5m2(), mxfp4(), nvfp4_static(), nvfp4_per_token(); with_amax_floor() changes
-    the floor.
+    or per-token second-level scale), dynamic, symmetric, with a finite amax floor that is
+    0 (a zero group's unit scale) or positive. Presets: mxfp8(), fp8_ue8m0_g128(),
+    fp8_fp32_g128(), fp8_fp32_g32(), mxfp8_e5m2(), mxfp4(), nvfp4_static(),
+    nvfp4_per_token(); with_amax_floor() changes the floor.
     """
 
     def __init__(self, elem: QuantElem = QuantElem.FLOAT8_E4M3, scale: ScaleType = ScaleType.UE8M0, group_m: int = 1, group_k: int = 32, is_static: bool = False, symmetric: bool = True, has_scale2: bool = False, *, scale2: Scale2 | None = None, rounding: Rounding = Rounding.DEFAULT, amax_floor: float = 0.0001) -> None:

@@ -985,10 +985,10 @@ NB_MODULE(_C, m) {
       "A hidden-state quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.\n\n"
       "Staging accepts fp8 e4m3 (UE8M0 or fp32 scales, G dividing 128), MXFP8 e5m2 (UE8M0,\n"
       "G = 32), MXFP4 (UE8M0, G = 32, either tie rule) and NVFP4 (e4m3 scales, G = 16, static\n"
-      "or per-token second-level scale), dynamic, symmetric, with a finite positive amax\n"
-      "floor. Presets: mxfp8(), fp8_ue8m0_g128(), fp8_fp32_g128(), fp8_fp32_g32(),\n"
-      "mxfp8_e5m2(), mxfp4(), nvfp4_static(), nvfp4_per_token(); with_amax_floor() changes\n"
-      "the floor.")
+      "or per-token second-level scale), dynamic, symmetric, with a finite amax floor that is\n"
+      "0 (a zero group's unit scale) or positive. Presets: mxfp8(), fp8_ue8m0_g128(),\n"
+      "fp8_fp32_g128(), fp8_fp32_g32(), mxfp8_e5m2(), mxfp4(), nvfp4_static(),\n"
+      "nvfp4_per_token(); with_amax_floor() changes the floor.")
       .def(
           "__init__",
           [](QuantScheme* self, QuantElem elem, ScaleType scale, nb::handle group_m, nb::handle group_k,

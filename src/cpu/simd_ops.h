@@ -248,24 +248,38 @@ HWY_INLINE VU EncodeElem(VF x, VF m) {
   }
 }
 
+/// The UE8M0 bytes e, but the unit scale's where a (the floored amax) is 0 at floor 0
+/// (the fp8 and MXFP4 recipes' rule).
+HWY_INLINE VU Ue8m0UnitAtZero(VU e, VF a, float floor) {
+  if (floor != 0.0f) return e;
+  const DF df;
+  const DU du;
+  return hn::IfThenElse(hn::RebindMask(du, hn::Eq(a, hn::Zero(df))), hn::Set(du, core::kUe8m0Unit), e);
+}
+
 /// core::group_params<F> for the groups in the lanes of amax: scale codes to sf[], the
-/// multipliers (divisors for kNvfp4Static) to m[]. s2: gs, or the row's per-token scale.
+/// multipliers (divisors for kNvfp4Static) to m[]. s2: gs, or the row's per-token scale
+/// (core::per_token_scale, which has the floor-0 rule of its own).
 template <core::Format F>
 HWY_INLINE void GroupParams(VF amax, float floor, float s2, uint32_t* HWY_RESTRICT sf, float* HWY_RESTRICT m) {
   const DF df;
   const DU du;
   if constexpr (F == core::Format::kFp8Ue8m0 || F == core::Format::kFp8Fp32) {
-    const VF s = hn::Mul(FmaxNanIgnoring(amax, hn::Set(df, floor)), hn::Set(df, core::bits_float(core::kInv448Bits)));
+    const VF a = FmaxNanIgnoring(amax, hn::Set(df, floor));
+    VF s = hn::Mul(a, hn::Set(df, core::bits_float(core::kInv448Bits)));
     if constexpr (F == core::Format::kFp8Ue8m0) {
-      const VU e = Ue8m0Exponent(s);
+      const VU e = Ue8m0UnitAtZero(Ue8m0Exponent(s), a, floor);
       hn::StoreU(e, du, sf);
       hn::StoreU(Ue8m0InvScale(e), df, m);
     } else {
+      // Floor 0: scales without a finite reciprocal (s <= 2^-128) become 1.
+      if (floor == 0.0f) s = hn::IfThenElse(hn::Le(s, hn::Set(df, core::kFp32ScaleNoRecip)), hn::Set(df, 1.0f), s);
       hn::StoreU(hn::BitCast(du, s), du, sf);
       hn::StoreU(hn::Div(hn::Set(df, 1.0f), s), df, m);
     }
   } else if constexpr (F == core::Format::kMxfp4 || F == core::Format::kMxfp4Rne) {
-    const VU e = Ue8m0Exponent(hn::Mul(FmaxNanIgnoring(amax, hn::Set(df, floor)), hn::Set(df, core::bits_float(core::kInv6Bits))));
+    const VF a = FmaxNanIgnoring(amax, hn::Set(df, floor));
+    const VU e = Ue8m0UnitAtZero(Ue8m0Exponent(hn::Mul(a, hn::Set(df, core::bits_float(core::kInv6Bits)))), a, floor);
     hn::StoreU(e, du, sf);
     hn::StoreU(Ue8m0InvScale(e), df, m);
   } else if constexpr (F == core::Format::kNvfp4Static) {

@@ -15,7 +15,8 @@
 //   s2       second-level scale (Scale2): none, static, per token
 //   group    the group size G it fixes (0: any G dividing 128)
 //   fast     the fast kernel's group sizes, a bit per G (kG16 | kG32 | kG128; 0: none)
-//   floor    the smallest amax floor the format accepts
+//   floor    the smallest positive amax floor the format accepts (0 is accepted by every
+//            format: the unit scale below)
 #pragma once
 
 #include <cstdint>
@@ -44,12 +45,22 @@ constexpr uint32_t kRoundRne = round_bit(Rounding::kNearestEven);
 
 /// Formats that store an fp32 scale derived from the floor (fp8 with fp32 scales: s =
 /// floor / 448; NVFP4 per-token: pts = floor / 2688 and each group's sf * pts, sf >= 2^-9)
-/// need floors from 2^-100 up: there every such scale is a normal fp32 (>= 2^-126 after the
-/// divisions) with a finite reciprocal, so a zero group encodes as zero codes with a
-/// nonzero scale. Below ~3e-43 the scale underflows to zero and a zero group's codes become
-/// NaN (0 * (1 / 0)). The UE8M0 formats clamp their exponent byte to >= 1 and accept any
-/// positive floor; NVFP4 static reads no floor.
+/// need positive floors from 2^-100 up: there every such scale is a normal fp32 (>= 2^-126
+/// after the divisions) with a finite reciprocal, so a zero group encodes as zero codes with
+/// a nonzero scale. Below ~3e-43 the scale underflows to zero and a zero group's codes
+/// become NaN (0 * (1 / 0)). The UE8M0 formats clamp their exponent byte to >= 1 and accept
+/// any positive floor; NVFP4 static reads no floor.
 constexpr float kMinFp32ScaleFloor = 0x1p-100f;
+
+// A floor of 0 (FlashInfer's `amax > 0 ? amax / 448 : 1`) is accepted by every format and
+// gives the unit scale where the scale would otherwise have none (docs/CONTRACT.md "Amax
+// floor 0"): a UE8M0 group whose amax is 0 (byte kUe8m0Unit, multiplier 1); an fp32 scale
+// s <= kFp32ScaleNoRecip, exactly those whose reciprocal overflows, 0 included (scale and
+// multiplier 1); an NVFP4 per-token row whose amax is below kMinFp32ScaleFloor (pts 1, so
+// that every other row has floor 2^-100's scales). The recipes test `floor == 0` first:
+// a kernel with its floor compiled in drops the select, and no positive floor reaches it.
+constexpr uint32_t kUe8m0Unit = 127;            ///< UE8M0 byte of the unit scale 2^0
+constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly for 0 <= s <= this
 
 // clang-format off
 //   Enum            name               elem  qelem        rounds     sf        scale        s2         group fast          floor
@@ -119,7 +130,8 @@ MEGAMOE_HD constexpr int values_per_byte(Format f) { return elem_of(f) == Elem::
 /// An fp8 element codec (e4m3 or e5m2): one byte a value, UE8M0 or fp32 scales from amax.
 MEGAMOE_HD constexpr bool fp8_elem(Format f) { return elem_of(f) != Elem::kE2M1; }
 constexpr const char* format_name(Format f) { return row_of(f).name; }
-/// The smallest amax floor the format accepts (kMinFp32ScaleFloor above).
+/// The smallest positive amax floor the format accepts (kMinFp32ScaleFloor above); 0 is
+/// accepted by every format.
 constexpr float min_amax_floor(Format f) { return row_of(f).floor; }
 /// The fast kernel has a variant for format @p f with group size @p G.
 constexpr bool fast_group(Format f, int64_t G) {

@@ -461,7 +461,12 @@ std::vector<std::pair<std::string, QuantScheme>> Schemes() {
           {"mxfp4_rne", QuantScheme::mxfp4(Rounding::kNearestEven)},
           {"nvfp4_static", QuantScheme::nvfp4_static()},
           {"nvfp4_per_token", QuantScheme::nvfp4_per_token()},
-          {"nvfp4_per_token_floor1e-10", QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f)}};
+          {"nvfp4_per_token_floor1e-10", QuantScheme::nvfp4_per_token().with_amax_floor(1e-10f)},
+          {"mxfp8_floor0", QuantScheme::mxfp8().with_amax_floor(0.0f)},
+          {"fp8_fp32_g128_floor0", QuantScheme::fp8_fp32_g128().with_amax_floor(0.0f)},
+          {"fp8_fp32_g16_floor0", g16.with_amax_floor(0.0f)},
+          {"mxfp4_rne_floor0", QuantScheme::mxfp4(Rounding::kNearestEven).with_amax_floor(0.0f)},
+          {"nvfp4_per_token_floor0", QuantScheme::nvfp4_per_token().with_amax_floor(0.0f)}};
 }
 
 TEST_P(SimdTarget, WholeCallsEqualTheScalarPath) {
@@ -573,10 +578,14 @@ TEST_P(SimdTarget, CallersFloatingPointModeChangesNothing) {
   std::vector<float> w(static_cast<size_t>(c.T * c.K), 0.5f);
   std::vector<int32_t> ids(w.size(), 1);
   std::vector<uint8_t> pad(static_cast<size_t>(c.T), 0);
-  // The lowest floors each format accepts: UE8M0's subnormal scales, and 2^-100 where the
-  // scale is fp32 (Validation.AmaxFloorBounds).
+  // The lowest positive floors each format accepts: UE8M0's subnormal scales, and 2^-100
+  // where the scale is fp32 (Validation.AmaxFloorBounds); and the floor 0, whose unit scale
+  // these inputs reach (fp32 scales s <= 2^-128, per-token rows below 2^-100).
   for (const QuantScheme& q : {QuantScheme::fp8_fp32_g32().with_amax_floor(0x1p-100f), QuantScheme::mxfp8().with_amax_floor(1e-37f),
-                               QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f)}) {
+                               QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f),
+                               QuantScheme::fp8_fp32_g32().with_amax_floor(0.0f), QuantScheme::mxfp8().with_amax_floor(0.0f),
+                               QuantScheme::mxfp4().with_amax_floor(0.0f),
+                               QuantScheme::nvfp4_per_token().with_amax_floor(0.0f)}) {
     c.q = q;
     for (int threads : {1, 0}) {
       megamoe::set_cpu_threads(threads);

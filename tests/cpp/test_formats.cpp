@@ -566,6 +566,97 @@ TEST(FormatsGolden, ZeroGroupsAtTheLowestFloors) {
   }
 }
 
+// Amax floor 0 (FlashInfer's `amax > 0 ? amax / 448 : 1`; CONTRACT.md "Amax floor 0"), every
+// format that reads a floor, fp32 and bf16 input, H = 512:
+//  row 0 +0.0, row 1 -0.0, row 2 NaN of both signs: the unit scale everywhere (UE8M0 byte
+//    127, fp32 scale 1.0, pts 1.0 with scale bytes 0); codes: zeros (fp8 0x00 / 0x80,
+//    e2m1 by its tie rule), NaN -> the codec's NaN (fp8 0x7F, e2m1 rne 0x7, ttz 0x0).
+//  row 3, mixed groups: g0 zero -> unit; g1 {1.0, -0.5} as under any floor <= 1 (UE8M0
+//    e4m3 119, e5m2 112, MXFP4 125; fp32 fl(1/448) = 0x3B124925); g2 the input's smallest
+//    subnormal (2^-149 fp32: s == 0 exactly; 2^-133 bf16): UE8M0 byte 1 by the clamp (the
+//    unit scale is for amax 0 alone), fp32 scale 1.0 (s <= 2^-128 has no finite reciprocal),
+//    zero codes (but bf16's under UE8M0 fp8); g3 {2^-119}: UE8M0 byte 1 (MXFP4: 2^-119 / 6
+//    is normal, byte 6); fp32 s = 0x00249249 (subnormal, above 2^-128: reciprocal finite),
+//    the value 448.00003 -> 0x7E.
+//  row 4 (NVFP4 per-token): max 2^-101, below 2^-100 -> pts 1.0, all zero; row 5 max
+//    exactly 2^-100 -> pts = fl(2^-100 / 2688) (0x07C30C31), as floor 2^-100 gives.
+TEST(FormatsGolden, AmaxFloorZeroGivesTheUnitScale) {
+  const QuantScheme schemes[] = {
+      QuantScheme::mxfp8(),         QuantScheme::fp8_ue8m0_g128(), QuantScheme::fp8_fp32_g128(),
+      QuantScheme::fp8_fp32_g32(),  QuantScheme::mxfp8_e5m2(),     QuantScheme::mxfp4(),
+      QuantScheme::mxfp4(Rounding::kNearestEven), QuantScheme::nvfp4_per_token()};
+  for (const DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (const QuantScheme& q0 : schemes) {
+      const QuantScheme q = q0.with_amax_floor(0.0f);
+      SCOPED_TRACE(megamoe::to_string(q) + " " + megamoe::dtype_name(dt));
+      EXPECT_NO_THROW(megamoe::check_scheme(q));
+      EXPECT_EQ(megamoe::scheme_name(q), megamoe::scheme_name(q0) + "+floor=0");
+      const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
+      const bool fp32 = q.scale == megamoe::ScaleType::kFloat32;
+      const bool e5m2 = q.elem == megamoe::QuantElem::kFloat8E5M2;
+      const bool rne = q.rounding == Rounding::kNearestEven;
+      const bool per_token = q.scale2 == megamoe::Scale2::kPerToken;
+      const int64_t H = 512, T = 6;
+      mt::Problem p = mt::make_problem(T, H, 1, q, dt);
+      const int64_t G = p.format().G;
+      const float sub = dt == DType::kFloat32 ? 0x1p-149f : 0x1p-133f;
+      for (int64_t h = 0; h < H; ++h) {
+        mt::set_hidden(p, 1, h, -0.0f);
+        mt::set_hidden(p, 2, h, h % 2 ? kNaN : kNegNaN);
+        mt::set_hidden(p, 4, h, h % 3 ? 0x1p-101f : -0x1p-102f);
+        mt::set_hidden(p, 5, h, h == 7 ? -0x1p-100f : 0x1p-103f);
+      }
+      fill_group(p, 3, 1, {1.0f, -0.5f});
+      fill_group(p, 3, 2, {sub, -sub});
+      fill_group(p, 3, 3, {0x1p-119f});
+      const auto r = staged(p);  // bitwise against the reference, dense and odd layouts
+      const int64_t wpr = p.sf_cols();
+      auto scale_bits = [&](int64_t t, int64_t g) -> uint32_t {
+        return fp32 ? mt::f2u(r.sf_f32[static_cast<size_t>(t * (H / G) + g)])
+                    : static_cast<uint32_t>(sf_byte(r, wpr, t, g));
+      };
+      auto code = [&](int64_t t, int64_t h) -> int {
+        return fp4 ? nib(r, H, t, h) : r.x_q[static_cast<size_t>(t * H + h)];
+      };
+      const uint32_t unit = fp32 ? 0x3F800000u : per_token ? 0u : 127u;
+      for (int64_t t = 0; t < 3; ++t) {
+        for (int64_t g = 0; g < H / G; ++g) EXPECT_EQ(scale_bits(t, g), unit) << "row " << t << " group " << g;
+        for (int64_t h = 0; h < H; ++h) {
+          const int want = t == 0   ? 0
+                           : t == 1 ? (fp4 ? (rne ? 0x8 : 0x0) : 0x80)
+                                    : (fp4 ? (rne ? 0x7 : 0x0) : 0x7F);
+          ASSERT_EQ(code(t, h), want) << "row " << t << " column " << h;
+        }
+      }
+      if (per_token) {
+        for (int64_t t : {0, 1, 2, 4}) EXPECT_EQ(mt::f2u(r.x_scales[static_cast<size_t>(t)]), 0x3F800000u) << t;
+        EXPECT_EQ(mt::f2u(r.x_scales[3]), 0x39C30C31u);  // fl(1 / 2688)
+        EXPECT_EQ(mt::f2u(r.x_scales[5]), 0x07C30C31u);  // fl(2^-100 / 2688)
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(nib(r, H, 4, h), 0) << h;
+        for (int64_t g = 0; g < H / G; ++g) EXPECT_EQ(sf_byte(r, wpr, 4, g), 0) << g;
+        EXPECT_EQ(sf_byte(r, wpr, 5, 0), 0x7E);  // 2^-100 / fl(6 pts) -> 448
+        continue;
+      }
+      EXPECT_EQ(scale_bits(3, 0), unit);
+      EXPECT_EQ(scale_bits(3, 1), fp32 ? 0x3B124925u : e5m2 ? 112u : fp4 ? 125u : 119u);
+      EXPECT_EQ(scale_bits(3, 2), fp32 ? 0x3F800000u : 1u);
+      EXPECT_EQ(scale_bits(3, 3), fp32 ? 0x00249249u : fp4 ? 6u : 1u);
+      if (fp32 || fp4 || dt == DType::kFloat32) {  // (bf16's 2^-133 times 2^126 is an fp8 subnormal)
+        EXPECT_EQ(code(3, 2 * G), 0);
+        EXPECT_EQ(code(3, 2 * G + 1), fp4 ? (rne ? 0x8 : 0x0) : 0x80);
+      }
+      if (fp32) {
+        EXPECT_EQ(code(3, 3 * G), 0x7E);
+      }
+    }
+  }
+  // A negative zero floor is the same scheme (QuantScheme's ==) and gives the same bytes.
+  mt::Problem p = mt::make_problem(2, 256, 1, QuantScheme::fp8_fp32_g128().with_amax_floor(-0.0f));
+  fill_group(p, 1, 0, {0x1p-130f});
+  const auto r = staged(p);
+  for (float s : r.sf_f32) EXPECT_EQ(mt::f2u(s), 0x3F800000u);
+}
+
 // Per-token: pts = max(row_amax, floor) / 2688 -> x_scales; sf = e4m3(amax / fl(6 pts))
 // (satfinite, NaN -> 0x7F); inv = sf > 0 ? 1 / fl(sf pts) : 0; v = x * inv.
 //  row 0: amax 2688 -> pts 1: g0 sf 448, 2688 * fl(1/448) = 6.0000002 -> 6, -3 -> -3;

@@ -106,9 +106,13 @@ void fill_hidden(mt::Problem& p, std::mt19937& rng, bool row_scales = false) {
   const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
   for (int64_t t = 0; t < p.T; ++t) {
     // A per-row power of two, and now and then a row below the 1e-4 floor (per-token
-    // scales floor the row amax).
+    // scales floor the row amax) or one of 2^-100 .. 2^-134, where a floor of 0 gives
+    // NVFP4 per-token rows (amax below 2^-100) and fp32 scales (s <= 2^-128) the unit scale.
     const int row_draw = row_scales ? pct(rng) : -1;
-    const float row = row_draw < 0 ? 1.0f : row_draw < 40 ? 1e-7f : std::ldexp(1.0f, pct(rng) % 25 - 12);
+    const float row = row_draw < 0    ? 1.0f
+                      : row_draw < 40 ? 1e-7f
+                      : row_draw < 60 ? std::ldexp(1.0f, -100 - pct(rng) % 35)
+                                      : std::ldexp(1.0f, pct(rng) % 25 - 12);
     for (int64_t g0 = 0; g0 < p.H; g0 += G) {
       const int mode = pct(rng) < 30 ? pct(rng) % modes : -1;  // ~3% of groups are special
       // Power-of-two factor for the "amax exactly unit * 2^k" groups.
@@ -318,11 +322,12 @@ struct FormatCase {
 
 std::vector<FormatCase> format_cases() {
   std::vector<FormatCase> v;
-  // The two floors engines use, and (fewer draws) extreme ones the scheme accepts: the
-  // smallest subnormal and another subnormal (the UE8M0 formats only: their exponent clamps
-  // to byte 1), 2^-100 (the lowest floor of fp32 scales and NVFP4 per-token), and one
-  // above most amaxes.
-  const std::pair<float, int> floors[] = {{1e-4f, 10}, {1e-10f, 10}, {std::numeric_limits<float>::denorm_min(), 2},
+  // The two floors engines use, 0 (the unit scale of FlashInfer's SM90 path), and (fewer
+  // draws) extreme ones the scheme accepts: the smallest subnormal and another subnormal
+  // (the UE8M0 formats only: their exponent clamps to byte 1), 2^-100 (the lowest positive
+  // floor of fp32 scales and NVFP4 per-token), and one above most amaxes.
+  const std::pair<float, int> floors[] = {{1e-4f, 10}, {1e-10f, 10}, {0.0f, 10},
+                                          {std::numeric_limits<float>::denorm_min(), 2},
                                           {1e-40f, 2}, {0x1p-100f, 2}, {1e30f, 2}};
   for (const auto& [floor, draws] : floors) {
     const std::pair<QuantScheme, bool> formats[] = {
@@ -333,7 +338,7 @@ std::vector<FormatCase> format_cases() {
         {QuantScheme::nvfp4_per_token(), false}, {QuantScheme::mxfp8_e5m2(), false}};
     for (const auto& [q0, dropin] : formats) {
       const bool fp32_scale = q0.scale == megamoe::ScaleType::kFloat32 || q0.scale2 == megamoe::Scale2::kPerToken;
-      if (fp32_scale && floor < 0x1p-100f) continue;  // rejected (Validation.AmaxFloorBounds)
+      if (fp32_scale && floor > 0.0f && floor < 0x1p-100f) continue;  // rejected (Validation.AmaxFloorBounds)
       const QuantScheme q = q0.with_amax_floor(floor);
       // Draws per format: enough that every tensor's layouts and every option come up.
       for (int d = 0; d < draws; ++d) v.push_back({mt::scheme_tag(q) + (dropin ? "_dropin" : ""), q, dropin, d});

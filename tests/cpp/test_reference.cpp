@@ -351,9 +351,9 @@ RefScale ref_scale(float amax, bool ue8m0) {
   return r;
 }
 
-// Every non-negative amax with exponent field e and mantissa in a stride-31 walk plus the
-// 64 lowest and highest mantissas of every exponent (where the ceil and clamps switch).
-TEST(CoreVsReference, GroupScaleDenseSample) {
+/// Bits of non-negative amaxes: the 64 lowest and highest mantissas of every exponent field
+/// (where the ceil and clamps switch) and a walk over the finite ones in steps of @p stride.
+std::vector<uint32_t> amax_sample(uint32_t stride) {
   std::vector<uint32_t> pats;
   for (uint32_t e = 0; e <= 0xFF; ++e) {
     for (uint32_t m = 0; m < 64; ++m) {
@@ -361,7 +361,13 @@ TEST(CoreVsReference, GroupScaleDenseSample) {
       pats.push_back(e << 23 | (0x7FFFFFu - m));
     }
   }
-  for (uint32_t u = 0; u < 0x7F800000u; u += 31) pats.push_back(u);
+  for (uint32_t u = 0; u < 0x7F800000u; u += stride) pats.push_back(u);
+  return pats;
+}
+
+// Every non-negative amax of amax_sample(31).
+TEST(CoreVsReference, GroupScaleDenseSample) {
+  const std::vector<uint32_t> pats = amax_sample(31);
   std::atomic<uint64_t> bad{0};
   parallel_for(pats.size(), [&](uint64_t lo, uint64_t hi) {
     for (uint64_t i = lo; i < hi; ++i) {
@@ -385,6 +391,69 @@ TEST(CoreVsReference, GroupScaleDenseSample) {
     }
   });
   EXPECT_EQ(bad.load(), 0u);
+}
+
+// Floor 0: the recipes' unit-scale rules (formats/format_list.h: UE8M0 byte 127 for a zero
+// amax, fp32 scale 1 for s <= 2^-128, pts 1 for a row below 2^-100) against the reference's,
+// written another way (an infinite reciprocal formed in double, ldexp's 2^-100), on the 64
+// lowest and highest mantissas of every exponent and a stride-997 walk (amax_sample), each
+// finite amax a group of one element: the scale byte or fp32 scale and the element's code.
+TEST(CoreVsReference, FloorZeroUnitScaleDenseSample) {
+  namespace rd = megamoe_ref::detail;
+  EXPECT_TRUE(std::isinf(rd::div_f32(1.0f, core::kFp32ScaleNoRecip)));
+  EXPECT_TRUE(std::isfinite(rd::div_f32(1.0f, std::nextafter(core::kFp32ScaleNoRecip, 1.0f))));
+  const std::vector<uint32_t> pats = amax_sample(997);
+  std::atomic<uint64_t> bad{0};
+  parallel_for(pats.size(), [&](uint64_t lo, uint64_t hi) {
+    for (uint64_t i = lo; i < hi; ++i) {
+      const float amax = u2f(pats[i]);
+      if (!std::isfinite(amax)) continue;
+      const float x[1] = {amax};
+      uint8_t q[1] = {0};
+      float s = 0.0f;
+      bool ok = true;
+      for (int kind = 0; kind < 3; ++kind) {  // e4m3 UE8M0, e4m3 fp32, e5m2 UE8M0
+        const bool ue8m0 = kind != 1, e5m2 = kind == 2;
+        const int e = rd::fp8_group(x, 1, ue8m0, 0.0f, &s, q, e5m2);
+        core::GroupParams g;
+        uint32_t code;
+        if (kind == 0) {
+          g = core::fp8_group_params<core::Sf::kUE8M0x4, core::Elem::kE4M3>(amax, 0.0f);
+          code = core::fp8_encode<core::Elem::kE4M3>(amax, g);
+        } else if (kind == 1) {
+          g = core::fp8_group_params<core::Sf::kFp32, core::Elem::kE4M3>(amax, 0.0f);
+          code = core::fp8_encode<core::Elem::kE4M3>(amax, g);
+        } else {
+          g = core::fp8_group_params<core::Sf::kUE8M0x4, core::Elem::kE5M2>(amax, 0.0f);
+          code = core::fp8_encode<core::Elem::kE5M2>(amax, g);
+        }
+        ok = ok && (ue8m0 ? static_cast<int>(g.sf) == e : g.sf == f2u(s)) && code == q[0];
+      }
+      for (const bool rne : {false, true}) {
+        const int e = rd::mxfp4_group(x, 1, 0.0f, rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero, q);
+        const core::GroupParams g = core::mxfp4_group_params(amax, 0.0f);
+        const uint32_t code = rne ? core::encode<core::Format::kMxfp4Rne>(amax, g) : core::encode<core::Format::kMxfp4>(amax, g);
+        ok = ok && static_cast<int>(g.sf) == e && code == q[0];
+      }
+      if (!ok && bad++ < 5) {
+        ADD_FAILURE() << "amax 0x" << std::hex << pats[i];
+      }
+    }
+  });
+  EXPECT_EQ(bad.load(), 0u);
+  // Per-token: rows around 2^-100 (one element carries the row's max), through the
+  // reference's staging.
+  const float t = 0x1p-100f;
+  for (const float ra : {0.0f, u2f(1u), 0x1p-101f, std::nextafter(t, 0.0f), t, std::nextafter(t, 1.0f), 1e-30f, 1.0f,
+                         std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> row(64, 0.0f);  // four groups: one scale word
+    row[3] = ra;
+    const auto r = megamoe_ref::stage(row.data(), 1, 64, nullptr, nullptr, 0, nullptr,
+                                      megamoe_ref::Format::nvfp4_per_token(0.0f));
+    const float pts = core::per_token_scale(std::isnan(ra) ? 0.0f : ra, 0.0f);
+    EXPECT_EQ(f2u(pts), f2u(r.x_scales[0])) << ra;
+    EXPECT_EQ(f2u(pts), ra < t || std::isnan(ra) ? 0x3F800000u : f2u(rd::div_f32(ra, 2688.0f))) << ra;
+  }
 }
 
 // The division-free UE8M0 multiplier equals the IEEE quotient 1 / 2^(e-127) for every byte

@@ -618,7 +618,9 @@ inline std::string scheme_tag(const QuantScheme& q) {
   } else {
     tag = q.scale2 == megamoe::Scale2::kStatic ? "nvfp4_static" : "nvfp4_per_token";
   }
-  if (q.amax_floor != 1e-4f) {
+  if (q.amax_floor == 0.0f) {
+    tag += "_floor0";
+  } else if (q.amax_floor != 1e-4f) {
     tag += "_floor1e" + std::to_string(static_cast<int>(std::lround(std::log10(q.amax_floor))));
   }
   for (char& ch : tag) {

@@ -244,8 +244,9 @@ TEST_F(Validation, SharedWrongDtype) {
 
 TEST_F(Validation, AmaxFloorBounds) {
   // fp8 with fp32 scales and NVFP4 per-token store an fp32 scale derived from the floor:
-  // floors below 2^-100 are rejected by name (a zero group's scale would underflow); the
-  // UE8M0 formats clamp their exponent and take any positive floor.
+  // positive floors below 2^-100 are rejected by name (a zero group's scale would
+  // underflow); the UE8M0 formats clamp their exponent and take any positive floor. A floor
+  // of 0 (either sign) is accepted by every format: the unit scale (CONTRACT.md).
   const float below = std::nextafter(0x1p-100f, 0.0f);
   for (const QuantScheme& base : {QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_fp32_g32(),
                                   QuantScheme::nvfp4_per_token()}) {
@@ -254,7 +255,8 @@ TEST_F(Validation, AmaxFloorBounds) {
       SCOPED_TRACE(megamoe::to_string(q));
       auto a = args();
       a.hidden_quant = q;
-      expect_reject(a, {"megamoe: hidden_quant: amax_floor: ", "needs a floor >= 2^-100", megamoe::to_string(q) + "."},
+      expect_reject(a, {"megamoe: hidden_quant: amax_floor: ", "needs a floor >= 2^-100",
+                        "or a floor of 0 (the unit scale); got", megamoe::to_string(q) + "."},
                     true);
       EXPECT_THROW(megamoe::check_scheme(q), megamoe::Error);
       EXPECT_EQ(megamoe::scheme_name(q), "unsupported");
@@ -265,6 +267,22 @@ TEST_F(Validation, AmaxFloorBounds) {
                                   QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)}) {
     EXPECT_NO_THROW(megamoe::check_scheme(base.with_amax_floor(std::numeric_limits<float>::denorm_min())))
         << megamoe::to_string(base);
+  }
+  for (const QuantScheme& base :
+       {QuantScheme::mxfp8(), QuantScheme::fp8_ue8m0_g128(), QuantScheme::fp8_fp32_g128(), QuantScheme::fp8_fp32_g32(),
+        QuantScheme::mxfp8_e5m2(), QuantScheme::mxfp4(), QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
+        QuantScheme::nvfp4_static(), QuantScheme::nvfp4_per_token(), mt::scheme(false, 64), mt::scheme(true, 16)}) {
+    for (const float zero : {0.0f, -0.0f}) {
+      const QuantScheme q = base.with_amax_floor(zero);
+      SCOPED_TRACE(megamoe::to_string(q));
+      EXPECT_NO_THROW(megamoe::check_scheme(q));
+      EXPECT_NE(megamoe::scheme_name(q), "unsupported");
+      auto a = args();
+      a.hidden_quant = q;
+      if (q == QuantScheme::mxfp8().with_amax_floor(zero)) {
+        EXPECT_NO_THROW(megamoe::validate(a));
+      }
+    }
   }
 }
 
@@ -278,8 +296,9 @@ TEST_F(Validation, UnsupportedSchemes) {
   q = QuantScheme::mxfp8_e5m2(); q.group_k = 128; bad.emplace_back("e5m2 G=128", q);
   q = QuantScheme::mxfp8_e5m2(); q.rounding = megamoe::Rounding::kTiesTowardZero; bad.emplace_back("e5m2 ttz", q);
   q = QuantScheme::mxfp8(); q.elem = megamoe::QuantElem::kInt8; bad.emplace_back("int8", q);
-  q = QuantScheme::mxfp8(); q.amax_floor = 0.0f; bad.emplace_back("floor 0", q);
   q = QuantScheme::mxfp8(); q.amax_floor = -1e-4f; bad.emplace_back("floor < 0", q);
+  q = QuantScheme::mxfp8(); q.amax_floor = -std::numeric_limits<float>::denorm_min(); bad.emplace_back("floor -denorm", q);
+  q = QuantScheme::fp8_fp32_g128(); q.amax_floor = -1e-4f; bad.emplace_back("fp32 floor < 0", q);
   q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::infinity(); bad.emplace_back("floor inf", q);
   q = QuantScheme::mxfp8(); q.amax_floor = std::numeric_limits<float>::quiet_NaN(); bad.emplace_back("floor nan", q);
   q = QuantScheme::mxfp8(); q.rounding = megamoe::Rounding::kTiesTowardZero; bad.emplace_back("fp8 ttz", q);
@@ -312,7 +331,8 @@ TEST_F(Validation, UnsupportedSchemes) {
   q = QuantScheme::nvfp4_static(); q.scale2 = megamoe::Scale2::kNone; bad4.emplace_back("nvfp4 no scale2", q);
   q = QuantScheme::nvfp4_per_token(); q.group_k = 32; bad4.emplace_back("nvfp4 G=32", q);
   q = QuantScheme::nvfp4_per_token(); q.is_static = true; bad4.emplace_back("nvfp4 static sf", q);
-  q = QuantScheme::mxfp4(); q.amax_floor = 0.0f; bad4.emplace_back("mxfp4 floor 0", q);
+  q = QuantScheme::mxfp4(); q.amax_floor = -1e-4f; bad4.emplace_back("mxfp4 floor < 0", q);
+  q = QuantScheme::nvfp4_per_token(); q.amax_floor = std::numeric_limits<float>::infinity(); bad4.emplace_back("nvfp4 floor inf", q);
   for (const auto& [name, scheme] : bad4) {
     SCOPED_TRACE(name);
     auto a = args();

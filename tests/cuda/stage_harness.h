@@ -175,6 +175,11 @@ inline void fill_hidden(std::mt19937& rng, DType dt, uint8_t* p, int64_t n_rows,
         else if (r < 45) v = 464.0f * std::ldexp(1.0f, ex(rng) / 4);  // fp8 tie after scaling
         else if (r < 50) v = 448.0f;
         else if (r < 300) v = kE2m1Mid[rng() % 7] * std::ldexp(1.0f, ex(rng) / 6) * ((rng() & 1) ? -1.0f : 1.0f);
+        // Rows for the amax floor 0 (its unit scale): a zero first half (zero groups of every
+        // size), and values scaled down to 2^-144 .. 2^-92 (fp32 scales at s <= 2^-128,
+        // NVFP4 per-token rows below 2^-100), no rng drawn.
+        if (t % 13 == 5 && h < H / 2) v = 0.0f;
+        if (t % 13 == 9 && std::isfinite(v)) v *= 0x1p-120f;
       }
       if (dt == DType::kFloat32) {
         std::memcpy(dst, &v, 4);
@@ -551,9 +556,10 @@ inline void run_all_modes(const Case& c, const Force& force = {}) {
 }
 
 /// The schemes of every format (fp8 with both scale types and group sizes, MXFP8 e5m2, MXFP4 with
-/// both tie rules, NVFP4 with both second-level scales), the SM90 pre-dispatch floor, and
-/// the lowest floors each format accepts (subnormal for the UE8M0 formats, whose exponent
-/// clamps to byte 1; 2^-100 for fp32 scales and NVFP4 per-token).
+/// both tie rules, NVFP4 with both second-level scales), the SM90 pre-dispatch floor, the
+/// lowest positive floors each format accepts (subnormal for the UE8M0 formats, whose
+/// exponent clamps to byte 1; 2^-100 for fp32 scales and NVFP4 per-token), and the floor 0
+/// (the unit scale) of every format that reads a floor.
 inline std::vector<QuantScheme> all_schemes() {
   const float tiny = std::numeric_limits<float>::denorm_min();
   return {QuantScheme::mxfp8(),
@@ -573,7 +579,13 @@ inline std::vector<QuantScheme> all_schemes() {
           QuantScheme::mxfp4().with_amax_floor(tiny),
           QuantScheme::nvfp4_per_token().with_amax_floor(0x1p-100f),
           QuantScheme::mxfp8_e5m2(),
-          QuantScheme::mxfp8_e5m2().with_amax_floor(tiny)};
+          QuantScheme::mxfp8_e5m2().with_amax_floor(tiny),
+          QuantScheme::mxfp8().with_amax_floor(0.0f),
+          QuantScheme::fp8_fp32_g128().with_amax_floor(0.0f),
+          QuantScheme::fp8_fp32_g32().with_amax_floor(0.0f),
+          QuantScheme::mxfp4(megamoe::Rounding::kNearestEven).with_amax_floor(0.0f),
+          QuantScheme::nvfp4_per_token().with_amax_floor(0.0f),
+          QuantScheme::mxfp8_e5m2().with_amax_floor(0.0f)};
 }
 
 }  // namespace harness

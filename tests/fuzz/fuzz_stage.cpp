@@ -640,7 +640,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
   // the library may accept or refuse, and what it writes when it accepts is checked
   // through the reference wherever the reference models the scheme (ref_format below).
   const bool fp8 = !scheme_bad && !fp4 && !e5m2;
-  const bool floor_ok = std::isfinite(q.amax_floor) && q.amax_floor > 0.0f;
+  const bool floor_ok = std::isfinite(q.amax_floor) && q.amax_floor >= 0.0f;  // 0: the unit scale
   const bool fp8_plain =
       fp8 && q.amax_floor == 1e-4f &&
       (q.rounding == megamoe::Rounding::kDefault || q.rounding == megamoe::Rounding::kNearestEven);

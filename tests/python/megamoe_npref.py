@@ -111,9 +111,15 @@ def group_scales(x32: np.ndarray, G: int, ue8m0: bool, floor: float = 1e-4, e5m2
     (amax / 448 for e4m3, amax / 57344 for e5m2: a product with the rounded reciprocal)."""
     amax = np.fmax(group_amax(x32, G), F32(floor)).astype(F32)
     s = (amax * (C_INV57344 if e5m2 else C_INV448)).astype(F32)
+    zero_floor = F32(floor) == 0
     if not ue8m0:
+        if zero_floor:  # floor 0: a scale whose reciprocal overflows (0 included) is 1
+            with np.errstate(divide="ignore", over="ignore"):
+                s = np.where(np.isinf(F32(1.0) / s), F32(1.0), s).astype(F32)
         return s, None
     e = ue8m0_exponent(s)
+    if zero_floor:  # floor 0: a group whose amax is 0 has the unit scale 2^0
+        e = np.where(amax == 0, np.uint32(127), e).astype(np.uint32)
     return (e << 23).view(F32), e.astype(np.uint8)
 
 
@@ -302,8 +308,10 @@ def quantize(fmt: Format, hidden: np.ndarray, floor: float = 1e-4, global_scale:
             return q, sf, None, fp8_to_f32(q, fmt.e5m2), scale
         amax = group_amax(x32, G)
         if fmt.sf == "ue8m0":  # MXFP4
-            s = (np.fmax(amax, F32(floor)) / F32(6.0)).astype(F32)
-            e = ue8m0_exponent(s)
+            a = np.fmax(amax, F32(floor)).astype(F32)
+            e = ue8m0_exponent((a / F32(6.0)).astype(F32))
+            if F32(floor) == 0:  # floor 0: a group whose amax is 0 has the unit scale 2^0
+                e = np.where(a == 0, np.uint32(127), e).astype(np.uint32)
             mult = np.ldexp(F32(1.0), (127 - e.astype(np.int64))).astype(F32)  # 2^(127 - e), exact (subnormal at 254)
             v = (_grouped(x32, G) * mult[:, :, None]).astype(F32).reshape(T, H)
             codes = e2m1_rne(v) if fmt.rne else e2m1_ttz(v)
@@ -320,7 +328,10 @@ def quantize(fmt: Format, hidden: np.ndarray, floor: float = 1e-4, global_scale:
             return pack_nibbles(codes), pack_words(sfb), None, e2m1_to_f32(codes), d
         # per token
         row = np.fmax.reduce(np.abs(x32), axis=1, initial=F32(0.0)).astype(F32)
-        pts = (np.fmax(row, F32(floor)) / F32(2688.0)).astype(F32)
+        ra = np.fmax(row, F32(floor)).astype(F32)
+        pts = (ra / F32(2688.0)).astype(F32)
+        if F32(floor) == 0:  # floor 0: rows below 2^-100 (the format's least positive floor) have pts 1
+            pts = np.where(ra < F32(2.0**-100), F32(1.0), pts).astype(F32)
         sfb, sfv = e4m3_round((amax / (F32(6.0) * pts)[:, None].astype(F32)).astype(F32))
         d = (sfv * pts[:, None]).astype(F32)
         inv = np.where(sfv > 0, (F32(1.0) / d).astype(F32), F32(0.0)).astype(F32)

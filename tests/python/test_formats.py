@@ -125,7 +125,7 @@ def test_nvfp4_static_global_scales(gs):
 
 
 @pytest.mark.parametrize("name", ALL_SCHEMES)
-@pytest.mark.parametrize("floor", [1e-10, 1.0, 300.0])
+@pytest.mark.parametrize("floor", [1e-10, 1.0, 300.0, 0.0])
 def test_amax_floor(name, floor):
     s = ALL_SCHEMES[name].with_amax_floor(floor)
     T, H = 17, 512
@@ -136,6 +136,51 @@ def test_amax_floor(name, floor):
     gs = gs_for(name)
     megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=s, global_scale=gs)
     check(out, ref.stage_any(FMT[name], h, w, ids, floor=floor, global_scale=None if gs is None else gs[0]))
+
+
+@pytest.mark.parametrize("name", ALL_SCHEMES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_amax_floor_zero_unit_scale(name, dtype):
+    """Floor 0 (FlashInfer's ``amax > 0 ? amax / 448 : 1``): zero, -0.0 and NaN rows get the
+    unit scale (UE8M0 byte 127, fp32 scale 1.0, NVFP4 per-token pts 1.0); rows of tiny
+    values around the thresholds (fp32 scales s <= 2^-128, per-token rows below 2^-100) come
+    out finite; bitwise against the NumPy reference; QuantScheme(amax_floor=0.0) and
+    with_amax_floor(0.0) are the same scheme."""
+    s = ALL_SCHEMES[name].with_amax_floor(0.0)
+    assert s == QuantScheme(**{f: getattr(ALL_SCHEMES[name], f) for f in ("elem", "scale", "group_k", "scale2",
+                                                                          "rounding")}, amax_floor=0.0)  # fmt: skip
+    assert s.amax_floor == 0.0 and megamoe.check_scheme(s) is None
+    assert s.name == ALL_SCHEMES[name].name + ("" if FMT[name].scale2 == "static" else "+floor=0")
+    T, H = 12, 512
+    h, w, ids = inputs(T, H, 4, seed=11)
+    h[0] = 0.0
+    h[1] = -0.0
+    h[2] = np.nan
+    h[3, :128] = 0.0  # a zero group (and, per token, a zero row's neighbour)
+    for t, e in ((4, -101), (5, -100), (6, -119), (7, -122), (8, -126), (9, -133)):
+        h[t] = np.ldexp(h[t] / np.abs(h[t]).max(), e)  # row max 2^e
+    if dtype == np.float16:  # (rows 4-9 round to zero in f16)
+        h = np.clip(h, -60000, 60000).astype(np.float16)
+    out = outputs(T, H, 4, s)
+    gs = gs_for(name)
+    megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=s, global_scale=gs)
+    want = ref.stage_any(FMT[name], h, w, ids, floor=0.0, global_scale=None if gs is None else gs[0])
+    check(out, want)
+    f = FMT[name]
+    if f.scale2 == "static":
+        return  # NVFP4 static reads no floor
+    if f.scale2 == "per_token":
+        assert (out["x_scales"][:3] == 1.0).all() and np.isfinite(out["x_scales"]).all()
+        assert (out["x_sf"][:3] == 0).all()
+    elif f.sf == "fp32":
+        assert (out["x_sf"][:3] == 1.0).all() and (out["x_sf"][3, 0] == 1.0) and np.isfinite(out["x_sf"]).all()
+        assert (out["x_sf"] > 0).all()
+    else:
+        assert (out["x_sf"][:3].view(np.uint8) == 127).all() and out["x_sf"][3].view(np.uint8)[0] == 127
+    if not f.fp4:
+        codes = out["x_fp8"].view(np.uint8)
+        assert (codes[0] == 0).all() and (codes[1] == 0x80).all() and (codes[2] == 0x7F).all()
+        assert not ((codes[3:] & 0x7F) == 0x7F).any()  # no NaN code from finite input
 
 
 @pytest.mark.parametrize("xdtype", [np.uint8, np.int8])
@@ -229,7 +274,8 @@ def test_second_level_scales_present_exactly_where_needed():
         QuantScheme(elem=QuantElem.FLOAT4_E2M1, scale=ScaleType.FLOAT32),
         QuantScheme(elem=QuantElem.FLOAT4_E2M1, scale=ScaleType.FLOAT8_E4M3, group_k=16),
         QuantScheme(elem=QuantElem.FLOAT4_E2M1, scale=ScaleType.FLOAT8_E4M3, group_k=32, scale2=Scale2.STATIC),
-        QuantScheme.nvfp4_per_token().with_amax_floor(0.0),
+        QuantScheme.nvfp4_per_token().with_amax_floor(1e-35),
+        QuantScheme.mxfp8().with_amax_floor(-1e-4),
         QuantScheme.mxfp4().with_amax_floor(float("nan")),
         QuantScheme(scale2=Scale2.PER_TOKEN),
         QuantScheme(rounding=Rounding.TIES_TOWARD_ZERO),

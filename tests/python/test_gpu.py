@@ -729,6 +729,43 @@ def test_every_format_cuda_matches_cpu_backend(name, T, H):
 
 @cuda_only
 @pytest.mark.parametrize("name", ALL_SCHEMES)
+@pytest.mark.parametrize("T,H", [(1, 256), (9, 4096), (135, 7168), (4096, 7168)])
+def test_every_format_cuda_amax_floor_zero(name, T, H):
+    """Amax floor 0 (the unit scale, CONTRACT.md "Amax floor 0") on CUDA: zero, -0.0 and NaN
+    rows, a zero half row, rows scaled to 2^-100 .. 2^-134 (fp32 scales at s <= 2^-128,
+    NVFP4 per-token rows below 2^-100): the CPU backend's bytes and the NumPy reference's."""
+    s = ALL_SCHEMES[name].with_amax_floor(0.0)
+    if s.ue8m0 and (H // s.group_k) % 4:
+        pytest.skip("UE8M0 needs H/G to be a multiple of 4")
+    x = npref.hidden_sample(np.random.default_rng(T + H + 1), T, H, specials=T > 2)
+    for t in range(T):
+        r = t % 8
+        if r == 1:
+            x[t] = 0.0
+        elif r == 2:
+            x[t] = -0.0
+        elif r == 3:
+            x[t] = np.nan
+        elif r == 4:
+            x[t, : H // 2] = 0.0
+        elif r >= 5:  # finite, row max 2^-100, 2^-117, 2^-134
+            f = np.where(np.isfinite(x[t]), x[t], np.float32(1.0))
+            x[t] = np.ldexp(f / np.abs(f).max(), -100 - 17 * (r - 5))
+    h = torch.from_numpy(x).to(torch.bfloat16)
+    w, ids = torch.rand(T, 8), torch.randint(0, 384, (T, 8), dtype=torch.int32)
+    got = stage_on("cuda", h, w, ids, s, count=True)
+    want = stage_on("cpu", h, w, ids, s, count=True)
+    same_all(got, want, f"{name} floor 0 cuda vs cpu")
+    ref = npref.stage_any(npref.FORMATS[s.name.split("+")[0]], h.float().numpy(), w.numpy(), ids.numpy(), floor=0.0,
+                          global_scale=GLOBAL_SCALE)  # fmt: skip
+    assert_bitwise(got["x_fp8"].view(torch.uint8).numpy(), ref.x_q, "x_fp8")
+    assert_bitwise(got["x_sf"].numpy(), ref.x_sf, "x_sf")
+    if ref.x_scales is not None:
+        assert_bitwise(got["x_scales"].numpy(), ref.x_scales, "x_scales")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ALL_SCHEMES)
 @pytest.mark.parametrize("T", [0, 1, 65, 4096, 20000])
 @pytest.mark.parametrize("option", ["full_buffer", "scaled", "both"])
 @pytest.mark.parametrize("layout", ["aligned", "misaligned"])

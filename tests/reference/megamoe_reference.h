@@ -25,6 +25,9 @@
 //    the byte decoded back through the same table; its quotients and products are IEEE
 //    fp32 operations formed in double as above.
 //  - non-finite elements: the exponent field of the widened fp32 is all ones.
+//  - amax floor 0 (the unit scale): UE8M0 formats give byte 127 to a group whose amax is
+//    0; fp32 scales whose reciprocal, formed in double and narrowed, is infinite are 1;
+//    NVFP4 per-token rows whose amax is below 2^-100 (ldexp) get pts = 1.
 // Nothing here depends on compiler floating-point flags (no sums to contract, no
 // subnormal-sensitive intermediate other than the final roundings, which are IEEE).
 #pragma once
@@ -349,10 +352,13 @@ inline int fp8_group(const float* x, int64_t G, bool ue8m0, float floor, float* 
   float scale = s;
   int e = 0;
   if (ue8m0) {
-    e = ue8m0_byte(s);
+    // Floor 0: a group whose amax is 0 has the unit scale 2^0.
+    e = floor == 0.0f && amax == 0.0f ? 127 : ue8m0_byte(s);
     scale = std::ldexp(1.0f, e - 127);
+  } else if (floor == 0.0f && std::isinf(div_f32(1.0f, s))) {
+    scale = 1.0f;  // floor 0: a scale without a finite reciprocal (0 included) becomes 1
   }
-  *s_out = s;
+  *s_out = ue8m0 ? s : scale;
   const float inv = div_f32(1.0f, scale);
   for (int64_t i = 0; i < G; ++i) q[i] = e5m2 ? fp8_e5m2(mul_f32(x[i], inv)) : fp8_e4m3(mul_f32(x[i], inv));
   return e;
@@ -360,7 +366,8 @@ inline int fp8_group(const float* x, int64_t G, bool ue8m0, float floor, float* 
 
 /// SPEC MXFP4: e2m1 nibbles of group x[0..32); returns the UE8M0 byte.
 inline int mxfp4_group(const float* x, int64_t G, float floor, Fp4Ties ties, uint8_t* nib) {
-  const int e = fp4_ue8m0_byte(std::max(amax_of(x, G), floor));
+  const float amax = std::max(amax_of(x, G), floor);
+  const int e = floor == 0.0f && amax == 0.0f ? 127 : fp4_ue8m0_byte(amax);  // floor 0: unit scale
   for (int64_t i = 0; i < G; ++i) {
     // x * 2^(127 - e) is exact in double; narrowing it to float rounds only results
     // below 2^-126 (e = 254 from an Inf amax), which encode as code 0 either way.
@@ -418,7 +425,9 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
     for (int64_t h = 0; h < H; ++h) r.nonfinite += detail::nonfinite(row[h]) ? 1 : 0;
     float pts = 0.0f;
     if (f.scale == ScaleCodec::kE4m3PerToken) {
-      pts = detail::div_f32(std::max(detail::amax_of(row, H), f.amax_floor), 2688.0f);
+      const float ra = std::max(detail::amax_of(row, H), f.amax_floor);
+      // Floor 0: a row below 2^-100 (the smallest positive floor of this format) has pts 1.
+      pts = f.amax_floor == 0.0f && ra < std::ldexp(1.0f, -100) ? 1.0f : detail::div_f32(ra, 2688.0f);
       r.x_scales[static_cast<size_t>(t)] = pts;
     }
     for (int64_t g = 0; g < groups; ++g) {

@@ -583,8 +583,13 @@ def case_formats():
     expect_error(SMALL + ["--global-scale", "0.5"], "--global-scale", "nvfp4-static")
     expect_error(SMALL + ["--amax-floor", "-1"], "floor")
     # Options that would otherwise be ignored or poison the report: named, exit 2.
-    for bad in ["0", "nan", "inf"]:
-        expect_error(SMALL + ["--amax-floor", bad], "--amax-floor", "finite positive")
+    for bad in ["-1e-30", "nan", "inf"]:
+        expect_error(SMALL + ["--amax-floor", bad], "--amax-floor", "finite non-negative")
+    # Floor 0 (the unit scale): bit-exact against the reference, every family that reads a floor.
+    for s in ["mxfp8", "fp32-g128", "mxfp8-e5m2", "mxfp4-rne", "nvfp4-per-token"]:
+        p = expect_pass(SMALL + ["--scheme", s, "--amax-floor", "0"], min_snr=15)
+        j = json.loads(run(*SMALL, "--scheme", s, "--amax-floor", "0", "--json", expect_rc=0).stdout)
+        check(j["scheme"]["amax_floor"] == 0 and j["scheme"]["library_name"].endswith("+floor=0"), j["scheme"])
     for bad in ["inf", "nan", "-1", "0"]:
         expect_error(SMALL + ["--scheme", "nvfp4-static", "--global-scale", bad], "--global-scale", "finite positive")
     expect_error(SMALL + ["--scheme", "nvfp4-static", "--amax-floor", "1"], "--amax-floor", "nvfp4-static")

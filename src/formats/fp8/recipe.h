@@ -4,6 +4,8 @@
 //   UE8M0  e = exponent(s) + (mantissa(s) != 0), clamped to [1, 254]; multiplier 2^(127-e)
 //   fp32   the scale is s; multiplier fl(1/s)
 //   value  fp8(fl(x * multiplier))                (RNE, satfinite: core/numerics.h, e5m2.h)
+// Floor 0: UE8M0 byte 127 where max(amax, floor) is 0; fp32 scale and multiplier 1 where
+// s <= 2^-128 (fl(1/s) would be +Inf). Neither can happen at a positive floor.
 #pragma once
 
 #include <cstdint>
@@ -21,17 +23,19 @@ template <Elem E>
 constexpr uint32_t kInvMaxBits = E == Elem::kE5M2 ? kInv57344Bits : kInv448Bits;
 
 /// The scale and multiplier of a group of fp8 codec @p E with UE8M0 (@p S = Sf::kUE8M0x4)
-/// or fp32 scales.
+/// or fp32 scales; at floor 0 the unit scale where the scale has none (format_list.h).
 template <Sf S, Elem E>
 MEGAMOE_HD GroupParams fp8_group_params(float amax, float floor) {
   GroupParams g;
-  const float s = mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInvMaxBits<E>));
+  const float a = fmax_nan_ignoring(amax, floor);
+  const float s = mul_rn(a, bits_float(kInvMaxBits<E>));
   if constexpr (S == Sf::kUE8M0x4) {
-    g.sf = ue8m0_exponent(s);
+    g.sf = floor == 0.0f && a == 0.0f ? kUe8m0Unit : ue8m0_exponent(s);
     g.m = ue8m0_inv_scale(g.sf);
   } else {
-    g.sf = float_bits(s);
-    g.m = div_rn(1.0f, s);
+    const float su = floor == 0.0f && s <= kFp32ScaleNoRecip ? 1.0f : s;
+    g.sf = float_bits(su);
+    g.m = div_rn(1.0f, su);
   }
   return g;
 }

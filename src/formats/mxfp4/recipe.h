@@ -2,11 +2,13 @@
 // of a token with NaN-ignoring max |x| = amax:
 //   e = ue8m0(fl(max(amax, floor) * fl(1/6)));  v = fl(x * 2^(127-e));  e2m1(v)
 // with either tie rule (e2m1/codec.h). e is the same as ue8m0(fl(max(amax, floor) / 6)).
+// Floor 0: e = 127 (the unit scale) where max(amax, floor) is 0.
 #pragma once
 
 #include <cstdint>
 
 #include "core/numerics.h"
+#include "formats/format_list.h"
 #include "formats/group_params.h"
 
 namespace megamoe {
@@ -20,7 +22,8 @@ constexpr uint32_t kInv6Bits = 0x3E2AAAABu;
 /// The scale byte and multiplier of an MXFP4 group.
 MEGAMOE_HD GroupParams mxfp4_group_params(float amax, float floor) {
   GroupParams g;
-  g.sf = ue8m0_exponent(mul_rn(fmax_nan_ignoring(amax, floor), bits_float(kInv6Bits)));
+  const float a = fmax_nan_ignoring(amax, floor);
+  g.sf = floor == 0.0f && a == 0.0f ? kUe8m0Unit : ue8m0_exponent(mul_rn(a, bits_float(kInv6Bits)));
   g.m = ue8m0_inv_scale(g.sf);
   return g;
 }

@@ -1,7 +1,8 @@
 // nvfp4/recipe.h: NVFP4's scales (e2m1 values, e4m3 scale bytes over groups of 16, a
 // second-level fp32 scale), per group of a token with NaN-ignoring max |x| = amax:
 //   static     sf = e4m3(clamp(fl(amax / fl(6*gs)), 2^-9, 448)); v = fl(x / fl(sf*gs))
-//   per token  pts = fl(max(row_amax,floor) / 2688) per token;
+//   per token  pts = fl(max(row_amax,floor) / 2688) per token (floor 0: 1 where the row's
+//              max is below 2^-100);
 //              sf = e4m3_satfinite(fl(amax / fl(6*pts))); inv = sf > 0 ? fl(1/fl(sf*pts)) : 0;
 //              v = fl(x * inv)
 // then e2m1 with ties toward zero (e2m1/codec.h).
@@ -10,6 +11,7 @@
 #include <cstdint>
 
 #include "core/numerics.h"
+#include "formats/format_list.h"
 #include "formats/group_params.h"
 
 namespace megamoe {
@@ -134,8 +136,12 @@ MEGAMOE_HD GroupParams nvfp4_token_group(float amax, const TokenRow& r) {
 }
 
 /// The per-token second-level scale of kNvfp4PerToken from the row's NaN-ignoring max |x|.
+/// Floor 0: 1 for a row whose max is below kMinFp32ScaleFloor (zero and all-NaN rows
+/// included; its groups then have scale byte 0 and zero codes), so that every other row has
+/// the scales of floor 2^-100, whose group multipliers are all finite.
 MEGAMOE_HD float per_token_scale(float row_amax, float floor) {
-  return div_rn(fmax_nan_ignoring(row_amax, floor), kNvfp4TokenDiv);
+  const float a = fmax_nan_ignoring(row_amax, floor);
+  return floor == 0.0f && a < kMinFp32ScaleFloor ? 1.0f : div_rn(a, kNvfp4TokenDiv);
 }
 
 }  // namespace core
