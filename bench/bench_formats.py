@@ -14,11 +14,20 @@ Part C (nonfinite): the cost of the non-finite counter (nonfinite_count given) a
 the same call without it, same run, measured off / on / off / on (the two offs give the
 noise), per format and T; each after a check that the counter counts planted NaN / Inf.
 
-    python3 bench/bench_formats.py --out /tmp/out [--quick] [--parts formats,full_buffer,nonfinite]
+Part D (deepgemm, opt-in: --parts deepgemm): full-buffer fills of DeepGEMM's SM90 FP8
+MegaMoE buffer (megamoe.buffers.alloc_deepgemm_buffer "sm90_fp8", one rank, 256 experts,
+16384 tokens per rank, top-k 8, H 7168, IH 2048; about 3.7 GB, twice), T from 1 to 16384:
+prepare_megamoe_inputs(hs, w, ids, **buf.outputs(T)) (x / x_sf rows [0, T) and every row of
+the top-k views, the tail -1 / 0 up to the aligned T, in one launch) next to a same-run copy
+of the same bytes and the eager PyTorch rendering of the same fill (DeepGEMM-style fp32 per-128
+cast with the 1e-10 floor, copies into a second buffer's views, the tail fill), after a check
+that megamoe's bytes equal the eager rendering's in the input views.
+
+    python3 bench/bench_formats.py --out /tmp/out [--quick] [--parts formats,full_buffer,nonfinite,deepgemm]
     python3 bench/bench_formats.py --dry-run      # the configurations (no torch needed)
     python3 bench/bench_formats.py --cpu-check    # every check on the CPU backend, small sizes, no figures
-Writes formats.jsonl, full_buffer.jsonl and nonfinite.jsonl (one JSON row per
-configuration) to --out.
+Writes formats.jsonl, full_buffer.jsonl, nonfinite.jsonl and deepgemm.jsonl (one JSON row
+per configuration) to --out. The default parts are formats, full_buffer and nonfinite.
 """
 import argparse
 import json
@@ -93,6 +102,8 @@ def sizes(args, part):
         return ([1, 64, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384, 65536]), [7168, 4096]
     if part == "nonfinite":
         return ([1, 1024, 16384] if args.quick else [1, 64, 1024, 16384, 65536]), [7168]
+    if part == "deepgemm":
+        return ([1, 256, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384]), [7168]
     raise ValueError(part)
 
 
@@ -120,15 +131,21 @@ def part_formats(args, out):
 
 def eager_sm90(hs, w, ids, pad, buf, T, alpha):
     """vLLM's SM90 path as eager PyTorch: DeepGEMM-style fp32 per-128 cast (amax floor 1e-10),
-    then copies into the symmetric buffer and the tail fill."""
+    then copies into the symmetric buffer and the tail fill. pad None: no padded tokens;
+    alpha None: the weights as given."""
     H = hs.shape[1]
     x = hs.float().view(T, H // 128, 128)
     s = x.abs().amax(dim=2).clamp(min=1e-10) * (1.0 / 448.0)
     q = (x * (1.0 / s)[..., None]).to(torch.float8_e4m3fn).view(T, H)
     buf["xq"][:T].copy_(q.view(torch.uint8))
     buf["sf"][:T].copy_(s)
-    buf["io"][:T].copy_(torch.where(pad[:, None], -1, ids.long()))
-    buf["wo"][:T].copy_(torch.where(pad[:, None], 0.0, w * alpha))
+    wa = w if alpha is None else w * alpha
+    if pad is None:
+        buf["io"][:T].copy_(ids)
+        buf["wo"][:T].copy_(wa)
+    else:
+        buf["io"][:T].copy_(torch.where(pad[:, None], -1, ids.long()))
+        buf["wo"][:T].copy_(torch.where(pad[:, None], 0.0, wa))
     buf["io"][T:].fill_(-1)
     buf["wo"][T:].zero_()
 
@@ -177,6 +194,59 @@ def part_full_buffer(args, out):
         empty_cache()
 
 
+def deepgemm_config(args, Ts):
+    """(num_experts, num_max_tokens_per_rank, top-k, H, IH) of the deepgemm part's buffer."""
+    if args.cpu_check:
+        return 256, 64, K, 256, 128
+    return 256, max(16384, max(Ts)), K, 7168, 2048
+
+
+def part_deepgemm(args, out):
+    Ts, _ = sizes(args, "deepgemm")
+    E, M, k, H, IH = deepgemm_config(args, Ts)
+    # megamoe's buffer and the eager rendering's, both zero-filled as DeepGEMM's.
+    buf = megamoe.buffers.alloc_deepgemm_buffer("sm90_fp8", E, M, k, H, IH, device=DEV,
+                                                allocator="torch")  # fmt: skip
+    eag_buf = megamoe.buffers.alloc_deepgemm_buffer("sm90_fp8", E, M, k, H, IH, device=DEV, allocator="torch")
+    lay = buf.layout
+    Ma = lay.num_max_tokens
+    eag = dict(xq=eag_buf.x.view(torch.uint8), sf=eag_buf.x_sf, io=eag_buf.topk_idx, wo=eag_buf.topk_weights)
+    bits = lambda t: t.view({1: torch.uint8, 4: torch.int32, 8: torch.int64}[t.element_size()])  # noqa: E731
+    for T in Ts:
+        hs, w, ids, _ = inputs(T, H, T * 23 + H)
+        kw = buf.outputs(T)
+
+        def f_full(hs=hs, w=w, ids=ids, kw=kw):
+            megamoe.prepare_megamoe_inputs(hs, w, ids, **kw)
+
+        f_eager = lambda hs=hs, w=w, ids=ids, T=T: eager_sm90(hs, w, ids, None, eag, T, None)  # noqa: E731
+        f_full()
+        f_eager()
+        sync()
+        # Byte equality in the input views: x / x_sf rows [0, T), every top-k row (the tail too).
+        eq = {n: torch.equal(bits(getattr(buf, n)[:T]), bits(getattr(eag_buf, n)[:T])) for n in ("x", "x_sf")}
+        for n in ("topk_idx", "topk_weights"):
+            eq[n] = torch.equal(bits(getattr(buf, n)), bits(getattr(eag_buf, n)))
+        tail_ok = bool((buf.topk_idx[T:] == -1).all()) and bool((bits(buf.topk_weights[T:]) == 0).all())
+        # Bytes of the call: activations, ids, weights read; x / x_sf written for T rows; the
+        # top-k views written for every row of the aligned buffer.
+        nb = T * H * 2 + T * k * (4 + 4) + T * (H + H // 128 * 4) + Ma * k * (8 + 4)
+        r = dict(part="deepgemm", variant=lay.variant, num_experts=E, num_max_tokens=Ma, top_k=k, H=H, IH=IH,
+                 buffer_bytes=lay.nbytes, T=T, bytes=nb, full_us=bench(f_full, T), copy_us=copy_us(nb, T),
+                 eager_us=bench(f_eager, T), equal_x=eq["x"], equal_x_sf=eq["x_sf"], equal_topk_idx=eq["topk_idx"],
+                 equal_topk_weights=eq["topk_weights"], tail_ok=tail_ok)  # fmt: skip
+        r["deepgemm_equals_eager"] = all(eq.values()) and tail_ok
+        r["copy_over_full"] = r["copy_us"] / r["full_us"]
+        r["eager_over_full"] = r["eager_us"] / r["full_us"]
+        r["full_TBps"] = nb / r["full_us"] * 1e-6
+        r["copy_TBps"] = nb / r["copy_us"] * 1e-6
+        out.write(r)
+        del hs, w, ids, kw, f_full, f_eager
+        empty_cache()
+    del buf, eag_buf, eag
+    empty_cache()
+
+
 def part_nonfinite(args, out):
     Ts, Hs = sizes(args, "nonfinite")
     names = [n for n in (("mxfp8", "fp8_fp32_g128", "mxfp4") if not args.quick else ("mxfp8", "mxfp4")) if n in FORMATS]
@@ -221,13 +291,20 @@ def empty_cache():
         torch.cuda.empty_cache()
 
 
-PARTS = {"formats": part_formats, "full_buffer": part_full_buffer, "nonfinite": part_nonfinite}
+PARTS = {"formats": part_formats, "full_buffer": part_full_buffer, "nonfinite": part_nonfinite,
+         "deepgemm": part_deepgemm}
 
 
 def plan(args):
     for part in args.parts.split(","):
         if part == "full_buffer":
             yield dict(part=part, cases="decode T 1/8/64 x max_tokens 256/8192, prefill T 256/1024/4096 x 8192")
+            continue
+        if part == "deepgemm":
+            Ts, _ = sizes(args, part)
+            E, M, k, H, IH = deepgemm_config(args, Ts)
+            yield dict(part=part, variant="sm90_fp8", num_experts=E, num_max_tokens_per_rank=M, top_k=k, H=H,
+                       IH=IH, T=Ts, timed=["full_us", "copy_us", "eager_us"])
             continue
         Ts, Hs = sizes(args, part)
         for H in Hs:
@@ -243,7 +320,8 @@ def main(argv=None):
     ap.add_argument("--formats", default=",".join(FORMAT_NAMES), help="the formats of the formats and nonfinite "
                     "parts, comma-separated (an A/B of one kernel times only its formats)")
     ap.add_argument("--T", type=lambda v: [int(t) for t in v.split(",")], default=None,
-                    help="token counts of the formats and nonfinite parts, comma-separated (default: the grid)")
+                    help="token counts of the formats, nonfinite and deepgemm parts, comma-separated (default: the "
+                    "grid; the deepgemm buffer takes max(16384, the largest) tokens per rank)")
     ap.add_argument("--dry-run", action="store_true", help="list the configurations and exit (no torch)")
     ap.add_argument("--cpu-check", action="store_true",
                     help="run every part on the CPU backend at small sizes (checks only, no figures)")
@@ -262,6 +340,7 @@ def main(argv=None):
     import torch as _torch
 
     import megamoe as _megamoe
+    import megamoe.buffers  # noqa: F401  (the deepgemm part's megamoe.buffers)
     torch, megamoe = _torch, _megamoe
     DEV = "cpu" if args.cpu_check else "cuda"
     FORMATS = {n: getattr(megamoe, n.upper()) for n in formats}
@@ -281,7 +360,8 @@ def main(argv=None):
         PARTS[part](args, rows)
         rows.close()
         for r in checked:
-            bad += not all(r.get(k, True) for k in ("full_equals_separate", "full_equals_eager_sm90", "counter_ok"))
+            bad += not all(r.get(k, True) for k in ("full_equals_separate", "full_equals_eager_sm90", "counter_ok",
+                                                      "deepgemm_equals_eager"))
     print(json.dumps(dict(kind="summary", rows_failing_checks=bad)), flush=True)
     return 1 if bad else 0
 

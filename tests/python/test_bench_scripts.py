@@ -52,6 +52,25 @@ def test_router_grid_is_the_issue_grid():
     assert {r["eplb"] for r in rows} == {False, True}
 
 
+def test_deepgemm_part_dry_run():
+    """The deepgemm part (opt-in): DeepGEMM's SM90 FP8 buffer at T 1 ... 16384, the CPU
+    check's small buffer at T 1 and 5, not among the default parts."""
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run", "--parts", "deepgemm"])
+    assert rc == 0, out + err
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert row["part"] == "deepgemm" and row["variant"] == "sm90_fp8"
+    assert row["T"] == [1, 8, 64, 256, 1024, 4096, 16384]
+    assert (row["num_experts"], row["num_max_tokens_per_rank"], row["top_k"], row["H"]) == (256, 16384, 8, 7168)
+    assert row["timed"] == ["full_us", "copy_us", "eager_us"]
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run", "--cpu-check", "--parts",
+                         "deepgemm"])
+    assert rc == 0, out + err
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert row["T"] == [1, 5] and row["H"] == 256
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run"])
+    assert rc == 0 and "deepgemm" not in out
+
+
 def test_bad_arguments_are_rejected():
     rc, _, err = _run([sys.executable, str(BENCH / "bench_router.py"), "--dry-run", "--layers", "E1"])
     assert rc == 2 and "E1" in err
@@ -198,6 +217,16 @@ def test_cpu_checks_of_formats_stage_and_op_overhead():
     pytest.importorskip("megamoe")
     assert _module("bench_formats").main(["--cpu-check", "--parts", "full_buffer,nonfinite"]) == 0
     assert _module("bench_op_overhead").main(["--cpu-check", "--n", "5", "--rounds", "1"]) == 0
+
+
+@needs_torch
+def test_cpu_check_of_the_deepgemm_part(capsys):
+    """megamoe's full-buffer fill of DeepGEMM's SM90 buffer equals the eager rendering's bytes."""
+    pytest.importorskip("megamoe")
+    assert _module("bench_formats").main(["--cpu-check", "--parts", "deepgemm"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = [r for r in rows if r.get("part") == "deepgemm"]
+    assert [r["T"] for r in rows] == [1, 5] and all(r["deepgemm_equals_eager"] for r in rows)
 
 
 @needs_torch
