@@ -6,6 +6,7 @@
 #include <string>
 #include <system_error>
 
+#include "check.h"
 #include "cpu/fp_env.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
@@ -32,23 +33,7 @@ void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef*
 
 namespace {
 
-/// Run @p f, turning any foreign exception into megamoe::Error.
-template <typename F>
-void guarded(const char* what, F&& f) {
-  try {
-    f();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": out of host memory");
-  } catch (const std::system_error& e) {
-    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": " + e.what());
-  } catch (const std::exception& e) {
-    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error: " + e.what());
-  } catch (...) {
-    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error");
-  }
-}
+using detail::guarded;
 
 void dispatch(const StageArgs& args, const detail::Problem& p, Stream stream) {
   if (!detail::has_work(p)) return;

@@ -496,17 +496,20 @@ const Region* BufferLayout::find(const std::string& name) const noexcept {
 }
 
 BufferLayout buffer_layout(const BufferArgs& args) {
-  switch (args.variant) {
-    case Variant::kSm90Fp8: return sm90(args);
-    case Variant::kSm100: return sm100(args);
-    case Variant::kSm100Ring: return sm100_ring(args);
-  }
-  throw Error(ErrorCode::kInvalidArgument,
-              "megamoe: variant: expected sm90_fp8, sm100 or sm100_ring, got " + num(static_cast<int>(args.variant)));
+  return detail::guarded("buffer_layout", [&] {
+    switch (args.variant) {
+      case Variant::kSm90Fp8: return sm90(args);
+      case Variant::kSm100: return sm100(args);
+      case Variant::kSm100Ring: return sm100_ring(args);
+    }
+    throw Error(ErrorCode::kInvalidArgument,
+                "megamoe: variant: expected sm90_fp8, sm100 or sm100_ring, got " + num(static_cast<int>(args.variant)));
+  });
 }
 
-int64_t block_m(int64_t num_ranks, int64_t num_experts, int64_t num_max_tokens_per_rank, int64_t num_tokens,
-                int64_t num_topk, MmaType mma_type) {
+namespace {
+int64_t block_m_of(int64_t num_ranks, int64_t num_experts, int64_t num_max_tokens_per_rank, int64_t num_tokens,
+                   int64_t num_topk, MmaType mma_type) {
   check_int(num_ranks, "num_ranks", 1);
   check_int(num_experts, "num_experts", 1);
   check_int(num_max_tokens_per_rank, "num_max_tokens_per_rank", 0);
@@ -535,6 +538,14 @@ int64_t block_m(int64_t num_ranks, int64_t num_experts, int64_t num_max_tokens_p
     }
   }
   return bm;
+}
+}  // namespace
+
+int64_t block_m(int64_t num_ranks, int64_t num_experts, int64_t num_max_tokens_per_rank, int64_t num_tokens,
+                int64_t num_topk, MmaType mma_type) {
+  return detail::guarded("block_m", [&] {
+    return block_m_of(num_ranks, num_experts, num_max_tokens_per_rank, num_tokens, num_topk, mma_type);
+  });
 }
 
 const char* to_string(Variant v) noexcept {

@@ -2,8 +2,11 @@
 // raises (internal; the public header error.h only declares the exception).
 #pragma once
 
+#include <new>
 #include <string>
+#include <system_error>
 #include <type_traits>
+#include <utility>
 
 #include "megamoe/error.h"
 
@@ -30,6 +33,25 @@ template <typename E, typename A>
           to_text(actual);
   }
   throw Error(code, msg);
+}
+
+/// The value of @p f(), any foreign exception turned into megamoe::Error naming @p what:
+/// the one wall at every public entry point, since nothing else may leave the library.
+template <typename F>
+auto guarded(const char* what, F&& f) -> decltype(std::forward<F>(f)()) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": out of host memory");
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kOutOfMemory, std::string("megamoe: ") + what + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error: " + e.what());
+  } catch (...) {
+    throw Error(ErrorCode::kInternal, std::string("megamoe: ") + what + ": internal error");
+  }
 }
 }  // namespace detail
 }  // namespace megamoe

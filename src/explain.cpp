@@ -1,10 +1,10 @@
 // explain.cpp: megamoe::explain (include/megamoe/plan.h). Backend-independent: the CUDA
 // part comes from the CUDA backend's plan (src/cuda/policy/plan.h) when the build has one.
 #include <cstdint>
-#include <new>
 #include <optional>
 #include <string>
 
+#include "check.h"
 #include "megamoe/error.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"
@@ -104,38 +104,22 @@ std::string describe(const RouterArgs& r, const StageArgs* stage) {
 #endif
 }
 
-/// Nothing but megamoe::Error leaves the API (as in prepare_inputs).
-template <typename F>
-std::string guarded(F&& f) {
-  try {
-    return f();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::kOutOfMemory, "megamoe: explain: out of host memory");
-  } catch (const std::exception& e) {
-    throw Error(ErrorCode::kInternal, std::string("megamoe: explain: internal error: ") + e.what());
-  } catch (...) {
-    throw Error(ErrorCode::kInternal, "megamoe: explain: internal error");
-  }
-}
-
 }  // namespace
 
 std::string explain(const StageArgs& args) {
-  return guarded([&] { return describe(args); });
+  return detail::guarded("explain", [&] { return describe(args); });
 }
 
 std::string explain(const RoutingArgs& args) {
-  return guarded([&] { return describe(args); });
+  return detail::guarded("explain", [&] { return describe(args); });
 }
 
 std::string explain(const RouterArgs& router) {
-  return guarded([&] { return describe(router, nullptr); });
+  return detail::guarded("explain", [&] { return describe(router, nullptr); });
 }
 
 std::string explain(const RouterArgs& router, const StageArgs& stage) {
-  return guarded([&] { return describe(router, &stage); });
+  return detail::guarded("explain", [&] { return describe(router, &stage); });
 }
 
 }  // namespace megamoe
