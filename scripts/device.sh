@@ -82,6 +82,7 @@ DEADLINE_S=${DEADLINE_S:-570}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$DEPS/py${PYTHONPATH:+:$PYTHONPATH}"
 # Half the default replay time of every Python benchmark: the medians of 10 replays of
 # >= 20 ms of calls each still resolve 1%, and the two calls fit the session.
 export BENCH_REP_SCALE=${BENCH_REP_SCALE:-0.5}
@@ -230,6 +231,10 @@ deps() {
       cmake --install /tmp/gtest-build >/dev/null
   fi
   for d in .deps/*.deb; do [ -f "$d" ] && dpkg -x "$d" "$DEPS"; done
+  # Pure-Python wheels the image may lack (nanobind for the extension's build).
+  for w in .deps/*.whl; do
+    [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$DEPS/py" "$w" >/dev/null
+  done
   return 0
 }
 
