@@ -27,6 +27,8 @@
 #   ab-router      build-dev/megamoe_bench_router against the base's (AB_BASE, built with
 #                  AB_TARGETS=megamoe_bench_router): this, base, this, base ($ROUTER_ARGS), then
 #                  per row the fused and route times of both (ab_router.jsonl) (#12)
+#   ab-routing     dev/ab_routing.py with this build's extension and the base's (AB_BASE, AB_TARGETS=_C):
+#                  this, base, this, base; per (T, full_buffer) the best of each and the ratio
 #   ab-formats     bench/bench_formats.py --parts formats $AB_FORMATS_ARGS (e.g. "--formats
 #                  nvfp4_static --T 1,16384") with this build's extension and the base's (AB_BASE,
 #                  AB_TARGETS=_C), and each extra build's of AB_MORE ("name:tarball ...",
@@ -132,7 +134,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu | trace) STEPS+=("$a") ;;
+      bench-op | ab | ab-router | ab-routing | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu | trace) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -144,7 +146,7 @@ box() {
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
     bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
-    pybench) echo 200 ;; ab-router) echo 200 ;; ab-formats) echo "${AB_FORMATS_BOX:-200}" ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
+    pybench) echo 200 ;; ab-router) echo 200 ;; ab-routing) echo 120 ;; ab-formats) echo "${AB_FORMATS_BOX:-200}" ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
   esac
 }
 
@@ -516,6 +518,40 @@ step_ab() {
     return 1
   fi
   python3 bench/ab_compare.py --this "$WORK"/ab/this*.json --base "$WORK"/ab/base*.json --out "$WORK/ab.jsonl"
+}
+
+# dev/ab_routing.py (routing-only staging, plain and full-buffer) with this build's extension
+# and the base's (AB_BASE, AB_TARGETS=_C): this, base, this, base; then per (T, full_buffer)
+# the best of each build's runs and their ratio (ab_routing.txt).
+step_ab_routing() {
+  [ -n "${AB_BASE:-}" ] || { echo "ab-routing: set AB_BASE"; return 2; }
+  pypkg || return 1
+  ab_wait
+  local base_pkg i lab pkg each
+  base_pkg=$(base_pkg) || { echo "ab-routing: no base extension"; return 1; }
+  each=$(($(limit ab-routing) / 4))
+  : >"$WORK/ab_routing.jsonl"
+  for i in 1 2; do
+    for lab in this base; do
+      [ $lab = this ] && pkg=$PYPKG || pkg=$base_pkg
+      PYTHONPATH="$pkg" timeout -k 5 "$each" python3 dev/ab_routing.py --label "$lab" >>"$WORK/ab_routing.jsonl" 2>"$WORK/ab_routing_$lab$i.log" ||
+        echo "ab-routing: $lab run $i rc=$?"
+    done
+  done
+  python3 - "$WORK/ab_routing.jsonl" <<'PY' | tee "$WORK/ab_routing.txt"
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    k = (r["T"], r["full_buffer"])
+    best.setdefault(k, {}).setdefault(r["label"], []).append(r["us"])
+print("T full_buffer this_us base_us this/base")
+for k in sorted(best):
+    d = best[k]
+    if "this" in d and "base" in d:
+        t, b = min(d["this"]), min(d["base"])
+        print(k[0], k[1], f"{t:.2f}", f"{b:.2f}", f"{t / b:.3f}")
+PY
 }
 
 # bench/bench_formats.py --parts formats $AB_FORMATS_ARGS with this build's and the base's
