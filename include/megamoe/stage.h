@@ -21,7 +21,8 @@
 ///    goes to row (t/bm)*abm + (m/128)*128 + (m%32)*4 + (m%128)/32 and that row receives a
 ///    copy of x_sf[t]; unmapped rows are untouched; R >= ceil(T/bm)*abm.
 ///  - topk_idx_out[t,k] = -1 and topk_weights_out[t,k] = +0.0f for padded tokens, else the
-///    input id widened to int64 and the input weight as fp32.
+///    input id widened to int64 and the input weight as fp32 (times the routed scaling
+///    factor, then the expert's scale, when the call has them).
 ///
 /// All strides are free (any sign, transposed views included); outputs must not overlap
 /// inputs or each other. A rejected call throws megamoe::Error and writes nothing.
@@ -72,6 +73,13 @@ struct StageArgs {
   /// padded and tail rows stay +0.0. A NaN weight keeps its bits; the NaN a product makes
   /// (+-Inf times 0) is 0x7FC00000 on every backend.
   std::optional<float> routed_scaling_factor;
+  /// Optional per-expert scales (SGLang's DeepGEMM pre-dispatch `expert_scales`): a 1-D
+  /// fp32 tensor [E], any stride, on the tensors' device. A kept entry whose id is in
+  /// [0, E) gets weight fl(w' * expert_scales[id]), w' the weight after the routed scaling
+  /// factor (two fp32 roundings when both are given, in that order); an id outside [0, E)
+  /// keeps w' (DeepGEMM skips negative ids; larger ones it would read past the table).
+  /// NaN rules as routed_scaling_factor. Padded and tail rows stay +0.0.
+  std::optional<TensorRef> expert_scales;
   /// CUDA only: launch with programmatic dependent launch (overlaps the previous kernel's
   /// tail on sm_90+; ignored elsewhere). Safe inside CUDA graphs.
   bool enable_pdl = false;
@@ -87,6 +95,7 @@ struct RoutingArgs {
   std::optional<TensorRef> is_padding;        ///< optional [T] mask, nonzero = padded
   bool full_buffer = false;                   ///< as StageArgs::full_buffer
   std::optional<float> routed_scaling_factor; ///< as StageArgs::routed_scaling_factor
+  std::optional<TensorRef> expert_scales;     ///< as StageArgs::expert_scales
   bool enable_pdl = false;                    ///< as StageArgs::enable_pdl
 };
 

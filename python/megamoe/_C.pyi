@@ -248,7 +248,7 @@ def output_shapes(T: int, H: int, K: int, scheme: QuantScheme, shared_block_m: i
     megamoe::output_shapes as {name: (shape, dtype name) or None} (see megamoe.output_shapes).
     """
 
-def prepare_inputs(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+def prepare_inputs(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
     """
     Stage one MoE layer's inputs into caller-owned outputs (see megamoe.prepare_megamoe_inputs).
 
@@ -261,13 +261,13 @@ def prepare_inputs(hidden_states: object | None, topk_weights: object | None, to
     arrays megamoe cannot take, e.g. big-endian, structured or object dtypes).
     """
 
-def explain(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+def explain(hidden_states: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
     """
     What prepare_inputs would launch for these arguments, as text (validated, nothing run;
     stream is ignored).
     """
 
-def stage_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+def stage_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
     """
     Routing-only staging (see megamoe.stage_megamoe_routing): top-k repack, padding mask,
     full-buffer tail and routed scaling; topk_ids without rows returns at once unless
@@ -289,7 +289,7 @@ def route_and_stage(hidden_states: object | None, router_logits: object | None, 
     router_logits without rows returns at once unless full_buffer is set.
     """
 
-def explain_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+def explain_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
     """
     What stage_routing would launch for these arguments, as text (validated, nothing run;
     stream is ignored).

@@ -52,6 +52,10 @@ _PREPARE_ARGS = """
             x_scales are left untouched.
         routed_scaling_factor: optional finite alpha: kept weights become fl(w * alpha)
             (padded and tail rows stay +0.0).
+        expert_scales: optional ``[E]`` float32 per-expert scales on the tensors' device
+            (SGLang's DeepGEMM ``expert_scales``): a kept entry whose id is in [0, E) gets
+            fl(w' * expert_scales[id]), w' the weight after routed_scaling_factor; other
+            ids keep w'.
         stream: CUDA stream as an int (``cudaStream_t``). Default: for torch tensors the
             current torch stream of their device, otherwise 0 (legacy default stream).
             Leave it None inside torch.compile regions.

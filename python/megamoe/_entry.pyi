@@ -22,6 +22,7 @@ def prepare_megamoe_inputs(
     nonfinite_count: Optional[Any] = None,
     full_buffer: bool = False,
     routed_scaling_factor: Optional[float] = None,
+    expert_scales: Optional[Any] = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> None:
@@ -46,6 +47,7 @@ def explain(
     nonfinite_count: Optional[Any] = None,
     full_buffer: bool = False,
     routed_scaling_factor: Optional[float] = None,
+    expert_scales: Optional[Any] = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> str:
@@ -61,6 +63,7 @@ def stage_megamoe_routing(
     *,
     full_buffer: bool = False,
     routed_scaling_factor: Optional[float] = None,
+    expert_scales: Optional[Any] = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> None:
@@ -76,6 +79,7 @@ def explain_routing(
     *,
     full_buffer: bool = False,
     routed_scaling_factor: Optional[float] = None,
+    expert_scales: Optional[Any] = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> str:

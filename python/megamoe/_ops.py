@@ -350,6 +350,7 @@ def stage(
     routed_scaling_factor: Optional[float] = None,
     nonfinite_count: Any = None,
     hidden_quant: Any = None,
+    expert_scales: Any = None,
     stream: Optional[int] = None,
     enable_pdl: bool = False,
 ) -> StagedInputs:
@@ -365,8 +366,9 @@ def stage(
     ``shared_block_m`` is given. With ``max_tokens`` (>= T) the outputs have ``max_tokens``
     rows in full-buffer mode: rows T.. of the top-k outputs become -1 / 0, those of x_fp8 /
     x_sf / x_scales are allocated but not written.
-    ``routed_scaling_factor`` multiplies the kept weights; ``nonfinite_count`` (a [1] int64
-    array on the same device) gets the count of NaN / Inf inputs added.
+    ``routed_scaling_factor`` multiplies the kept weights, then ``expert_scales`` (``[E]``
+    float32) those whose id is in [0, E); ``nonfinite_count`` (a [1] int64 array on the same
+    device) gets the count of NaN / Inf inputs added.
 
     Same errors as :func:`prepare_megamoe_inputs`, and a ValueError naming the bytes of an
     output that cannot be allocated (e.g. for a ``max_tokens`` no memory holds; the
@@ -398,7 +400,7 @@ def stage(
         # No shapes to allocate: the library says what is wrong with the ranks.
         dummy = [_alloc(glue, hidden_states, TensorSpec((0, 0), d)) for d in ("uint8", "int32", "int64", "float32")]
         prepare_impl(hidden_states, topk_weights, topk_ids, *dummy, is_padding, None, None, s,
-                     None, None, None, False, None, stream, enable_pdl)  # fmt: skip
+                     None, None, None, False, None, None, stream, enable_pdl)  # fmt: skip
         raise AssertionError("unreachable: the library rejects these ranks")  # pragma: no cover
     T, H = h_shape
     K = ids_shape[1]
@@ -410,7 +412,7 @@ def stage(
     x_scales = None if shapes.x_scales is None else _alloc(glue, hidden_states, shapes.x_scales)
     prepare_impl(
         hidden_states, topk_weights, topk_ids, *out, is_padding, shared, bm, s, global_scale,
-        x_scales, nonfinite_count, full, routed_scaling_factor, stream, enable_pdl,
+        x_scales, nonfinite_count, full, routed_scaling_factor, expert_scales, stream, enable_pdl,
     )  # fmt: skip
     return StagedInputs(*out, shared, x_scales)
 

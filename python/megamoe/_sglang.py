@@ -111,26 +111,6 @@ def _check_expert_scales(expert_scales: Any, w: Any) -> None:
         raise ValueError(f"megamoe: expert_scales: expected device {w.device}, got device {expert_scales.device}")
 
 
-def _apply_expert_scales(ids: Any, w: Any, expert_scales: Any) -> None:
-    """``w[t, k] *= expert_scales[ids[t, k]]`` where the id is a valid expert (DeepGEMM skips
-    negative ids; ids past the table, which DeepGEMM would read out of bounds, are skipped
-    too), in place, one fp32 product each (``expert_scales`` checked by
-    _check_expert_scales)."""
-    torch = sys.modules.get("torch")
-    E = shape_of(expert_scales)[0]
-    if torch is not None and isinstance(w, torch.Tensor):
-        valid = (ids >= 0) & (ids < E)
-        scale = expert_scales[ids.clamp(0, max(E - 1, 0))] if E else torch.ones_like(w)
-        w.copy_(torch.where(valid, w * scale, w))
-        return
-    import numpy as np
-
-    valid = (ids >= 0) & (ids < E)
-    scale = expert_scales[np.clip(ids, 0, max(E - 1, 0))] if E else np.ones_like(w)
-    with np.errstate(over="ignore", invalid="ignore"):
-        w[...] = np.where(valid, (w * scale).astype(np.float32), w)
-
-
 def mega_moe_pre_dispatch(
     x: Any,
     topk_idx: Any,
@@ -156,7 +136,8 @@ def mega_moe_pre_dispatch(
     ``[P, H/2]`` packed fp4 bytes; ``buf_x_sf``: ``[P, H/(4G)]`` int32; ``buf_topk_idx`` /
     ``buf_topk_weights``: ``[P, K]`` int64 / float32. Rows ``num_tokens..P-1`` of the top-k
     buffers become -1 / 0. ``expert_scales`` (float32 per expert) multiplies each kept
-    weight by its expert's scale, as DeepGEMM does. ``enable_pdl`` (keyword, megamoe's)
+    weight by its expert's scale in the same launch, as DeepGEMM does (ids outside the table
+    keep their weight). ``enable_pdl`` (keyword, megamoe's)
     launches with programmatic dependent launch. Runs on the current torch stream.
     """
     n = _num_tokens(num_tokens, x)
@@ -196,17 +177,16 @@ def mega_moe_pre_dispatch(
             )
         prepare_megamoe_inputs(
             x_n, w_n, ids_n, buf_x[:n], buf_x_sf[:n], buf_topk_idx[:n], buf_topk_weights[:n],
-            hidden_quant=scheme, x_scales=xs[:n], enable_pdl=enable_pdl,
+            hidden_quant=scheme, x_scales=xs[:n], expert_scales=expert_scales, enable_pdl=enable_pdl,
         )  # fmt: skip
         stage_megamoe_routing(w_n[:0], ids_n[:0], buf_topk_idx[n:], buf_topk_weights[n:], full_buffer=True,
                               enable_pdl=enable_pdl)  # fmt: skip
     else:
         prepare_megamoe_inputs(
             x_n, w_n, ids_n, buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights, hidden_quant=scheme,
-            x_scales=None if xs is None else xs[:rows], full_buffer=True, enable_pdl=enable_pdl,
+            x_scales=None if xs is None else xs[:rows], full_buffer=True, expert_scales=expert_scales,
+            enable_pdl=enable_pdl,
         )  # fmt: skip
-    if expert_scales is not None and n > 0:
-        _apply_expert_scales(buf_topk_idx[:n], buf_topk_weights[:n], expert_scales)
 
 
 def mega_moe_pre_dispatch_sm90(

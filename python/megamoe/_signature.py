@@ -406,6 +406,7 @@ PREPARE = Spec(
         # megamoe's additions, keyword-only
         *_STAGE_OPTIONS,
         Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("expert_scales", "tensor?", None, keyword_only=True),
         *_LAUNCH,
     ],
 )
@@ -420,6 +421,7 @@ ROUTING = Spec(
         Param("is_padding", "tensor?", None),
         Param("full_buffer", "bool", False, keyword_only=True),
         Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("expert_scales", "tensor?", None, keyword_only=True),
         Param("stream", "stream", None, keyword_only=True),
         Param("enable_pdl", "bool", False, keyword_only=True),
     ],

@@ -532,7 +532,7 @@ struct Handles {
   std::optional<double> routed_scaling_factor;
   PyArray tid2eid, input_ids, logical_to_physical_map, logical_replica_count, expert_load_view,
       record_enabled, logits_nonfinite_count;
-  PyArray global_scale, x_scales, nonfinite_count;
+  PyArray global_scale, x_scales, nonfinite_count, expert_scales;
   bool full_buffer = false;
   uintptr_t stream = 0;
   bool enable_pdl = false;
@@ -670,12 +670,14 @@ constexpr auto kLaunch = std::make_tuple(MEGAMOE_ARG(stream), MEGAMOE_ARG(enable
 constexpr auto kPrepare = std::tuple_cat(
     std::make_tuple(MEGAMOE_REQUIRED_ARG(hidden_states), MEGAMOE_REQUIRED_ARG(topk_weights),
                     MEGAMOE_REQUIRED_ARG(topk_ids)),
-    kStaged, kStageOptions, std::make_tuple(MEGAMOE_ARG(routed_scaling_factor)), kLaunch);
+    kStaged, kStageOptions, std::make_tuple(MEGAMOE_ARG(routed_scaling_factor), MEGAMOE_ARG(expert_scales)),
+    kLaunch);
 
 constexpr auto kRouting = std::tuple_cat(
     std::make_tuple(MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids),
                     MEGAMOE_REQUIRED_ARG(topk_idx_out), MEGAMOE_REQUIRED_ARG(topk_weights_out),
-                    MEGAMOE_ARG(is_padding), MEGAMOE_ARG(full_buffer), MEGAMOE_ARG(routed_scaling_factor)),
+                    MEGAMOE_ARG(is_padding), MEGAMOE_ARG(full_buffer), MEGAMOE_ARG(routed_scaling_factor),
+                    MEGAMOE_ARG(expert_scales)),
     kLaunch);
 
 // The router's logits, bias (required, None allowed) and public top-k, then its options.
@@ -726,7 +728,10 @@ bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool
   args.shared_block_m = h.shared_block_m;
   args.hidden_quant = h.hidden_quant;
   args.full_buffer = h.full_buffer;
-  if (!routed) args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+  if (!routed) {
+    args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+    arrays.input(h.expert_scales, args.expert_scales);
+  }
   args.enable_pdl = h.enable_pdl;
   if (!routed && !arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate(args); });
@@ -760,6 +765,7 @@ bool load_routing(Arrays& arrays, const Handles& h, megamoe::RoutingArgs& args) 
   arrays.output(h.topk_weights_out, args.topk_weights_out);
   args.full_buffer = h.full_buffer;
   args.routed_scaling_factor = as_float(h.routed_scaling_factor);
+  arrays.input(h.expert_scales, args.expert_scales);
   args.enable_pdl = h.enable_pdl;
   if (!arrays.unrepresented().empty()) {
     // There is no validate-only entry for routing calls: the copy without output pointers

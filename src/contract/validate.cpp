@@ -137,12 +137,13 @@ struct TopkRefs {
   const std::optional<TensorRef>& pad;
   const TensorRef& idx_out;
   const TensorRef& w_out;
+  const std::optional<TensorRef>& expert_scales;
 };
 TopkRefs topk_refs(const StageArgs& a) {
-  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out};
+  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out, a.expert_scales};
 }
 TopkRefs topk_refs(const RoutingArgs& a) {
-  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out};
+  return {a.topk_weights, a.topk_ids, a.is_padding, a.topk_idx_out, a.topk_weights_out, a.expert_scales};
 }
 
 /// Ranks of the top-k inputs, K, and the reference's same-shape rule.
@@ -179,8 +180,8 @@ void check_topk_inputs(const TopkRefs& k, bool full_buffer, Problem& p) {
   }
 }
 
-/// The top-k outputs as the shape rule declares them for the call's M rows (@p out), and
-/// the routed scaling factor.
+/// The top-k outputs as the shape rule declares them for the call's M rows (@p out), the
+/// routed scaling factor and the per-expert scales (a [E] fp32 table, any E and stride).
 void check_topk_outputs(const TopkRefs& k, const OutputShapes& out, const std::optional<float>& alpha, Problem& p) {
   check_spec(k.idx_out, "topk_idx_out", out.topk_idx_out);
   check_spec(k.w_out, "topk_weights_out", out.topk_weights_out);
@@ -188,6 +189,12 @@ void check_topk_outputs(const TopkRefs& k, const OutputShapes& out, const std::o
   if (p.has_alpha) {
     MEGAMOE_CHECK(std::isfinite(*alpha), "routed_scaling_factor", "a finite value", *alpha);
     p.alpha = *alpha;
+  }
+  p.has_expert_scales = k.expert_scales.has_value();
+  if (p.has_expert_scales) {
+    check_rank(*k.expert_scales, "expert_scales", 1);
+    check_dtype(*k.expert_scales, "expert_scales", {DType::kFloat32});
+    p.E = k.expert_scales->shape[0];
   }
 }
 
@@ -265,6 +272,7 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
   if (a.global_scale) all.push_back({&*a.global_scale, "global_scale", false});
   if (a.x_scales) all.push_back({&*a.x_scales, "x_scales", true});
   if (a.nonfinite_count) all.push_back({&*a.nonfinite_count, "nonfinite_count", true});
+  if (a.expert_scales) all.push_back({&*a.expert_scales, "expert_scales", false});
   return all;
 }
 
@@ -274,6 +282,7 @@ std::vector<NamedTensor> named_tensors(const RoutingArgs& a) {
                                   {&a.topk_idx_out, "topk_idx_out", true},
                                   {&a.topk_weights_out, "topk_weights_out", true}};
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
+  if (a.expert_scales) all.push_back({&*a.expert_scales, "expert_scales", false});
   return all;
 }
 
@@ -581,6 +590,11 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   if (stage->routed_scaling_factor) {
     fail(nullptr, "routed_scaling_factor (staging)",
          "none (route_and_stage scales by RouterArgs::routed_scaling_factor)", *stage->routed_scaling_factor);
+  }
+  if (stage->expert_scales) {
+    fail(nullptr, "expert_scales (staging)",
+         "none (route_and_stage does not fold per-expert scales; stage with prepare_inputs or stage_routing)",
+         "a tensor");
   }
   // The staging, with the router's outputs as its top-k inputs: every staging rule applies.
   const StageArgs a = staged_args(r, *stage);

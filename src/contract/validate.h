@@ -30,6 +30,8 @@ struct Problem {
   bool full_buffer = false;    ///< rows T..M-1 of the top-k outputs are filled with -1 / +0.0
   bool has_alpha = false;      ///< kept weights are multiplied by alpha (one fp32 rounding)
   float alpha = 1.0f;          ///< routed scaling factor
+  bool has_expert_scales = false;  ///< kept weights of ids in [0, E) times expert_scales[id]
+  int64_t E = 0;                   ///< expert_scales' length
   bool routing_only = false;   ///< no activations: only the top-k repack runs
   bool has_padding = false;
   bool has_shared = false;

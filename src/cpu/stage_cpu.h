@@ -17,6 +17,7 @@ struct TopkIO {
   const TensorRef* pad;
   const TensorRef* idx_out;
   const TensorRef* w_out;
+  const TensorRef* expert_scales;  ///< nullable: [E] fp32 per-expert scales
 };
 TopkIO topk_io(const StageArgs& a);
 TopkIO topk_io(const RoutingArgs& a);

@@ -1,5 +1,6 @@
 // topk_cpu.cpp: the top-k repack on the host, shared by staging and routing-only calls:
-// padding mask, widening, the routed scaling factor and the full-buffer tail.
+// padding mask, widening, the routed scaling factor, the per-expert scales and the
+// full-buffer tail.
 #include <cstring>
 
 #include "core/numerics.h"
@@ -21,6 +22,13 @@ template <typename T>
 void store(const TensorRef& t, int64_t i, int64_t j, T v) {
   const int64_t off = i * t.strides[0] + j * t.strides[1];
   std::memcpy(static_cast<char*>(t.data) + off * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+}
+
+template <typename T>
+T load1(const TensorRef& t, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(t.data) + i * t.strides[0] * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
 }
 
 float load_weight(const TensorRef& t, int64_t i, int64_t j) {
@@ -48,6 +56,9 @@ void repack_topk(const TopkIO& io, const detail::Problem& p) {
         id = io.ids->dtype == DType::kInt32 ? load<int32_t>(*io.ids, t, k) : load<int64_t>(*io.ids, t, k);
         w = load_weight(*io.w, t, k);
         if (p.has_alpha) w = core::scale_weight(w, p.alpha);
+        if (io.expert_scales != nullptr && id >= 0 && id < p.E) {
+          w = core::scale_weight(w, load1<float>(*io.expert_scales, id));
+        }
       }
       store<int64_t>(*io.idx_out, t, k, id);
       store<float>(*io.w_out, t, k, w);
@@ -57,11 +68,11 @@ void repack_topk(const TopkIO& io, const detail::Problem& p) {
 
 TopkIO topk_io(const StageArgs& a) {
   return {&a.topk_weights, &a.topk_ids, a.is_padding ? &*a.is_padding : nullptr, &a.topk_idx_out,
-          &a.topk_weights_out};
+          &a.topk_weights_out, a.expert_scales ? &*a.expert_scales : nullptr};
 }
 TopkIO topk_io(const RoutingArgs& a) {
   return {&a.topk_weights, &a.topk_ids, a.is_padding ? &*a.is_padding : nullptr, &a.topk_idx_out,
-          &a.topk_weights_out};
+          &a.topk_weights_out, a.expert_scales ? &*a.expert_scales : nullptr};
 }
 
 }  // namespace cpu

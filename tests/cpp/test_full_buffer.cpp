@@ -1,7 +1,7 @@
 // Full-buffer mode, routing-only staging and the routed scaling factor (CPU backend):
 // rows T..M-1 of the top-k outputs become -1 / +0.0 on every call, activation and scale
-// rows there stay untouched, kept weights are fl(w * alpha), and routing-only calls give
-// the top-k bytes of the equivalent full staging call.
+// rows there stay untouched, kept weights are fl(w * alpha) (then times their expert's
+// scale), and routing-only calls give the top-k bytes of the equivalent full staging call.
 #include <gtest/gtest.h>
 
 #include <cfenv>
@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "megamoe/megamoe.h"
@@ -196,6 +198,113 @@ TEST(RoutedScaling, KeptWeightsScaledOnceMaskedStayZero) {
   a.routed_scaling_factor = std::numeric_limits<float>::infinity();
   EXPECT_THROW(megamoe::prepare_inputs(a), megamoe::Error);
   expect_poisoned(b);
+}
+
+/// fl(a * b) by the contract's weight rule: a NaN weight keeps its bits, a NaN the product
+/// makes is 0x7FC00000 (the double product of two floats is exact, so one rounding).
+uint32_t weight_product(uint32_t a, float b) {
+  const float fa = f32(a);
+  if (std::isnan(fa)) return a;
+  const double d = static_cast<double>(fa) * static_cast<double>(b);
+  return std::isnan(d) ? 0x7FC00000u : u32(static_cast<float>(d));
+}
+
+// Per-expert scales: a kept entry whose id is in [0, E) gets fl(fl(w * alpha) * s[id]) (or
+// fl(w * s[id]) without alpha); other ids keep their weight; padded and tail rows -1 / +0;
+// any stride of the table; staging and routing-only alike.
+TEST(ExpertScales, KeptWeightsOfIdsInTheTableScaledOnce) {
+  const int64_t E = 200;  // ids are drawn from [0, 384): about half fall past the table
+  for (int64_t stride : {1, 3, -2}) {
+    for (bool with_alpha : {false, true}) {
+      for (bool routing_only : {false, true}) {
+        Buffers b(37, 50, 128, 6, 31u);
+        b.ids[2] = -1;         // a masked id (SGLang writes -1): never scaled
+        b.ids[3] = -7;
+        b.ids[4] = E - 1;      // the last entry of the table
+        b.ids[5] = E;          // one past it
+        b.w[6] = std::numeric_limits<float>::infinity();
+        b.ids[6] = 0;          // Inf times a zero scale: the product's NaN
+        b.w[7] = f32(0x00000003u);
+        b.ids[7] = 1;          // a subnormal weight
+        b.pad[0] = b.pad[1] = 0;
+        std::vector<float> table(static_cast<size_t>(E * std::abs(stride)), f32(0x7FBADBADu));
+        std::mt19937 rng(5u);
+        std::vector<float> s(static_cast<size_t>(E));
+        for (auto& v : s) v = std::uniform_real_distribution<float>(-4.0f, 4.0f)(rng);
+        s[0] = 0.0f;
+        s[1] = 1e30f;
+        s[2] = std::numeric_limits<float>::quiet_NaN();  // a NaN scale: the product's NaN
+        s[3] = -0.0f;
+        float* base = stride > 0 ? table.data() : table.data() + (E - 1) * (-stride);
+        for (int64_t e = 0; e < E; ++e) base[e * stride] = s[static_cast<size_t>(e)];
+        TensorRef es(base, DType::kFloat32, {E}, {stride});
+        const std::optional<float> alpha = with_alpha ? std::optional<float>(0.75f) : std::nullopt;
+        if (routing_only) {
+          megamoe::RoutingArgs r = b.routing(true);
+          r.routed_scaling_factor = alpha;
+          r.expert_scales = es;
+          ASSERT_NO_THROW(megamoe::stage_routing(r));
+        } else {
+          megamoe::StageArgs a = b.args(true);
+          a.routed_scaling_factor = alpha;
+          a.expert_scales = es;
+          ASSERT_NO_THROW(megamoe::prepare_inputs(a));
+        }
+        for (int64_t t = 0; t < b.M; ++t) {
+          const bool keep = t < b.T && b.pad[static_cast<size_t>(t)] == 0;
+          for (int64_t k = 0; k < b.K; ++k) {
+            const size_t i = static_cast<size_t>(t * b.K + k);
+            if (!keep) {
+              ASSERT_EQ(b.io[i], -1);
+              ASSERT_EQ(u32(b.wo[i]), 0u);
+              continue;
+            }
+            ASSERT_EQ(b.io[i], b.ids[i]);
+            uint32_t want = u32(b.w[i]);
+            if (alpha) want = weight_product(want, *alpha);
+            const int64_t id = b.ids[i];
+            if (id >= 0 && id < E) want = weight_product(want, s[static_cast<size_t>(id)]);
+            ASSERT_EQ(u32(b.wo[i]), want) << "t=" << t << " k=" << k << " id=" << id << " stride=" << stride;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ExpertScales, BadTablesAreRejectedBeforeAnyWrite) {
+  std::vector<float> ok(16, 1.0f);
+  for (int c = 0; c < 4; ++c) {
+    Buffers b(5, 5, 128, 2, 3u);
+    megamoe::StageArgs a = b.args(false);
+    std::string want;
+    if (c == 0) {
+      a.expert_scales = TensorRef(ok.data(), DType::kFloat32, {4, 4});
+      want = "expert_scales";
+    } else if (c == 1) {
+      a.expert_scales = TensorRef(ok.data(), DType::kBFloat16, {16});
+      want = "expert_scales";
+    } else if (c == 2) {
+      a.expert_scales = TensorRef(b.wo.data(), DType::kFloat32, {4});  // overlaps an output
+      want = "overlap";
+    } else {
+      a.expert_scales = TensorRef(nullptr, DType::kFloat32, {16});
+      want = "expert_scales";
+    }
+    try {
+      megamoe::prepare_inputs(a);
+      ADD_FAILURE() << "case " << c << " accepted";
+    } catch (const megamoe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    expect_poisoned(b);
+  }
+  // An empty table is valid: no id is inside it, every weight is kept as it is.
+  Buffers b(5, 5, 128, 2, 3u);
+  megamoe::RoutingArgs r = b.routing(false);
+  r.expert_scales = TensorRef(ok.data(), DType::kFloat32, {0});
+  ASSERT_NO_THROW(megamoe::stage_routing(r));
+  expect_topk(b, std::nullopt);
 }
 
 TEST(RoutingOnly, EqualsTheTopkOfAFullStagingCall) {

@@ -620,7 +620,8 @@ void expect_rejected(const ErrorCase& e, const std::vector<const Tensor*>& extra
 
 TEST(RouterErrors, EveryCheck) {
   static Tensor tab(DType::kInt32, {10, 6}, 0), iid(DType::kInt32, {6}, 0), l2p(DType::kInt32, {256, 2}, 0),
-      rc(DType::kInt32, {256}, 0), load(DType::kInt64, {300}, 0), rec(DType::kInt32, {1}, 0), pad(DType::kBool, {6}, 0);
+      rc(DType::kInt32, {256}, 0), load(DType::kInt64, {300}, 0), rec(DType::kInt32, {1}, 0), pad(DType::kBool, {6}, 0),
+      es(DType::kFloat32, {256}, 0);
   auto eplb = [](Built& b) {
     b.args.logical_to_physical_map = l2p.ref;
     b.args.logical_replica_count = rc.ref;
@@ -661,6 +662,7 @@ TEST(RouterErrors, EveryCheck) {
       {"router pad in fused", [](Built& b, StageBufs&) { b.args.is_padding = pad.ref; }, "is_padding (router): expected none"},
       {"route pad shape", [](Built& b, StageBufs&) { b.args.is_padding = pad.ref; b.args.is_padding->shape[0] = 5; }, "is_padding: expected shape (6,)", false},
       {"stage alpha", [](Built&, StageBufs& s) { s.args.routed_scaling_factor = 1.5f; }, "routed_scaling_factor (staging): expected none"},
+      {"stage expert scales", [](Built&, StageBufs& s) { s.args.expert_scales = es.ref; }, "expert_scales (staging): expected none"},
       {"stage T", [](Built&, StageBufs& s) { s.args.hidden_states.shape[0] = 5; }, "hidden_states"},
       {"stage H", [](Built&, StageBufs& s) { s.args.hidden_states.shape[1] = 500; }, "multiple of 128"},
       {"stage x_sf", [](Built&, StageBufs& s) { s.args.x_sf.dtype = DType::kFloat32; }, "x_sf: expected dtype int32"},

@@ -340,20 +340,32 @@ def quantize(fmt: Format, hidden: np.ndarray, floor: float = 1e-4, global_scale:
         return pack_nibbles(codes), pack_words(sfb), pts, e2m1_to_f32(codes), d
 
 
+def _weight_product(w: np.ndarray, s) -> np.ndarray:
+    """fl(w * s) by the weight rule: one fp32 rounding; a NaN weight keeps its bits, a NaN
+    the product makes is 0x7FC00000."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = (w * np.asarray(s, F32)).astype(F32)
+    # a NaN the product makes (Inf times 0, a NaN scale) is the canonical quiet NaN, whatever the hardware's
+    scaled = np.where(np.isnan(scaled), np.uint32(0x7FC00000).view(F32), scaled)
+    return np.where(np.isnan(w), w, scaled)
+
+
 def topk(weights: np.ndarray, ids: np.ndarray, pad: Optional[np.ndarray] = None, alpha: Optional[float] = None,
-         rows: Optional[int] = None):  # fmt: skip
+         rows: Optional[int] = None, expert_scales: Optional[np.ndarray] = None):  # fmt: skip
     """(ids int64, weights float32) of the top-k repack: padded tokens -1 / +0.0, kept
     weights times alpha (one fp32 rounding; NaN keeps its bits, a NaN the product makes is
-    0x7FC00000), rows T..rows-1 -1 / +0.0."""
+    0x7FC00000), then times expert_scales[id] where 0 <= id < E (the same rule), rows
+    T..rows-1 -1 / +0.0."""
     w = np.asarray(weights).astype(F32)  # bf16/fp16 widen exactly (payloads kept by NumPy)
     T, K = w.shape
     idx = np.asarray(ids).astype(np.int64)
     if alpha is not None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            scaled = (w * F32(alpha)).astype(F32)
-        # a NaN the product makes (Inf times 0) is the canonical quiet NaN, whatever the hardware's
-        scaled = np.where(np.isnan(scaled), np.uint32(0x7FC00000).view(F32), scaled)
-        w = np.where(np.isnan(w), w, scaled)
+        w = _weight_product(w, F32(alpha))
+    if expert_scales is not None:
+        es = np.asarray(expert_scales, F32)
+        inside = (idx >= 0) & (idx < es.shape[0])
+        s = es[np.clip(idx, 0, max(es.shape[0] - 1, 0))] if es.shape[0] else np.ones_like(w)
+        w = np.where(inside, _weight_product(w, s), w)
     p = np.zeros(T, bool) if pad is None else np.asarray(pad).astype(bool)
     idx = np.where(p[:, None], np.int64(-1), idx)
     w = np.where(p[:, None], F32(0.0), w).astype(F32)

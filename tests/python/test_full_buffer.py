@@ -212,6 +212,60 @@ def test_stage_megamoe_routing(wdtype, idtype):
     assert_bitwise(big_w, want_w, "w full buffer")
 
 
+@pytest.mark.parametrize("alpha", [None, 0.75])
+@pytest.mark.parametrize("routing_only", [False, True])
+def test_expert_scales(alpha, routing_only):
+    """Kept weights of ids in [0, E) times their expert's scale (after alpha), the rest kept;
+    a strided table; ids past the table and negative ones; NaN / Inf / zero scales."""
+    T, H, K, E = 19, 256, 6, 150
+    h, w, ids = inputs(T, H, K, seed=8)
+    ids = ids.astype(np.int64)
+    ids[0, :3] = [-1, E - 1, E]
+    w = (w * 4 - 1).astype(np.float32)
+    w[1, 0], w[1, 1] = np.inf, np.nan
+    rng = np.random.default_rng(9)
+    table = np.full(2 * E, np.nan, np.float32)
+    es = table[::2]  # a strided view
+    es[:] = rng.uniform(-3, 3, E).astype(np.float32)
+    ids[1, :4] = [5, 6, 3, 4]
+    es[5], es[3], es[4] = 0.0, np.nan, np.inf  # Inf weight times 0, NaN and Inf scales
+    pad = np.arange(T) % 4 == 3
+    rows = T + 5
+    if routing_only:
+        idx, wo = np.full((rows, K), POISON_IDX, np.int64), np.full((rows, K), np.nan, np.float32)
+        megamoe.stage_megamoe_routing(w, ids, idx, wo, pad, full_buffer=True, routed_scaling_factor=alpha,
+                                      expert_scales=es)  # fmt: skip
+    else:
+        out = outputs(T, H, K, megamoe.MXFP8, rows=rows)
+        megamoe.prepare_megamoe_inputs(h, w, ids, **out, is_padding=pad, full_buffer=True,
+                                       routed_scaling_factor=alpha, expert_scales=es)  # fmt: skip
+        idx, wo = out["topk_idx_out"], out["topk_weights_out"]
+    want_i, want_w = ref.topk(w, ids, pad, alpha, rows=rows, expert_scales=es)
+    assert_bitwise(idx, want_i, "idx")
+    assert_bitwise(wo, want_w, "weights times expert scales")
+    # the table changes weights (a test that passes with the table ignored proves nothing)
+    assert not np.array_equal(bits(want_w), bits(ref.topk(w, ids, pad, alpha, rows=rows)[1]))
+
+
+def test_expert_scales_errors_write_nothing():
+    T, H, K = 4, 128, 2
+    h, w, ids = inputs(T, H, K)
+    for es, msg in [
+        (np.ones(8, np.float64), "expert_scales: expected dtype float32"),
+        (np.ones((2, 4), np.float32), "expert_scales"),
+    ]:
+        out = outputs(T, H, K, megamoe.MXFP8)
+        before = {k: v.copy() for k, v in out.items()}
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            megamoe.prepare_megamoe_inputs(h, w, ids, **out, expert_scales=es)
+        for k in out:
+            assert_bitwise(out[k], before[k], k)
+        idx, wo = np.full((T, K), POISON_IDX, np.int64), np.full((T, K), np.nan, np.float32)
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            megamoe.stage_megamoe_routing(w, ids, idx, wo, expert_scales=es)
+        assert np.all(idx == POISON_IDX)
+
+
 def test_stage_megamoe_routing_zero_tokens_and_errors():
     e_w, e_i = np.empty((0, 4), np.float32), np.empty((0, 4), np.int32)
     megamoe.stage_megamoe_routing(None, e_i, "junk", 3)  # T == 0: nothing else read

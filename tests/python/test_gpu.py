@@ -980,6 +980,38 @@ def test_weight_scaling_special_values(alpha):
     assert_bitwise(idx.cpu().numpy(), want_i.numpy(), "routing-only ids")
 
 
+@pytest.mark.parametrize("T,H", [(1, 256), (37, 4096), (3000, 7168)])
+@pytest.mark.parametrize("alpha", [None, 2.5])
+def test_expert_scales_on_device(T, H, alpha):
+    """Per-expert scales through staging (every top-k path of the kernels: split top-k at
+    decode, the loop and tile shapes at larger T, full-buffer tail) and routing-only staging,
+    on the test device: the independent NumPy rule's bits; a strided table with zero, NaN,
+    Inf scales, ids past it and negative ones."""
+    K, E = 8, 200
+    g = torch.Generator().manual_seed(T + 11)
+    h = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ids = torch.randint(-2, 260, (T, K), generator=g, dtype=torch.int32)
+    w = torch.rand(T, K, generator=g) * 4 - 1
+    w[0, 0], w[0, 1] = float("inf"), float("nan")
+    ids[0, 0], ids[0, 1] = 5, 6
+    table = torch.rand(2 * E, generator=g) * 6 - 3
+    table[10], table[6], table[8] = 0.0, float("nan"), float("inf")  # es[5] = 0: Inf * 0
+    es = table[::2]
+    pad = (torch.arange(T) % 5 == 4).to(torch.uint8)
+    want_i, want_w = npref.topk(w.numpy(), ids.numpy(), pad.numpy(), alpha, rows=T + 3, expert_scales=es.numpy())
+    got = stage_on(DEVICE, h, w, ids, SCHEMES["MXFP8"], pad=pad, rows=T + 3, full_buffer=True,
+                   routed_scaling_factor=alpha, expert_scales=table.to(DEVICE)[::2])  # fmt: skip
+    assert_bitwise(got["topk_idx_out"].numpy(), want_i, "staged ids")
+    assert_bitwise(got["topk_weights_out"].numpy(), want_w, "staged weights times expert scales")
+    idx = torch.full((T + 3, K), -7, dtype=torch.int64, device=DEVICE)
+    wo = torch.full((T + 3, K), -7.0, device=DEVICE)
+    megamoe.stage_megamoe_routing(w.to(DEVICE), ids.to(DEVICE), idx, wo, pad.to(DEVICE), full_buffer=True,
+                                  routed_scaling_factor=alpha, expert_scales=table.to(DEVICE)[::2])  # fmt: skip
+    sync()
+    assert_bitwise(idx.cpu().numpy(), want_i, "routing-only ids")
+    assert_bitwise(wo.cpu().numpy(), want_w, "routing-only weights times expert scales")
+
+
 @cuda_only
 def test_routing_only_and_sglang_drop_ins_on_cuda():
     T, P, H, K = 40, 64, 7168, 8

@@ -143,12 +143,12 @@ def test_op_schema_text():
     assert "int quant_elem, int quant_scale, int group_m, int group_k, bool is_static, bool symmetric, " \
            "int scale2, int rounding, float amax_floor" in schema  # fmt: skip
     assert "Tensor(e!)? shared_x_sf" in schema and "Tensor? global_scale" in schema
-    assert "Tensor(f!)? x_scales, Tensor(g!)? nonfinite_count, bool full_buffer, float? routed_scaling_factor, bool enable_pdl" in schema
+    assert "Tensor(f!)? x_scales, Tensor(g!)? nonfinite_count, bool full_buffer, float? routed_scaling_factor, Tensor? expert_scales, bool enable_pdl" in schema
     assert "stream" not in schema and schema.endswith(") -> ()")
     assert PREPARE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count")
     assert ROUTING.op_schema() == (
         "(Tensor topk_weights, Tensor topk_ids, Tensor(a!) topk_idx_out, Tensor(b!) topk_weights_out, "
-        "Tensor? is_padding, bool full_buffer, float? routed_scaling_factor, bool enable_pdl) -> ()"
+        "Tensor? is_padding, bool full_buffer, float? routed_scaling_factor, Tensor? expert_scales, bool enable_pdl) -> ()"
     )
     assert ROUTE.op_schema() == (
         "(Tensor router_logits, Tensor? e_score_correction_bias, Tensor(a!) topk_weights, Tensor(b!) topk_ids, "
@@ -200,7 +200,7 @@ def test_op_values_round_trip():
     back = PREPARE.from_op_values(op, scheme_from_plain, stream=7)
     args[PREPARE.index("stream")] = 7
     assert back == args
-    with pytest.raises(TypeError, match="expected 25 op arguments, got 24"):
+    with pytest.raises(TypeError, match="expected 26 op arguments, got 25"):
         PREPARE.from_op_values(op[:-1], scheme_from_plain, stream=7)
 
 

@@ -26,7 +26,8 @@ namespace {
 // the quantizing warps before their first load (line A, 48 bytes), their scale math and
 // stores (line B), the top-k warps (lines C, D), then what only the other formats and
 // kernels read (second-level scales, the non-finite counter, the general kernels' sizes).
-enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u };
+// (kFlagExpertScales: kept weights of ids in [0, E) times escale[id].)
+enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u, kFlagExpertScales = 32u };
 
 template <typename Idx>
 struct ParamsT {
@@ -37,7 +38,7 @@ struct ParamsT {
   Idx n_chunks;              // fast path: T * cpr
   uint32_t quant_blocks;     // split-topk / tile: blocks below quantize, the rest repack top-k
   core::FastDivU32 cpr_div;  // fast path: chunk index -> row (32-bit modes)
-  uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16, alpha
+  uint32_t flags;            // kFlag*: launched with PDL, ids int64, weights bf16 / fp16, alpha, expert scales
   // B: scale math and stores.
   void* sf;
   uint32_t* shared_sf;  // nullable
@@ -69,6 +70,10 @@ struct ParamsT {
   Idx xs_s0;                         // x_scales stride
   // General kernels only.
   Idx H, G, shared_bm;
+  // Per-expert scales (kFlagExpertScales): read once a kept entry's id is known, after
+  // everything above; 64-bit because the index is an id, not an offset the host bounded.
+  const float* escale;
+  int64_t es_s0, n_experts;
 };
 using Params32 = ParamsT<uint32_t>;
 using Params64 = ParamsT<int64_t>;

@@ -22,7 +22,9 @@ struct RoutingParams {
   int64_t ids_s0, ids_s1, w_s0, w_s1, pad_s0, io_s0, io_s1, wo_s0, wo_s1;
   int64_t T, M, K;
   float alpha;
-  uint32_t flags;  // kFlag*: launched with PDL, ids int64, weights bf16 / fp16, alpha
+  uint32_t flags;  // kFlag*: launched with PDL, ids int64, weights bf16 / fp16, alpha, expert scales
+  const float* escale;
+  int64_t es_s0, n_experts;
 };
 
 __global__ void __launch_bounds__(256) routing_kernel(const RoutingParams p) {

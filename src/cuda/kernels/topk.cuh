@@ -29,7 +29,8 @@ __device__ __forceinline__ void mark_empty(const P& p, Idx t, Idx k) {
 
 /// Top-k entry (t, k), t < T: padded rows get id -1 and weight 0, others a copy (ids
 /// widened to int64, weights to fp32, times the routed scaling factor when the call has
-/// one: one fp32 product). Both loads (and the padding flag's) issue before any use.
+/// one, then the expert's scale when it has a table: one fp32 product each). Both loads
+/// (and the padding flag's) issue before any use.
 /// P: the staging kernels' ParamsT<Idx> or the routing-only kernel's RoutingParams (the
 /// same top-k fields and kFlag bits).
 template <typename Idx, typename P>
@@ -47,7 +48,12 @@ __device__ __forceinline__ void repack_entry(const P& p, Idx t, Idx k) {
   const float w = (p.flags & kFlagWBF16)  ? core::bf16_to_float(static_cast<uint16_t>(wbits))
                   : (p.flags & kFlagWF16) ? core::half_to_float(static_cast<uint16_t>(wbits))
                                           : core::bits_float(wbits);
-  const float wk = (p.flags & kFlagAlpha) ? core::scale_weight(w, p.alpha) : w;
+  float wk = (p.flags & kFlagAlpha) ? core::scale_weight(w, p.alpha) : w;
+  // The expert's scale: a load that depends on the id, so only where the call has a table
+  // and the entry is kept with an id inside it.
+  if ((p.flags & kFlagExpertScales) && pad == 0 && id >= 0 && id < p.n_experts) {
+    wk = core::scale_weight(wk, p.escale[id * p.es_s0]);
+  }
   store_entry(p, t, k, pad != 0 ? int64_t{-1} : id, pad != 0 ? 0.0f : wk);
 }
 

@@ -124,6 +124,11 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Pla
   prm.G = I(p.G);
   prm.n_topk = I((plan.fused_tail ? p.M : p.T) * p.K);
   prm.alpha = p.alpha;
+  if (a.expert_scales) {
+    prm.escale = static_cast<const float*>(a.expert_scales->data);
+    prm.es_s0 = a.expert_scales->strides[0];
+    prm.n_experts = p.E;
+  }
   prm.k_div = fastdiv_of(p.K);
   prm.cpr = I(p.H / kChunkElems);
   prm.n_chunks = I(p.T * (p.H / kChunkElems));
@@ -138,7 +143,7 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Pla
               (a.topk_ids.dtype == DType::kInt64 ? kFlagIdsI64 : 0u) |
               (a.topk_weights.dtype == DType::kBFloat16 ? kFlagWBF16 : 0u) |
               (a.topk_weights.dtype == DType::kFloat16 ? kFlagWF16 : 0u) |
-              (p.has_alpha ? kFlagAlpha : 0u);
+              (p.has_alpha ? kFlagAlpha : 0u) | (p.has_expert_scales ? kFlagExpertScales : 0u);
   return prm;
 }
 

@@ -40,6 +40,12 @@ void routing_aligned(const RoutingArgs& a, const detail::Problem& pr, Stream str
   p.alpha = pr.alpha;
   uint32_t f = a.enable_pdl ? kFlagPdl : 0u;
   if (pr.has_alpha) f |= kFlagAlpha;
+  if (pr.has_expert_scales) {
+    f |= kFlagExpertScales;
+    p.escale = static_cast<const float*>(a.expert_scales->data);
+    p.es_s0 = a.expert_scales->strides[0];
+    p.n_experts = pr.E;
+  }
   if (a.topk_ids.dtype == DType::kInt64) f |= kFlagIdsI64;
   if (a.topk_weights.dtype == DType::kBFloat16) f |= kFlagWBF16;
   if (a.topk_weights.dtype == DType::kFloat16) f |= kFlagWF16;

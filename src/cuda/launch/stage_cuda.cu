@@ -101,6 +101,7 @@ RoutingArgs routing_args_of(const StageArgs& a) {
   r.topk_idx_out = a.topk_idx_out;
   r.topk_weights_out = a.topk_weights_out;
   r.routed_scaling_factor = a.routed_scaling_factor;
+  r.expert_scales = a.expert_scales;
   r.full_buffer = a.full_buffer;
   r.enable_pdl = a.enable_pdl;
   return r;
@@ -120,6 +121,7 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
   RoutingArgs r = routing_args_of(a);
   r.is_padding.reset();  // no input row is read for the tail
   r.routed_scaling_factor.reset();
+  r.expert_scales.reset();
   r.topk_idx_out = from_row(a.topk_idx_out);
   r.topk_weights_out = from_row(a.topk_weights_out);
   r.full_buffer = true;
@@ -128,6 +130,7 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
   q.M = p.M - p.T;
   q.has_padding = false;
   q.has_alpha = false;
+  q.has_expert_scales = false;
   stage_routing(r, q, stream);
 }
 
