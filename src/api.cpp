@@ -10,6 +10,7 @@
 #include "cpu/fp_env.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
 #include "contract/validate.h"
@@ -87,6 +88,21 @@ void dispatch_router(const RouterArgs& r, const StageArgs* stage, const detail::
 #endif
 }
 
+/// rmsnorm_and_stage on the tensors' device.
+void dispatch_norm(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (n.x.device.type == Device::Type::kCPU) {
+    cpu::rmsnorm_and_stage(n, s, p);
+    return;
+  }
+  (void)stream;
+  // The fused norm + staging kernel is not in this build yet: a clear refusal before
+  // anything is written, never a partial result.
+  throw Error(ErrorCode::kUnsupported,
+              "megamoe: rmsnorm_and_stage: x: expected a CPU tensor (the CUDA backend does not run "
+              "rmsnorm_and_stage yet), got device " + to_string(n.x.device));
+}
+
 }  // namespace
 
 const char* to_string(ErrorCode code) noexcept {
@@ -134,6 +150,9 @@ Status try_stage_routing(const RoutingArgs& args, Stream stream) noexcept {
 Status try_route_and_stage(const RouterArgs& router, const StageArgs& stage, Stream stream) noexcept {
   return status_of([&] { route_and_stage(router, stage, stream); });
 }
+Status try_rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream stream) noexcept {
+  return status_of([&] { rmsnorm_and_stage(norm, stage, stream); });
+}
 Status try_route(const RouterArgs& router, Stream stream) noexcept {
   return status_of([&] { route(router, stream); });
 }
@@ -158,6 +177,12 @@ void route(const RouterArgs& router, Stream stream) {
   guarded("route", [&] { dispatch_router(router, nullptr, detail::validate_router(router, nullptr), stream); });
 }
 
+void rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream stream) {
+  guarded("rmsnorm_and_stage", [&] { dispatch_norm(norm, stage, detail::validate_norm(norm, stage), stream); });
+}
+void validate_rmsnorm(const RmsNormArgs& norm, const StageArgs& stage) {
+  guarded("validate_rmsnorm", [&] { (void)detail::validate_norm(norm, stage); });
+}
 void validate_router(const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });
 }

@@ -14,6 +14,7 @@
 #include "core/router.h"
 #include "check.h"
 #include "megamoe/error.h"
+#include "megamoe/norm.h"
 #include "scheme.h"
 
 namespace megamoe {
@@ -130,6 +131,16 @@ void check_device(const TensorRef& t, const char* name) {
 
 bool overlaps(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; }
 
+/// The same elements at the same addresses: data, dtype, shape and strides (of each
+/// dimension with more than one element) equal.
+bool same_view(const TensorRef& a, const TensorRef& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  }
+  return true;
+}
+
 /// The top-k tensors of a staging or routing-only call.
 struct TopkRefs {
   const TensorRef& w;
@@ -225,6 +236,7 @@ bool check_memory(const std::vector<NamedTensor>& all, const Device& dev) {
     const Span si = byte_span(*all[i].t);
     for (size_t j = 0; j < all.size(); ++j) {
       if (j == i || (all[j].output && j < i)) continue;
+      if (all[i].in_place_of == all[j].t && same_view(*all[i].t, *all[j].t)) continue;
       if (overlaps(si, byte_span(*all[j].t))) {
         fail(nullptr, all[i].name, std::string("memory disjoint from ") + all[j].name, "overlapping memory");
       }
@@ -283,6 +295,18 @@ std::vector<NamedTensor> named_tensors(const RoutingArgs& a) {
                                   {&a.topk_weights_out, "topk_weights_out", true}};
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
   if (a.expert_scales) all.push_back({&*a.expert_scales, "expert_scales", false});
+  return all;
+}
+
+std::vector<NamedTensor> named_tensors(const RmsNormArgs& n, const StageArgs& s) {
+  std::vector<NamedTensor> all = {{&n.x, "x", false}, {&n.weight, "weight", false}};
+  if (n.residual) all.push_back({&*n.residual, "residual", false});
+  if (n.y) all.push_back({&*n.y, "y", true, &n.x});
+  if (n.residual_out) all.push_back({&*n.residual_out, "residual_out", true, n.residual ? &*n.residual : nullptr});
+  // The staging's hidden states are the norm's rows (x, or y when written), listed above.
+  for (const NamedTensor& t : named_tensors(s)) {
+    if (t.t != &s.hidden_states) all.push_back(t);
+  }
   return all;
 }
 
@@ -602,6 +626,61 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   p.has_padding = p.stage.has_padding;
   // Overlaps across both argument sets.
   p.misaligned = check_memory(named_tensors(r, stage), lg.device);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// The RMSNorm producer (include/megamoe/norm.h).
+
+StageArgs staged_args(const TensorRef& y, const StageArgs& s) {
+  StageArgs a = s;
+  a.hidden_states = y;
+  return a;
+}
+
+NormProblem validate_norm(const RmsNormArgs& n, const StageArgs& s) {
+  NormProblem p;
+  check_rank(n.x, "x", 2);
+  p.T = n.x.shape[0];
+  p.H = n.x.shape[1];
+  if (returns_at_once(p.T, s.full_buffer)) return p;
+  check_dtype(n.x, "x", {DType::kBFloat16});
+  // The mean divides by H as an fp32, exact up to 2^24 (staging needs H % 128 == 0).
+  MEGAMOE_CHECK(p.H <= (int64_t{1} << 24), "x", "at most 2^24 columns", "shape " + n.x.shape_str());
+  p.has_residual = n.residual.has_value();
+  if (p.has_residual) {
+    check_shape2(*n.residual, "residual", p.T, p.H);
+    check_dtype(*n.residual, "residual", {DType::kBFloat16});
+  }
+  check_rank(n.weight, "weight", 1);
+  MEGAMOE_CHECK(n.weight.shape[0] == p.H, "weight", "shape (" + std::to_string(p.H) + ",)",
+                "shape " + n.weight.shape_str());
+  check_dtype(n.weight, "weight", {DType::kBFloat16, DType::kFloat32});
+  p.weight_f32 = n.weight.dtype == DType::kFloat32;
+  MEGAMOE_CHECK(std::isfinite(n.eps) && n.eps >= 0.0f, "eps", "a finite value >= 0", n.eps);
+  p.eps = n.eps;
+  if (n.y) {
+    check_shape2(*n.y, "y", p.T, p.H);
+    check_dtype(*n.y, "y", {DType::kBFloat16});
+  }
+  if (n.residual_out) {
+    if (!p.has_residual) fail(nullptr, "residual_out", "none (the call has no residual)", "a tensor");
+    check_shape2(*n.residual_out, "residual_out", p.T, p.H);
+    check_dtype(*n.residual_out, "residual_out", {DType::kBFloat16});
+  }
+  // The staging of the normalized rows: every staging rule applies (the rows stand in as
+  // its hidden states: y when written, else x, which has their shape and dtype; the
+  // staging's messages name them as the caller does).
+  const char* rows = n.y ? "y" : "x";
+  try {
+    p.stage = validate_args(staged_args(n.y ? *n.y : n.x, s));
+  } catch (const Error& e) {
+    std::string m = e.what();
+    const std::string from = "hidden_states";
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + 1)) m.replace(at, from.size(), rows);
+    throw Error(e.code(), m);
+  }
+  p.misaligned = check_memory(named_tensors(n, s), n.x.device);
   return p;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "formats/format_list.h"
+#include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
 
@@ -82,6 +83,24 @@ const TensorRef* router_padding(const RouterArgs& r, const StageArgs* stage);
 /// True when a router call has work (tokens, or a fused full-buffer tail).
 inline bool has_work(const RouterProblem& p) { return p.T > 0 || (p.fused && has_work(p.stage)); }
 
+/// Sizes and options resolved from validated RmsNormArgs (rmsnorm_and_stage).
+struct NormProblem {
+  int64_t T = 0;               ///< rows of x
+  int64_t H = 0;               ///< columns of x
+  float eps = 0.0f;            ///< the norm's epsilon
+  bool has_residual = false;   ///< residual given: z = bf16(x + residual)
+  bool weight_f32 = false;     ///< fp32 weight (else bf16)
+  bool misaligned = false;     ///< a tensor of the call off its element size
+  Problem stage;               ///< the staging of staged_args(norm, stage)
+};
+/// Check an rmsnorm_and_stage call; throws megamoe::Error before anything is written.
+NormProblem validate_norm(const RmsNormArgs& n, const StageArgs& s);
+/// The staging the call performs: @p s with the normalized rows (@p y, a [T, H] bf16
+/// tensor) as its hidden states.
+StageArgs staged_args(const TensorRef& y, const StageArgs& s);
+/// True when a norm call has work (rows, or a full-buffer tail).
+inline bool has_work(const NormProblem& p) { return p.T > 0 || has_work(p.stage); }
+
 /// Element offsets, relative to the data pointer, of a tensor's first and last elements in
 /// address order: lo <= 0 <= hi (both 0 for an empty tensor).
 struct Extent {
@@ -98,6 +117,9 @@ struct NamedTensor {
   const TensorRef* t;
   const char* name;
   bool output;
+  /// An output that may be this input given as the very same view (in place: the norm's y
+  /// and x, residual_out and residual); any other overlap is rejected.
+  const TensorRef* in_place_of = nullptr;
 };
 /// A non-empty tensor whose data pointer is not a multiple of its element size.
 bool element_misaligned(const TensorRef& t);
@@ -129,6 +151,8 @@ int move_misaligned_to_dense(const std::vector<NamedTensor>& all, Place place) {
 
 std::vector<NamedTensor> named_tensors(const StageArgs& args);
 std::vector<NamedTensor> named_tensors(const RoutingArgs& args);
+/// An rmsnorm_and_stage call's tensors: the norm's and the staging's but its hidden states.
+std::vector<NamedTensor> named_tensors(const RmsNormArgs& n, const StageArgs& s);
 /// A router call's tensors: the router's (outputs: the public top-k, the load, the counter)
 /// and, for route_and_stage (@p stage non-null), the staging's but its top-k inputs.
 std::vector<NamedTensor> named_tensors(const RouterArgs& args, const StageArgs* stage);

@@ -76,6 +76,15 @@ MEGAMOE_HD float mul_rn(float a, float b) {
 #endif
 }
 
+/// fp32 sum rounded to nearest even.
+MEGAMOE_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 /// IEEE fp32 division rounded to nearest even.
 MEGAMOE_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)

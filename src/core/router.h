@@ -103,14 +103,6 @@ MEGAMOE_HD double bits_double(uint64_t u) {
   return d;
 #endif
 }
-/// fp32 sum rounded to nearest even.
-MEGAMOE_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 /// IEEE fp32 square root (correctly rounded).
 MEGAMOE_HD float sqrt_rn(float x) {
 #if defined(__CUDA_ARCH__)

@@ -9,6 +9,8 @@ namespace cpu {
 
 /// Stage validated @p args on the host (any strides; threads for large problems).
 void prepare_inputs(const StageArgs& args, const detail::Problem& p);
+/// rmsnorm_and_stage on the host (norm_cpu.cpp).
+void rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, const detail::NormProblem& p);
 
 /// The top-k tensors of a call (pad may be null).
 struct TopkIO {
