@@ -22,6 +22,7 @@ namespace cuda {
 void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stream);
 void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream);
 void route(const RouterArgs& r, const StageArgs* stage, const detail::RouterProblem& p, Stream stream);
+void rmsnorm_and_stage(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream);
 }
 bool has_cuda_backend() noexcept { return true; }
 #else
@@ -95,12 +96,13 @@ void dispatch_norm(const RmsNormArgs& n, const StageArgs& s, const detail::NormP
     cpu::rmsnorm_and_stage(n, s, p);
     return;
   }
+#if MEGAMOE_WITH_CUDA
+  cuda::rmsnorm_and_stage(n, s, p, stream);
+#else
   (void)stream;
-  // The fused norm + staging kernel is not in this build yet: a clear refusal before
-  // anything is written, never a partial result.
   throw Error(ErrorCode::kUnsupported,
-              "megamoe: rmsnorm_and_stage: x: expected a CPU tensor (the CUDA backend does not run "
-              "rmsnorm_and_stage yet), got device " + to_string(n.x.device));
+              "megamoe: x: expected a CPU tensor (this build has no CUDA backend), got device " + to_string(n.x.device));
+#endif
 }
 
 }  // namespace

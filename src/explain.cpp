@@ -17,6 +17,7 @@ namespace cuda {
 std::string explain_plan(const StageArgs& a, const detail::Problem& p);
 std::string explain_routing(const RoutingArgs& a, const detail::Problem& p);
 std::string explain_router(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p);
+std::string explain_norm(const detail::NormProblem& p, bool enable_pdl, int device);
 }  // namespace cuda
 #endif
 
@@ -104,7 +105,31 @@ std::string describe(const RouterArgs& r, const StageArgs* stage) {
 #endif
 }
 
+std::string describe(const RmsNormArgs& n, const StageArgs& s) {
+  const detail::NormProblem p = detail::validate_norm(n, s);
+  if (!detail::has_work(p)) return (n.x.device.type == Device::Type::kCPU ? "cpu" : "cuda") + std::string(" backend: nothing to do (T == 0)");
+  const std::string sizes = "T=" + std::to_string(p.T) + " H=" + std::to_string(p.H);
+  if (n.x.device.type == Device::Type::kCPU) {
+    return "cpu backend: rmsnorm " + sizes + (p.has_residual ? " with residual" : "") +
+           " over token rows (worker threads for large problems), then " + describe(detail::staged_args(n.y ? *n.y : n.x, s));
+  }
+#if MEGAMOE_WITH_CUDA
+  // Without y the rows go to dense stream-ordered scratch: the staging plan is that of a
+  // dense [T, H] bf16 tensor (at a stand-in address; nothing is read).
+  TensorRef rows = n.y ? *n.y : TensorRef(scratch_address({}), DType::kBFloat16, {p.T, p.H}, n.x.device);
+  return "cuda backend: launch 1: " + cuda::explain_norm(p, s.enable_pdl, n.x.device.index) + " (" + sizes +
+         (p.has_residual ? ", residual" : "") + (n.y ? ", rows to y" : ", rows to scratch") + "); launch 2: " +
+         describe(detail::staged_args(rows, s));
+#else
+  return "this build has no CUDA backend: x is on " + to_string(n.x.device) + " and rmsnorm_and_stage would throw (kUnsupported)";
+#endif
+}
+
 }  // namespace
+
+std::string explain(const RmsNormArgs& norm, const StageArgs& stage) {
+  return detail::guarded("explain", [&] { return describe(norm, stage); });
+}
 
 std::string explain(const StageArgs& args) {
   return detail::guarded("explain", [&] { return describe(args); });

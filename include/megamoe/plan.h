@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
 
@@ -33,5 +34,10 @@ std::string explain(const RouterArgs& router);
 /// launch) ... | quantizing blocks: <the staging plan>"), the router kernel then the staging
 /// plan's kernel (generic and row-kernel plans), or the router kernel alone (T == 0, H == 0).
 std::string explain(const RouterArgs& router, const StageArgs& stage);
+
+/// @brief The same for rmsnorm_and_stage(): on CUDA two launches, "launch 1: kernel=rmsnorm
+/// threads=... grid=... smem=... per_thread=... pdl=... (rows to y | rows to scratch);
+/// launch 2: <the staging plan of the normalized rows>".
+std::string explain(const RmsNormArgs& norm, const StageArgs& stage);
 
 }  // namespace megamoe

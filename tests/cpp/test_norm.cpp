@@ -150,8 +150,12 @@ void run_and_check(NormCase& c, const QuantScheme& q, bool want_y, bool want_ro,
   megamoe::StageArgs s = fused.args(c, q, rows);
   megamoe::RmsNormArgs n = c.args(want_y, want_ro && c.residual);
   ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s));
-  if (want_y) ASSERT_EQ(dense(c, c.yb), y_ref) << "y";
-  if (want_ro && c.residual) ASSERT_EQ(dense(c, c.rob), z_ref) << "residual_out";
+  if (want_y) {
+    ASSERT_EQ(dense(c, c.yb), y_ref) << "y";
+  }
+  if (want_ro && c.residual) {
+    ASSERT_EQ(dense(c, c.rob), z_ref) << "residual_out";
+  }
   // prepare_inputs of the reference's rows: the same bytes.
   megamoe::StageArgs p = plain.args(c, q, rows);
   p.hidden_states = TensorRef(y_ref.data(), DType::kBFloat16, {c.T, c.H});
@@ -206,7 +210,9 @@ TEST(RmsNormAndStage, InPlaceOutputsAreTheInputsViews) {
     if (residual) n.residual_out = n.residual;
     ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s));
     ASSERT_EQ(dense(c, c.x), y_ref);
-    if (residual) ASSERT_EQ(dense(c, c.res), z_ref);
+    if (residual) {
+      ASSERT_EQ(dense(c, c.res), z_ref);
+    }
   }
   // A shifted view of x is not x: rejected, nothing written.
   NormCase c(4, 128, 2, false, false, 6u);
@@ -254,6 +260,19 @@ TEST(RmsNormAndStage, ZeroTokensFillOnlyTheTail) {
   ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s));
   for (int64_t v : st.io) ASSERT_EQ(v, -1);
   for (uint8_t v : st.xq) ASSERT_EQ(v, 0xA5);
+}
+
+TEST(RmsNormAndStage, ExplainNamesTheNormThenTheStaging) {
+  NormCase c(3, 256, 2, true, false, 4u);
+  Staged st;
+  megamoe::StageArgs s = st.args(c, QuantScheme::mxfp8(), c.T);
+  const std::string e = megamoe::explain(c.args(false, true), s);
+  EXPECT_NE(e.find("cpu backend: rmsnorm T=3 H=256 with residual"), std::string::npos) << e;
+  EXPECT_NE(e.find("then cpu backend: mxfp8"), std::string::npos) << e;
+  for (uint8_t v : st.xq) ASSERT_EQ(v, 0xA5);  // nothing runs
+  megamoe::RmsNormArgs bad = c.args(false, false);
+  bad.eps = -1.0f;
+  EXPECT_THROW(megamoe::explain(bad, s), megamoe::Error);
 }
 
 TEST(RmsNormAndStage, ErrorsWriteNothing) {

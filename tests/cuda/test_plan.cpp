@@ -887,6 +887,29 @@ TEST(CudaPlan, RouterPlanPdlNeedsSm90) {
   EXPECT_TRUE(c.route_and_stage().pdl);
 }
 
+// The norm kernel: one block a row, threads = min(N, 256) for the tree width N (the power
+// of two >= H / 16), N / threads chunk slots a thread, the row's bf16 values in shared memory.
+TEST(CudaPlan, NormPlanFollowsTheTreeWidth) {
+  const mc::DeviceInfo dev{132, 90};
+  struct Want {
+    int64_t H;
+    int threads, per_thread;
+  };
+  for (const Want w : {Want{128, 8, 1}, Want{2048, 128, 1}, Want{4096, 256, 1}, Want{7168, 256, 2},
+                       Want{mc::kNormMaxH, 256, 16}}) {
+    const mc::NormPlan np = mc::norm_plan(5, w.H, true, dev);
+    EXPECT_EQ(np.threads, w.threads) << w.H;
+    EXPECT_EQ(np.per_thread, w.per_thread) << w.H;
+    EXPECT_EQ(np.grid, 5);
+    EXPECT_EQ(np.smem, w.H * 2);
+    EXPECT_TRUE(np.pdl);
+    EXPECT_EQ(int64_t{np.threads} * np.per_thread * 16 >= w.H, true);
+  }
+  EXPECT_EQ(mc::norm_plan(0, 7168, false, dev).grid, 0);
+  EXPECT_FALSE(mc::norm_plan(3, 7168, true, mc::DeviceInfo{132, 80}).pdl);
+  EXPECT_EQ(mc::to_string(mc::norm_plan(4, 7168, false, dev)), "kernel=rmsnorm threads=256 grid=4 smem=14336 per_thread=2 pdl=off");
+}
+
 // The GPU tests' expected images come from the reference; here they are built for every
 // format and several layouts from host mirrors alone (no device needed) and compared with
 // what the CPU backend writes into the same poisoned buffers: equal images mean the

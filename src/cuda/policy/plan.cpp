@@ -390,6 +390,25 @@ std::string to_string(const RoutingPlan& rp) {
          (rp.pdl ? " pdl=on" : " pdl=off");
 }
 
+NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev) {
+  NormPlan np;
+  if (T == 0 || H == 0) return np;
+  int64_t width = 1;  // N: the power of two >= H / 16
+  while (width < H / 16) width *= 2;
+  np.threads = static_cast<int>(std::min<int64_t>(width, kNormMaxThreads));
+  np.per_thread = static_cast<int>(width / np.threads);
+  np.grid = T;
+  np.smem = H * 2;
+  np.pdl = enable_pdl && dev.arch >= 90;
+  return np;
+}
+
+std::string to_string(const NormPlan& np) {
+  return "kernel=rmsnorm threads=" + std::to_string(np.threads) + " grid=" + std::to_string(np.grid) +
+         " smem=" + std::to_string(np.smem) + " per_thread=" + std::to_string(np.per_thread) +
+         (np.pdl ? " pdl=on" : " pdl=off");
+}
+
 namespace {
 
 /// Router blocks of @p threads threads for T tokens whose staged outputs (when @p staged)

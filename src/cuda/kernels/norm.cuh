@@ -1,0 +1,88 @@
+// norm.cuh: rmsnorm_and_stage's norm kernel (core/rmsnorm.h, docs/CONTRACT.md "RMSNorm and
+// stage"): one block a row. Thread t of P = blockDim.x (a power of two, N / P chunks each)
+// reads chunks t, t + P, ... of the row (the residual added, z kept in shared memory as
+// bf16 and written to residual_out), sums each chunk's squares in order, folds its own
+// chunk sums highest first (the tree's levels h >= P pair a thread's chunks k and
+// k + m/2), then the block folds the P partial sums by the remaining levels h = P/2 .. 1
+// in shared memory; every thread then has S, the row's scale, and writes y over its
+// chunks. Any strides; 16-bit element accesses (misaligned tensors run on aligned copies).
+#pragma once
+
+#include <cstdint>
+
+#include "core/rmsnorm.h"
+#include "cuda/kernels/common.cuh"
+
+namespace megamoe {
+namespace cuda {
+namespace {
+
+struct NormParams {
+  const uint16_t* x;
+  const uint16_t* res;   // nullable
+  const void* w;         // bf16 or fp32 (w_f32)
+  uint16_t* y;
+  uint16_t* res_out;     // nullable
+  int64_t x_s0, x_s1, r_s0, r_s1, w_s0, y_s0, y_s1, ro_s0, ro_s1;
+  int64_t H;
+  float eps;
+  int per_thread;        // N / blockDim.x chunk slots a thread folds
+  bool w_f32;
+  bool pdl;
+};
+
+constexpr int kNormMaxPerThread = 16;  // kNormMaxH / 16 / kNormMaxThreads
+
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const NormParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+  extern __shared__ uint16_t z_s[];  // the row's z, H values
+  __shared__ float red[256];
+  const int64_t t = blockIdx.x;
+  const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int64_t n = p.H / core::kNormChunk;
+  float v[kNormMaxPerThread];
+  for (int k = 0; k < p.per_thread; ++k) {
+    const int64_t j = tid + static_cast<int64_t>(k) * P;
+    float c = 0.0f;
+    if (j < n) {
+      float z[core::kNormChunk];
+      for (int i = 0; i < core::kNormChunk; ++i) {
+        const int64_t h = j * core::kNormChunk + i;
+        uint16_t b = p.x[t * p.x_s0 + h * p.x_s1];
+        if (p.res != nullptr) {
+          b = core::norm_add(b, p.res[t * p.r_s0 + h * p.r_s1]);
+          if (p.res_out != nullptr) p.res_out[t * p.ro_s0 + h * p.ro_s1] = b;
+        }
+        z_s[h] = b;
+        z[i] = core::bf16_to_float(b);
+      }
+      c = core::norm_chunk_sumsq(z);
+    }
+    v[k] = c;
+  }
+  // The tree's levels h >= P: within a thread (slot k holds chunk tid + k P).
+  for (int m = p.per_thread; m > 1; m /= 2) {
+    for (int k = 0; k < m / 2; ++k) v[k] = core::add_rn(v[k], v[k + m / 2]);
+  }
+  red[tid] = v[0];
+  __syncthreads();
+  for (int h = P / 2; h >= 1; h /= 2) {
+    if (tid < h) red[tid] = core::add_rn(red[tid], red[tid + h]);
+    __syncthreads();
+  }
+  const float s = core::norm_scale(red[0], p.H, p.eps);
+  for (int64_t h = tid; h < p.H; h += P) {
+    const float w = p.w_f32 ? static_cast<const float*>(p.w)[h * p.w_s0]
+                            : core::bf16_to_float(static_cast<const uint16_t*>(p.w)[h * p.w_s0]);
+    p.y[t * p.y_s0 + h * p.y_s1] = core::norm_element(core::bf16_to_float(z_s[h]), s, w);
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace megamoe
