@@ -423,6 +423,11 @@ Problem validate_args(const StageArgs& a) {
                   sf.ndim >= 0 && sf.ndim <= 2 ? "shape " + sf.shape_str() : std::to_string(sf.ndim) + "-D tensor");
     if (empty) check_spec(sf, "x_sf", out.x_sf, sf.dtype);
   } else {
+    // None in Python: no tensor, which only a format without scales takes.
+    if (a.x_sf.ndim == 0 && a.x_sf.data == nullptr) {
+      fail(nullptr, "x_sf", "a " + out.x_sf.shape_str() + " tensor (" + core::format_name(p.fmt) + " writes scales)",
+           "none");
+    }
     check_spec(a.x_sf, "x_sf", out.x_sf);
   }
   // Second-level scales: present exactly when the format has them.

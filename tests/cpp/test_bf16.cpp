@@ -333,6 +333,33 @@ TEST(Bf16Random, FullBufferTailAndUntouchedRows) {
   }
 }
 
+TEST(Bf16Random, RouteAndStageStagesTheSameBytes) {
+  // route_and_stage: the router's top-k, then the bf16 copy, as prepare_inputs on that top-k.
+  const int64_t T = 6, H = 256, K = 4, E = 64;
+  Call c(T, H, K, DType::kFloat16, H, 1, H, 1);
+  std::mt19937 rng(9);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) c.set(t, h, rng() & 0xFFFFu);
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  for (float& l : logits) l = static_cast<float>(rng() % 1000) / 100.0f;
+  std::vector<int32_t> ids(static_cast<size_t>(T * K));
+  std::vector<float> w(static_cast<size_t>(T * K));
+  megamoe::RouterArgs r;
+  r.router_logits = TensorRef(logits.data(), DType::kFloat32, {T, E});
+  r.top_k = K;
+  r.topk_ids = TensorRef(ids.data(), DType::kInt32, {T, K});
+  r.topk_weights = TensorRef(w.data(), DType::kFloat32, {T, K});
+  StageArgs a = c.args(false);
+  megamoe::route_and_stage(r, a);
+  c.check_xq();
+  // The staged top-k is the router's public top-k, widened.
+  for (int64_t i = 0; i < T * K; ++i) {
+    int64_t gi;
+    std::memcpy(&gi, c.idx_out.b.data() + i * 8, 8);
+    EXPECT_EQ(gi, ids[static_cast<size_t>(i)]);
+  }
+}
+
 TEST(Bf16Random, TZeroReturnsAtOnce) {
   Call c(0, 128, 2, DType::kBFloat16, 128, 1, 128, 1);
   megamoe::prepare_inputs(c.args());
@@ -443,6 +470,13 @@ TEST(Bf16Validation, XsfEmptyOrAbsentOnly) {
   expect_rejected("x_sf", [](StageArgs& a) { a.x_sf = TensorRef(words, DType::kInt32, {3, 0}); });
   expect_rejected("x_sf", [](StageArgs& a) { a.x_sf = TensorRef(words, DType::kInt32, {2}); });
   expect_rejected("no scales", [](StageArgs& a) { a.x_sf = TensorRef(words, DType::kFloat32, {2, 4}); });
+  // Every other format needs its scales: an absent x_sf is named there.
+  static uint8_t fp8[256];
+  expect_rejected("writes scales", [](StageArgs& a) {
+    a.hidden_quant = QuantScheme::mxfp8();
+    a.x_q = TensorRef(fp8, DType::kFloat8E4M3, {2, 128});
+    a.x_sf = TensorRef();
+  });
 }
 
 TEST(Bf16Validation, NoSharedNoSecondLevelScales) {
