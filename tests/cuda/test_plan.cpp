@@ -546,10 +546,10 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   EXPECT_NE(verdict(n, r), "ok") << "row kernel blocks beyond kRowwiseMaxThreads";
   // A role no kernel has (a plan is a value a caller can build).
   mc::Plan u = base;
-  u.role = static_cast<mc::Role>(3);
+  u.role = static_cast<mc::Role>(static_cast<int>(mc::Role::kCopy) + 1);  // past the last role
   EXPECT_NE(verdict(c, u).find("unknown kernel role"), std::string::npos) << verdict(c, u);
   mc::Plan un = np;
-  un.role = static_cast<mc::Role>(3);
+  un.role = static_cast<mc::Role>(static_cast<int>(mc::Role::kCopy) + 1);
   EXPECT_NE(verdict(n, un).find("unknown kernel role"), std::string::npos) << verdict(n, un);
 }
 
