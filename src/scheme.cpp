@@ -20,6 +20,7 @@ const char* elem_name(QuantElem e) {
     case QuantElem::kFloat8E5M2: return "fp8_e5m2";
     case QuantElem::kInt8: return "int8";
     case QuantElem::kFloat4E2M1: return "fp4_e2m1";
+    case QuantElem::kBFloat16: return "bf16";
   }
   return "unknown element type";
 }
@@ -29,6 +30,7 @@ const char* scale_name(ScaleType s) {
     case ScaleType::kFloat32: return "float32";
     case ScaleType::kFloat16: return "float16";
     case ScaleType::kFloat8E4M3: return "fp8_e4m3";
+    case ScaleType::kNone: return "none";
   }
   return "unknown scale type";
 }
@@ -83,13 +85,17 @@ namespace {
 /// The format of @p q's codecs, group and second-level scale, with a finite floor that is 0
 /// or positive (resolve_format adds the format's own bound on positive floors).
 bool resolve_shape(const QuantScheme& q, core::Format* out) {
-  const bool common = q.group_m == 1 && q.symmetric && !q.is_static && q.group_k > 0 &&
-                      std::isfinite(q.amax_floor) && q.amax_floor >= 0.0f;
+  const bool common = q.group_m == 1 && q.symmetric && !q.is_static && std::isfinite(q.amax_floor) &&
+                      q.amax_floor >= 0.0f;
   if (!common) return false;
   // The first registry row whose codecs, second-level scale, group and tie rule the scheme
-  // names (rows that accept Rounding::kDefault come before their other-rule siblings).
+  // names (rows that accept Rounding::kDefault come before their other-rule siblings). A
+  // row without scales has no groups: group_k 0.
   for (const core::FormatRow& r : core::kFormatRows) {
-    const bool group = r.group == 0 ? 128 % q.group_k == 0 : q.group_k == r.group;
+    const bool group = core::passthrough(r.format) ? q.group_k == 0
+                       : q.group_k <= 0            ? false
+                       : r.group == 0              ? 128 % q.group_k == 0
+                                                   : q.group_k == r.group;
     if (r.qelem == q.elem && r.scale == q.scale && r.s2 == q.scale2 && group &&
         (r.rounds & core::round_bit(q.rounding)) != 0) {
       return *out = r.format, true;
@@ -117,6 +123,13 @@ core::Format format_of(const QuantScheme& q) {
                     "(the unit scale); got " +
                     float_text(q.amax_floor) + " in " + to_string(q) + ".");
   }
+  if (q.elem == QuantElem::kBFloat16 || q.scale == ScaleType::kNone) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "megamoe: hidden_quant: bf16 pass-through staging takes bf16 elements without scales "
+                "(scale none, group_k 0, group_m 1, scale2 none), dynamic, symmetric, default or "
+                "nearest-even rounding, a finite amax_floor that is 0 or positive (ignored); got " +
+                    to_string(q) + ".");
+  }
   if (q.elem == QuantElem::kFloat4E2M1) {
     throw Error(ErrorCode::kInvalidArgument,
                 "megamoe: hidden_quant: fp4 e2m1 staging supports MXFP4 (UE8M0 scales, groups of 1x32) "
@@ -135,12 +148,12 @@ std::string scheme_name(const QuantScheme& q) {
   // Formats of any group size carry it in the name, but for the OCP MX name of e4m3 with
   // UE8M0 scales over 32 elements.
   std::string n = core::format_name(f);
-  if (core::fixed_group_of(f) == 0) {
+  if (core::fixed_group_of(f) == 0 && !core::passthrough(f)) {
     const bool mx = core::elem_of(f) == core::Elem::kE4M3 && core::sf_of(f) == core::Sf::kUE8M0x4 && q.group_k == 32;
     n = mx ? "mxfp8" : n + "_g" + std::to_string(q.group_k);
   }
-  // Every format but the static second-level scale's reads the floor.
-  if (!(q.amax_floor == 1e-4f) && core::row_of(f).s2 != Scale2::kStatic) n += "+floor=" + float_text(q.amax_floor);
+  // Every format but the static second-level scale's and bf16 (no scales) reads the floor.
+  if (!(q.amax_floor == 1e-4f) && core::row_of(f).s2 != Scale2::kStatic && !core::passthrough(f)) n += "+floor=" + float_text(q.amax_floor);
   return n;
 }
 
@@ -174,10 +187,16 @@ namespace detail {
 OutputShapes output_shapes_of(core::Format f, const QuantScheme& q, int64_t T, int64_t H, int64_t K) {
   OutputShapes o;
   const bool fp4 = core::values_per_byte(f) == 2;
-  const DType xq = fp4 ? DType::kUInt8 : core::elem_of(f) == core::Elem::kE5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+  const DType xq = fp4                                       ? DType::kUInt8
+                   : core::elem_of(f) == core::Elem::kE5M2    ? DType::kFloat8E5M2
+                   : core::elem_of(f) == core::Elem::kBF16    ? DType::kBFloat16
+                                                              : DType::kFloat8E4M3;
   const int64_t G = q.group_k;
   o.x_q = spec2(xq, T, H / core::values_per_byte(f));
-  o.x_sf = core::packed_scales(f) ? spec2(DType::kInt32, T, H / (4 * G)) : spec2(DType::kFloat32, T, H / G);
+  // No scales: x_sf is [T, 0] (the validator also takes no tensor at all).
+  o.x_sf = core::passthrough(f)      ? spec2(DType::kFloat32, T, 0)
+           : core::packed_scales(f) ? spec2(DType::kInt32, T, H / (4 * G))
+                                    : spec2(DType::kFloat32, T, H / G);
   o.topk_idx_out = spec2(DType::kInt64, T, K);
   o.topk_weights_out = spec2(DType::kFloat32, T, K);
   if (core::row_of(f).s2 == Scale2::kPerToken) o.x_scales = spec1(DType::kFloat32, T);
@@ -219,6 +238,11 @@ OutputShapes output_shapes(int64_t T, int64_t H, int64_t K, const QuantScheme& s
   OutputShapes o = detail::output_shapes_of(f, scheme, T, H, K);
   if (shared_block_m) {
     const int64_t bm = *shared_block_m;
+    if (core::passthrough(f)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "megamoe: shared_x_sf: bf16 pass-through has no scales to copy for the shared experts "
+                  "(they read the bf16 x_q); pass no shared_x_sf / shared_block_m.");
+    }
     if (core::sf_of(f) != core::Sf::kUE8M0x4) {
       throw Error(ErrorCode::kInvalidArgument,
                   "DeepSeek V4 MegaMoE shared input staging currently requires UE8M0-packed hidden "

@@ -58,6 +58,19 @@ double e2m1_value(uint8_t nibble) {
 
 std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q, int64_t T, int64_t H,
                                std::vector<double>* group_scales) {
+  if (q.elem == megamoe::QuantElem::kBFloat16) {  // bf16 pass-through: no scales (one unit scale a row)
+    std::vector<double> out(static_cast<size_t>(T * H));
+    if (group_scales != nullptr) group_scales->assign(static_cast<size_t>(H > 0 ? T : 0), 1.0);
+    const int64_t qcols = x.x_q->shape[1];
+    for (int64_t t = 0; t < (H > 0 ? T : 0); ++t) {
+      for (int64_t i = 0; i < H; ++i) {
+        uint16_t b;
+        std::memcpy(&b, x.x_q->data.data() + 2 * (t * qcols + i), 2);
+        out[static_cast<size_t>(t * H + i)] = bf16_value(b);
+      }
+    }
+    return out;
+  }
   const bool fp4 = q.elem == megamoe::QuantElem::kFloat4E2M1;
   const bool e5m2 = q.elem == megamoe::QuantElem::kFloat8E5M2;
   const bool packed = q.scale != megamoe::ScaleType::kFloat32;  // four scale bytes per word

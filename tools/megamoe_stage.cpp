@@ -72,7 +72,8 @@ const std::map<std::string, megamoe::QuantScheme>& schemes() {
       {"mxfp4", megamoe::QuantScheme::mxfp4()},
       {"mxfp4-rne", megamoe::QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)},
       {"nvfp4-static", megamoe::QuantScheme::nvfp4_static()},
-      {"nvfp4-per-token", megamoe::QuantScheme::nvfp4_per_token()}};
+      {"nvfp4-per-token", megamoe::QuantScheme::nvfp4_per_token()},
+      {"bf16", megamoe::QuantScheme::bf16()}};
   return m;
 }
 
@@ -85,9 +86,10 @@ when (t + 1) % --pad-every == 0 (no is_padding tensor when --pad-every is 0).
 Safetensors tensors read by --input (and written by --save-inputs):
   hidden_states [T, H] BF16/F16/F32, topk_ids [T, K] I32/I64,
   topk_weights [T, K] F32/BF16/F16, is_padding [T] BOOL/U8 (optional; nonzero = padded).
-Written by --output: x_fp8 [T, H] F8_E4M3 (mxfp8-e5m2: F8_E5M2; fp4 schemes: x_q
-[T, H/2] U8, column 2j in the low nibble of byte j), x_sf [T, H/(4G)] I32 (UE8M0 or, for
-nvfp4, e4m3 bytes packed little-endian, 4 per word) or [T, H/G] F32, x_scales [T] F32
+Written by --output: x_fp8 [T, H] F8_E4M3 (mxfp8-e5m2: F8_E5M2; bf16: BF16; fp4 schemes:
+x_q [T, H/2] U8, column 2j in the low nibble of byte j), x_sf [T, H/(4G)] I32 (UE8M0 or,
+for nvfp4, e4m3 bytes packed little-endian, 4 per word), [T, H/G] F32 or [T, 0] (bf16),
+x_scales [T] F32
 (nvfp4-per-token), topk_idx_out [T, K] I64, topk_weights_out [T, K] F32, and shared_x_sf
 [R, H/(4G)] I32 with --shared-block-m (rows no token maps to are 0); with --full-buffer
 every output has --max-tokens rows. Its __metadata__ (and that of --save-inputs) names
@@ -263,7 +265,8 @@ StageOutputs make_outputs(const StageInputs& in, const megamoe::QuantScheme& q, 
       static const std::map<megamoe::DType, const char*> st = {
           {megamoe::DType::kFloat8E4M3, "F8_E4M3"}, {megamoe::DType::kFloat8E5M2, "F8_E5M2"},
           {megamoe::DType::kUInt8, "U8"},           {megamoe::DType::kInt32, "I32"},
-          {megamoe::DType::kFloat32, "F32"},        {megamoe::DType::kInt64, "I64"}};
+          {megamoe::DType::kFloat32, "F32"},        {megamoe::DType::kInt64, "I64"},
+          {megamoe::DType::kBFloat16, "BF16"}};
       std::vector<int64_t> shape = {M};
       if (spec.ndim == 2) shape.push_back(spec.shape[1]);
       Tensor t(st.at(spec.dtype), shape, std::string("output '") + name + "'");
@@ -787,10 +790,11 @@ int main(int argc, char** argv) {
                  "(Hopper), fp32-g128-sm90 (fp32-g128 with DeepGEMM SM90's amax floor 1e-10), fp32-g32, "
                  "mxfp8-e5m2 (e5m2 values, UE8M0, G=32; FlashInfer's mxfp8_e5m2), mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
                  "mxfp4-rne (ties to nearest even), nvfp4-static (e2m1, e4m3 scales, G=16, "
-                 "--global-scale), nvfp4-per-token (also writes x_scales)")
+                 "--global-scale), nvfp4-per-token (also writes x_scales), bf16 (pass-through: x_fp8 is "
+                 "the input as bf16, no scales)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp8-e5m2", "mxfp4",
-                             "mxfp4-rne", "nvfp4-static", "nvfp4-per-token"}));
+                             "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "bf16"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
                  "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's; 0 gives a zero group the "

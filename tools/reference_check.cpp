@@ -125,9 +125,11 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
   // the comparison below covers the outputs' zero elements without it.
   const bool has_elements = T > 0 && (H > 0 || K > 0 || out.x_scales.has_value());
   megamoe_ref::Result ref;
+  // bf16 pass-through: the reference's top-k of any format (an fp8 one here), x_q below.
+  const bool bf16 = out.scheme.elem == megamoe::QuantElem::kBFloat16;
   if (has_elements) {
     ref = megamoe_ref::stage(hidden.data(), T, H, ids.data(), w.data(), K, in.is_padding ? pad.data() : nullptr,
-                             reference_format(out.scheme, out.global_scale));
+                             bf16 ? megamoe_ref::Format::fp8(true, 32) : reference_format(out.scheme, out.global_scale));
   }
   // The routed scaling factor: kept weights become fl(w * alpha), NaN weights keep their
   // bits, padded ones stay +0.0 (the reference itself copies the weights).
@@ -155,7 +157,21 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
   auto word = [](uint32_t v) { return hex(v, 8); };
   auto i64 = [](int64_t v) { return std::to_string(v); };
   auto f32 = [](float v) { return float_text(v); };
-  compare(r, xq_name, as<uint8_t>(out.x_fp8), ref.x_q.data(), out.x_fp8.numel(), out.x_fp8.shape[1], byte);
+  if (bf16) {
+    // The input's own bits (NaN payloads of bf16 input kept), through megamoe_ref::bf16_rne.
+    std::vector<uint16_t> want(static_cast<size_t>(T * H));
+    const Tensor& hs = in.hidden_states;
+    for (int64_t i = 0; i < T * H; ++i) {
+      if (hs.dtype == "BF16") want[static_cast<size_t>(i)] = as<uint16_t>(hs)[i];
+      else if (hs.dtype == "F16") want[static_cast<size_t>(i)] = megamoe_ref::bf16_rne_half(as<uint16_t>(hs)[i]);
+      else want[static_cast<size_t>(i)] = megamoe_ref::bf16_rne(as<float>(hs)[i]);
+    }
+    want = with_tail(want, out.x_fp8.numel(), static_cast<uint16_t>(0x0101u * kUntouchedByte));
+    compare(r, xq_name, as<uint16_t>(out.x_fp8), want.data(), out.x_fp8.numel(), out.x_fp8.shape[1],
+            [](uint16_t v) { return hex(v, 4); });
+  } else {
+    compare(r, xq_name, as<uint8_t>(out.x_fp8), ref.x_q.data(), out.x_fp8.numel(), out.x_fp8.shape[1], byte);
+  }
   const int64_t cols = out.x_sf.shape[1];
   if (out.x_scales) {
     ref.x_scales = with_tail(ref.x_scales, out.x_scales->numel(), untouched_f32);

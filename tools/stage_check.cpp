@@ -34,7 +34,9 @@ Quality measure_quality(const std::vector<float>& hidden, int64_t T, int64_t H,
   const Quantized x{&out.x_fp8, &out.x_sf, out.x_scales ? &*out.x_scales : nullptr, out.global_scale};
   std::vector<double> scales;  // [T, groups]: each group's dequantized scale
   const std::vector<double> deq = dequantize(x, out.scheme, T, H, &scales);
-  const int64_t gk = out.scheme.group_k, groups = gk > 0 ? H / gk : 0;
+  // bf16 pass-through has no groups: a row is one group of scale 1 (dequantize's).
+  const bool bf16 = out.scheme.elem == megamoe::QuantElem::kBFloat16;
+  const int64_t gk = bf16 ? H : out.scheme.group_k, groups = gk > 0 ? H / gk : 0;
   // No rows are visited without elements: T may be 2^40 with H == 0.
   const int64_t rows = groups == 0 ? 0 : T;
   for (int64_t t = 0; t < rows; ++t) {

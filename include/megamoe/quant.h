@@ -16,6 +16,10 @@
 ///    G = 16, with a second-level scale that is either static (a device fp32 scalar the
 ///    caller passes: StageArgs::global_scale) or computed per token (an extra output
 ///    StageArgs::x_scales). Presets nvfp4_static(), nvfp4_per_token().
+///  - **bf16 pass-through** (FlashInfer's Bf16InputStage; DeepGEMM's NVFP4 shared experts
+///    read bf16): x_q is [T, H] bf16, no scales (x_sf empty or absent, group_k 0). bf16
+///    input is copied bit for bit; fp16 and fp32 round to nearest even, every NaN to 0x7FC0
+///    (torch's CPU rule). Reads no floor. Preset bf16().
 /// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
 /// pre-dispatch and SGLang's kernels; 0 for FlashInfer's SM90 rule, a zero group's unit
 /// scale): with_amax_floor(). The numeric recipe of each is in
@@ -34,6 +38,7 @@ enum class ScaleType : uint8_t {
   kFloat32,     ///< plain fp32 scale
   kFloat16,     ///< fp16 scale (not accepted; exists so it can be rejected by name)
   kFloat8E4M3,  ///< fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)
+  kNone,        ///< no scales (bf16 pass-through: x_sf is empty)
 };
 
 /// @brief Element type (codec) of the quantized values.
@@ -42,6 +47,7 @@ enum class QuantElem : uint8_t {
   kFloat8E5M2,  ///< fp8 e5m2, one byte per value (MXFP8 e5m2)
   kInt8,        ///< int8 (rejected)
   kFloat4E2M1,  ///< fp4 e2m1, two values per byte (low nibble = even column)
+  kBFloat16,    ///< bf16, two bytes per value, no scales (bf16 pass-through)
 };
 
 /// @brief How a value exactly between two representable ones is rounded.
@@ -85,6 +91,10 @@ struct QuantScheme {
     QuantScheme q{QuantElem::kFloat4E2M1, ScaleType::kUE8M0, 1, 32};
     q.rounding = r;
     return q;
+  }
+  /// @brief bf16 pass-through: x_q is the input as bf16, no scales (scale kNone, group_k 0).
+  static constexpr QuantScheme bf16() noexcept {
+    return QuantScheme{QuantElem::kBFloat16, ScaleType::kNone, 1, 0};
   }
   /// @brief NVFP4 with a static global scale (DeepGEMM's fp4xfp4 MegaMoE buffers).
   static constexpr QuantScheme nvfp4_static() noexcept { return nvfp4(Scale2::kStatic); }

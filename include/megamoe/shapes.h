@@ -26,8 +26,8 @@ struct TensorSpec {
 
 /// @brief What a staging call with these sizes and scheme writes.
 struct OutputShapes {
-  TensorSpec x_q;               ///< [T, H] fp8 (also uint8) or [T, H/2] uint8 (also int8) for fp4
-  TensorSpec x_sf;              ///< [T, H/(4G)] int32 (packed UE8M0 / e4m3) or [T, H/G] float32
+  TensorSpec x_q;               ///< [T, H] fp8 (also uint8), [T, H/2] uint8 (also int8) for fp4, [T, H] bf16 for bf16
+  TensorSpec x_sf;              ///< [T, H/(4G)] int32 (packed UE8M0 / e4m3), [T, H/G] float32, or [T, 0] (bf16: no scales)
   TensorSpec topk_idx_out;      ///< [T, K] int64
   TensorSpec topk_weights_out;  ///< [T, K] float32
   std::optional<TensorSpec> shared_x_sf;  ///< [ceil(T/bm)*align(bm,128), H/(4G)] int32, the minimum rows

@@ -28,6 +28,9 @@ class QuantElem(enum.Enum):
     FLOAT4_E2M1 = 3
     """fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)"""
 
+    BFLOAT16 = 4
+    """bf16, two bytes per value, no scales (bf16 pass-through)"""
+
 class ScaleType(enum.Enum):
     """Type of the per-group scale factor."""
 
@@ -42,6 +45,9 @@ class ScaleType(enum.Enum):
 
     FLOAT8_E4M3 = 3
     """fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)"""
+
+    NONE = 4
+    """no scales (bf16 pass-through)"""
 
 class Scale2(enum.Enum):
     """The second-level scale of a scheme."""
@@ -186,6 +192,12 @@ class QuantScheme:
     @staticmethod
     def fp8_fp32_g32() -> QuantScheme:
         """fp8 e4m3 + fp32 scales, G = 32."""
+
+    @staticmethod
+    def bf16() -> QuantScheme:
+        """
+        bf16 pass-through: x_q is the input as bf16, no scales (scale NONE, group_k 0).
+        """
 
     @staticmethod
     def mxfp8_e5m2() -> QuantScheme:

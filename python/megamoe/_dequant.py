@@ -187,11 +187,30 @@ def _numpy(q: Any, sf: Any, fmt: Format, x_scales: Any, global_scale: Any) -> An
         return (values.reshape(T, H // G, G) * scales[:, :, None]).reshape(T, H).astype(np.float32)
 
 
+def _bf16_values(x_q: Any, x_sf: Any, s: QuantScheme) -> Any:
+    """BF16 (no scales): the float32 values of the bf16 x_q; x_sf None or ``[T, 0]``."""
+    if len(x_q.shape) != 2:
+        _fail("x_q", "a 2-D array", f"shape {tuple(x_q.shape)}")
+    T = int(x_q.shape[0])
+    if x_sf is not None and tuple(int(n) for n in x_sf.shape) != (T, 0):
+        _fail("x_sf", f"None or shape {(T, 0)} ({s.name} has no scales)", f"shape {tuple(x_sf.shape)}")
+    if _dtype_name(x_q) != "bfloat16":
+        _fail("x_q", "dtype bfloat16", f"dtype {_dtype_name(x_q)}")
+    if _is_torch(x_q):
+        return x_q.float()
+    import numpy as np
+
+    bits = np.asarray(x_q).view(np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
 def dequantize(x_q: Any, x_sf: Any, scheme: Any, x_scales: Any, global_scale: Any) -> Any:
     from ._scheme import as_scheme
 
     s = as_scheme(scheme)
     _C.check_scheme(s)
+    if s.elem == QuantElem.BFLOAT16:
+        return _bf16_values(x_q, x_sf, s)
     if _is_torch(x_q):
         import torch
 

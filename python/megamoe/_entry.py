@@ -25,10 +25,11 @@ _PREPARE_ARGS = """
         x_fp8: out quantized values: fp8 schemes ``[T, H]`` float8_e4m3fn (MXFP8_E5M2:
             float8_e5m2; or uint8 bytes); fp4 schemes ``[T, H/2]`` uint8 / int8 (torch.float4_e2m1fn_x2 too), two
             e2m1 values per byte, low nibble = even column. With the default scheme a
-            uint8 / int8 ``x_fp8`` of width H/2 selects MXFP4 (vLLM's MXFP4 path).
+            uint8 / int8 ``x_fp8`` of width H/2 selects MXFP4 (vLLM's MXFP4 path). BF16:
+            ``[T, H]`` bfloat16, the input as bf16.
         x_sf: out scales: UE8M0 and NVFP4 schemes ``[T, H/(4G)]`` int32 (four scale bytes
             per word, little-endian in group order); fp32 schemes ``[T, H/G]`` float32
-            (a transposed / MN-major view is fine).
+            (a transposed / MN-major view is fine); BF16 (no scales): None or ``[T, 0]``.
         topk_idx_out: out ``[T, K]`` int64 ids, -1 for padded tokens.
         topk_weights_out: out ``[T, K]`` float32 weights, +0.0 for padded tokens.
         is_padding: optional ``[T]`` bool/uint8 mask, nonzero = padded token.
@@ -37,7 +38,7 @@ _PREPARE_ARGS = """
         shared_block_m: block M of the MoE scheduler used to lay out ``shared_x_sf``.
         hidden_quant: a :class:`QuantScheme` (``MXFP8`` default, ``FP8_UE8M0_G128``,
             ``FP8_FP32_G128``, ``FP8_FP32_G32``, ``MXFP8_E5M2``, ``MXFP4``, ``MXFP4_RNE``,
-            ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, any with ``.with_amax_floor(f)``) or a
+            ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, ``BF16``, any with ``.with_amax_floor(f)``) or a
             vLLM ``QuantKey``.
         global_scale: NVFP4 static only (required there): ``[1]`` float32 on the tensors'
             device, read by the kernel (it may change between CUDA graph replays).

@@ -225,10 +225,11 @@ class OutputShapes(NamedTuple):
     Absent tensors are None; ``global_scale`` is the input NVFP4 static needs."""
 
     x_fp8: TensorSpec
-    """``[T, H]`` float8_e4m3fn (float8_e5m2 for MXFP8_E5M2; uint8 also accepted), or
-    ``[T, H/2]`` uint8 packed fp4."""
+    """``[T, H]`` float8_e4m3fn (float8_e5m2 for MXFP8_E5M2; uint8 also accepted),
+    ``[T, H/2]`` uint8 packed fp4, or ``[T, H]`` bfloat16 (BF16)."""
     x_sf: TensorSpec
-    """``[T, H/(4G)]`` int32 packed scale bytes, or ``[T, H/G]`` float32."""
+    """``[T, H/(4G)]`` int32 packed scale bytes, ``[T, H/G]`` float32, or ``[T, 0]`` (BF16:
+    no scales; the calls also take None)."""
     topk_idx_out: TensorSpec
     topk_weights_out: TensorSpec
     shared_x_sf: Optional[TensorSpec]
@@ -296,11 +297,17 @@ def _is_ndarray(x: Any) -> bool:
 def _numpy_dtype(name: str) -> Any:
     import numpy as np
 
+    if name == "bfloat16":  # BF16's x_fp8: NumPy has no bf16; ml_dtypes' is what the binding takes
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError("megamoe: x_fp8: a bfloat16 NumPy output needs ml_dtypes (pip install ml-dtypes)") from None
+        return ml_dtypes.bfloat16
     return np.uint8 if name.startswith("float8_") else np.dtype(name)  # NumPy has no fp8
 
 
 #: Bytes per element of each output dtype name.
-ITEMSIZE = {"float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int32": 4, "float32": 4, "int64": 8}
+ITEMSIZE = {"float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "bfloat16": 2, "int32": 4, "float32": 4, "int64": 8}
 
 
 def _alloc(glue: Any, like: Any, spec: TensorSpec, zero: bool = False, where: str = "megamoe.stage") -> Any:

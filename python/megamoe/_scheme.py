@@ -16,6 +16,7 @@ __all__ = [
     "MXFP4_RNE",
     "NVFP4_STATIC",
     "NVFP4_PER_TOKEN",
+    "BF16",
     "as_scheme",
 ]
 
@@ -39,6 +40,9 @@ MXFP4_RNE: QuantScheme = QuantScheme.mxfp4(Rounding.NEAREST_EVEN)
 NVFP4_STATIC: QuantScheme = QuantScheme.nvfp4_static()
 #: NVFP4 with a per-token fp32 second-level scale written to x_scales= (SGLang nvfp4xnvfp4).
 NVFP4_PER_TOKEN: QuantScheme = QuantScheme.nvfp4_per_token()
+#: bf16 pass-through (FlashInfer's Bf16InputStage): x_fp8 is the input as bfloat16 [T, H]
+#: (bf16 bits copied, fp16 / fp32 nearest even, NaN 0x7FC0), no scales: x_sf None or [T, 0].
+BF16: QuantScheme = QuantScheme.bf16()
 
 # dtype name -> element type. Anything not listed becomes INT8, a rejected element type, so
 # that the library's check raises the reference's ValueError. vLLM stores packed fp4 as

@@ -375,7 +375,8 @@ def _scheme_default() -> Any:
 # vLLM's order), which route_and_stage takes as well.
 _STAGED = (
     Param("x_fp8", "tensor", mutable=True),
-    Param("x_sf", "tensor", mutable=True),
+    # Required, but None for a scheme without scales (BF16: x_sf may be None or [T, 0]).
+    Param("x_sf", "tensor?", mutable=True),
     Param("topk_idx_out", "tensor", mutable=True),
     Param("topk_weights_out", "tensor", mutable=True),
     Param("is_padding", "tensor?", None),

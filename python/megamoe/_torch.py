@@ -355,6 +355,7 @@ _TORCH_DTYPES = {
     "int32": torch.int32,
     "int64": torch.int64,
     "float32": torch.float32,
+    "bfloat16": torch.bfloat16,  # BF16's x_fp8
 }
 
 

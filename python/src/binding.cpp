@@ -718,7 +718,8 @@ bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool
   }
   arrays.input(h.is_padding, args.is_padding);
   arrays.output(h.x_fp8, args.x_q);
-  arrays.output(h.x_sf, args.x_sf);
+  // None: no tensor (a scheme without scales, bf16; every other scheme rejects the absent x_sf).
+  if (!h.x_sf.is_none()) arrays.output(h.x_sf, args.x_sf);
   arrays.output(h.topk_idx_out, args.topk_idx_out);
   arrays.output(h.topk_weights_out, args.topk_weights_out);
   arrays.output(h.shared_x_sf, args.shared_x_sf);
@@ -964,13 +965,15 @@ NB_MODULE(_C, m) {
       .value("FLOAT8_E5M2", QuantElem::kFloat8E5M2, "fp8 e5m2, one byte per value (MXFP8 e5m2)")
       .value("INT8", QuantElem::kInt8, "int8 (rejected)")
       .value("FLOAT4_E2M1", QuantElem::kFloat4E2M1,
-             "fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)");
+             "fp4 e2m1, two values per byte, low nibble = even column (MXFP4, NVFP4)")
+      .value("BFLOAT16", QuantElem::kBFloat16, "bf16, two bytes per value, no scales (bf16 pass-through)");
 
   nb::enum_<ScaleType>(m, "ScaleType", "Type of the per-group scale factor.")
       .value("UE8M0", ScaleType::kUE8M0, "power-of-two exponent byte, packed 4 per int32")
       .value("FLOAT32", ScaleType::kFloat32, "plain fp32 scale")
       .value("FLOAT16", ScaleType::kFloat16, "fp16 scale (rejected)")
-      .value("FLOAT8_E4M3", ScaleType::kFloat8E4M3, "fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)");
+      .value("FLOAT8_E4M3", ScaleType::kFloat8E4M3, "fp8 e4m3 scale byte, packed 4 per int32 (NVFP4)")
+      .value("NONE", ScaleType::kNone, "no scales (bf16 pass-through)");
 
   nb::enum_<megamoe::Scale2>(m, "Scale2", "The second-level scale of a scheme.")
       .value("NONE", megamoe::Scale2::kNone, "none (fp8, MXFP4)")
@@ -1051,6 +1054,8 @@ NB_MODULE(_C, m) {
       .def_static("fp8_fp32_g128", &QuantScheme::fp8_fp32_g128,
                   "fp8 e4m3 + fp32 scales, G = 128 (Hopper / DeepGEMM SM90).")
       .def_static("fp8_fp32_g32", &QuantScheme::fp8_fp32_g32, "fp8 e4m3 + fp32 scales, G = 32.")
+      .def_static("bf16", &QuantScheme::bf16,
+                  "bf16 pass-through: x_q is the input as bf16, no scales (scale NONE, group_k 0).")
       .def_static("mxfp8_e5m2", &QuantScheme::mxfp8_e5m2,
                   "fp8 e5m2 + UE8M0 scales, G = 32 (FlashInfer's mxfp8_e5m2: scale from amax / 57344).")
       .def_static("mxfp4", &QuantScheme::mxfp4, nb::arg("rounding") = megamoe::Rounding::kTiesTowardZero,

@@ -276,9 +276,12 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
                                   {&a.topk_weights, "topk_weights", false},
                                   {&a.topk_ids, "topk_ids", false},
                                   {&a.x_q, "x_q", true},
-                                  {&a.x_sf, "x_sf", true},
                                   {&a.topk_idx_out, "topk_idx_out", true},
                                   {&a.topk_weights_out, "topk_weights_out", true}};
+  // x_sf may be absent (a default TensorRef: rank 0, no data) only where the format has no
+  // scales (bf16); the validator's check_spec rejects a rank-0 x_sf for every other format
+  // before the memory checks that use this list.
+  if (!(a.x_sf.ndim == 0 && a.x_sf.data == nullptr)) all.insert(all.begin() + 4, {&a.x_sf, "x_sf", true});
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
   if (a.shared_x_sf) all.push_back({&*a.shared_x_sf, "shared_x_sf", true});
   if (a.global_scale) all.push_back({&*a.global_scale, "global_scale", false});
@@ -393,6 +396,10 @@ Problem validate_args(const StageArgs& a) {
   const TopkRefs topk = topk_refs(a);
   check_topk_pair(topk, p);
 
+  if (core::passthrough(p.fmt) && (a.shared_x_sf || a.shared_block_m)) {
+    fail(nullptr, a.shared_x_sf ? "shared_x_sf" : "shared_block_m",
+         "none (bf16 has no scales to copy: the shared experts read x_q)", "a value");
+  }
   if (a.shared_x_sf.has_value() != a.shared_block_m.has_value()) {
     fail(kSeedSharedPair, a.shared_x_sf ? "shared_block_m" : "shared_x_sf", "a value", "none");
   }
@@ -431,9 +438,31 @@ Problem validate_args(const StageArgs& a) {
   // size past int64 is named by the tensor that has it, check_fits below).
   const OutputShapes out = output_shapes_of(p.fmt, q, p.M, p.H, p.K);
   check_topk_outputs(topk, out, a.routed_scaling_factor, p);
-  // x_q's bytes may also come as uint8 (fp8: NumPy has no fp8) or int8 (packed fp4).
-  check_spec(a.x_q, "x_q", out.x_q, out.x_q.dtype == DType::kUInt8 ? DType::kInt8 : DType::kUInt8);
-  check_spec(a.x_sf, "x_sf", out.x_sf);
+  // x_q's bytes may also come as uint8 (fp8: NumPy has no fp8) or int8 (packed fp4); bf16
+  // elements have no other dtype of their size in the contract.
+  if (dtype_size(out.x_q.dtype) == 1) {
+    check_spec(a.x_q, "x_q", out.x_q, out.x_q.dtype == DType::kUInt8 ? DType::kInt8 : DType::kUInt8);
+  } else {
+    check_spec(a.x_q, "x_q", out.x_q);
+  }
+  if (core::passthrough(p.fmt)) {
+    // No scales: no tensor at all (a default TensorRef), or an empty one of any dtype.
+    const TensorRef& sf = a.x_sf;
+    const bool absent = sf.ndim == 0 && sf.data == nullptr;
+    const bool empty = sf.ndim == 2 && sf.shape[0] >= 0 && sf.shape[1] == 0;
+    MEGAMOE_CHECK(absent || empty, "x_sf",
+                  "no tensor or an empty (" + std::to_string(p.M) + ", 0) tensor (" + core::format_name(p.fmt) +
+                      " has no scales)",
+                  sf.ndim >= 0 && sf.ndim <= 2 ? "shape " + sf.shape_str() : std::to_string(sf.ndim) + "-D tensor");
+    if (empty) check_spec(sf, "x_sf", out.x_sf, sf.dtype);
+  } else {
+    // None in Python: no tensor, which only a format without scales takes.
+    if (a.x_sf.ndim == 0 && a.x_sf.data == nullptr) {
+      fail(nullptr, "x_sf", "a " + out.x_sf.shape_str() + " tensor (" + core::format_name(p.fmt) + " writes scales)",
+           "none");
+    }
+    check_spec(a.x_sf, "x_sf", out.x_sf);
+  }
   // Second-level scales: present exactly when the format has them.
   const std::string fmt_name = scheme_name(q);
   p.has_global = a.global_scale.has_value();

@@ -15,19 +15,12 @@
 #include <cstdint>
 
 #include "core/numerics.h"
+#include "formats/bf16/codec.h"  // bf16_from_float: nearest even, NaN 0x7FC0 (PyTorch's rule)
 
 namespace megamoe {
 namespace core {
 
 constexpr int kNormChunk = 16;  ///< elements of one sequential partial sum of squares
-
-/// bf16 of an fp32 value, round to nearest even; a NaN becomes 0x7FC0 (PyTorch's
-/// c10::BFloat16 rule: the bytes do not depend on the hardware's NaN).
-MEGAMOE_HD uint16_t bf16_from_float(float f) {
-  const uint32_t u = float_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /// The residual add: the fp32 sum of the two bf16 values rounded once to bf16 (PyTorch's
 /// eager `x + residual` and vLLM's generic kernel).

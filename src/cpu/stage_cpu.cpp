@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/layout.h"
+#include "formats/bf16/codec.h"
 #include "formats/recipe.h"
 #include "formats/visit.h"
 #include "cpu/pool.h"
@@ -144,8 +145,62 @@ int64_t stage_rows_in(const StageArgs& a, const detail::Problem& p, int64_t t0, 
   return nonfinite;
 }
 
+/// The bf16 row (no scales): rows [t0, t1) of x_q as the input in bf16, any strides. bf16
+/// rows contiguous on both sides are one memcpy; everything else goes element by element
+/// through formats/bf16/codec.h (byte loads and stores: any alignment).
+int64_t copy_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
+  const TensorRef& x = a.hidden_states;
+  const int64_t in_size = dtype_size(x.dtype);
+  const char* const xb = static_cast<const char*>(x.data);
+  char* const qb = static_cast<char*>(a.x_q.data);
+  const bool rows = x.dtype == DType::kBFloat16 && x.strides[1] == 1 && a.x_q.strides[1] == 1;
+  int64_t nonfinite = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const char* in = xb + t * x.strides[0] * in_size;
+    char* out = qb + t * a.x_q.strides[0] * 2;
+    if (rows) {
+      std::memcpy(out, in, static_cast<size_t>(p.H) * 2);
+      if (p.has_nonfinite) {
+        for (int64_t h = 0; h < p.H; ++h) {
+          uint16_t b;
+          std::memcpy(&b, in + h * 2, 2);
+          nonfinite += core::bf16_non_finite(b) ? 1 : 0;
+        }
+      }
+      continue;
+    }
+    for (int64_t h = 0; h < p.H; ++h) {
+      const char* e = in + h * x.strides[1] * in_size;
+      uint16_t b;
+      bool nf;
+      if (x.dtype == DType::kFloat32) {
+        float v;
+        std::memcpy(&v, e, 4);
+        nf = core::non_finite(v);
+        b = core::bf16_from_float(v);
+      } else {
+        uint16_t v;
+        std::memcpy(&v, e, 2);
+        const bool bf = x.dtype == DType::kBFloat16;
+        nf = bf ? core::bf16_non_finite(v) : (v & 0x7C00u) == 0x7C00u;
+        b = bf ? v : core::bf16_from_half(v);
+      }
+      nonfinite += nf ? 1 : 0;
+      std::memcpy(out + h * a.x_q.strides[1] * 2, &b, 2);
+    }
+  }
+  return p.has_nonfinite ? nonfinite : 0;
+}
+
 int64_t stage_rows(const StageArgs& a, const detail::Problem& p, int64_t t0, int64_t t1) {
-  return core::visit_format(p.fmt, [&](auto f) { return stage_rows_in<decltype(f)::value>(a, p, t0, t1); });
+  return core::visit_format(p.fmt, [&](auto f) -> int64_t {
+    constexpr core::Format F = decltype(f)::value;
+    if constexpr (core::passthrough(F)) {
+      return copy_rows(a, p, t0, t1);
+    } else {
+      return stage_rows_in<F>(a, p, t0, t1);
+    }
+  });
 }
 
 /// Below this many elements (T * (H + K)) a call stays on the calling thread: a few

@@ -172,15 +172,21 @@ int64_t QuantizeRowsIn(const Rows& r, int64_t t0, int64_t t1) {
   }
 }
 
+/// The rows the vector quantizer encodes: e4m3 and e2m1 elements.
+constexpr bool VectorCodec(core::Format f) {
+  return core::elem_of(f) == core::Elem::kE4M3 || core::elem_of(f) == core::Elem::kE2M1;
+}
+
 bool QuantizeRows(const Rows& r, int64_t t0, int64_t t1, int64_t* nonfinite) {
   const size_t L = hn::Lanes(DF());
   if (r.G <= 0 || r.G > 128 || static_cast<size_t>(r.G) % L != 0) return false;
   // The vector codecs are e4m3 and e2m1; rows of another element codec (e5m2) take the
-  // scalar loop of the shared recipe.
-  if (core::elem_of(r.fmt) == core::Elem::kE5M2) return false;
+  // scalar loop of the shared recipe; the bf16 row (no groups) never comes here
+  // (stage_cpu.cpp copies it).
+  if (!VectorCodec(r.fmt)) return false;
   const int64_t n = core::visit_format(r.fmt, [&](auto f) -> int64_t {
     constexpr core::Format F = decltype(f)::value;
-    if constexpr (core::elem_of(F) == core::Elem::kE5M2) return 0;
+    if constexpr (!VectorCodec(F)) return 0;
     else return QuantizeRowsIn<F>(r, t0, t1);
   });
   if (r.count_nonfinite) *nonfinite += n;

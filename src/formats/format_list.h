@@ -7,16 +7,23 @@
 //
 // Columns:
 //   name     the format's name in plans and messages
-//   elem     element codec (Elem): e4m3, e5m2, e2m1
+//   elem     element codec (Elem): e4m3, e5m2, e2m1, bf16 (pass-through: no scales)
 //   qelem    the public QuantElem a scheme names
 //   rounds   the Rounding values a scheme may give (kDefault is the codec's own rule)
-//   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, or fp32
+//   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, fp32, or none
 //   scale    the public ScaleType a scheme names
 //   s2       second-level scale (Scale2): none, static, per token
-//   group    the group size G it fixes (0: any G dividing 128)
+//   group    the group size G it fixes (0: any G dividing 128; a row without scales has no
+//            groups and takes group_k == 0)
 //   fast     the fast kernel's group sizes, a bit per G (kG16 | kG32 | kG128; 0: none)
 //   floor    the smallest positive amax floor the format accepts (0 is accepted by every
 //            format: the unit scale below)
+//
+// bf16 is the row without scales (FlashInfer's Bf16InputStage; DeepGEMM's NVFP4 shared
+// experts read bf16): x_q is [T, H] bf16, bf16 input copied bit for bit, fp16 and fp32
+// rounded to nearest even with every NaN 0x7FC0 (torch's CPU rule, formats/bf16/codec.h),
+// x_sf empty; it reads no floor (any finite floor >= 0 is accepted and ignored, as NVFP4
+// static's) and has no group math: the backends' copy paths take it (passthrough()).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +35,9 @@ namespace megamoe {
 namespace core {
 
 /// Element codecs.
-enum class Elem : uint8_t { kE4M3, kE5M2, kE2M1 };
+enum class Elem : uint8_t { kE4M3, kE5M2, kE2M1, kBF16 };
 /// Scale codecs.
-enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32 };
+enum class Sf : uint8_t { kUE8M0x4, kE4M3x4, kFp32, kNone };
 
 /// Group sizes of the fast kernel, one bit each (the "fast" column).
 constexpr uint32_t kG16 = 1u << 0, kG32 = 1u << 1, kG128 = 1u << 2;
@@ -71,7 +78,8 @@ constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly fo
   X(kMxfp4Rne,      "mxfp4_rne",       kE2M1, kFloat4E2M1, kRoundRne, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
   X(kNvfp4Static,   "nvfp4_static",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kStatic,   16,   kG16,         0.0f) \
   X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor) \
-  X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f)
+  X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
+  X(kBf16,          "bf16",            kBF16, kBFloat16,   kRoundFp8, kNone,    kNone,       kNone,     0,    0,            0.0f)
 // clang-format on
 
 /// The launch table: one enumerator per row.
@@ -123,12 +131,15 @@ MEGAMOE_HD constexpr bool ttz_of(Format f) {
 }
 /// The group size a format fixes (0: any G dividing 128).
 MEGAMOE_HD constexpr int fixed_group_of(Format f) { return row_of(f).group; }
+/// No scales and no group math: x_q is a copy of the input as bf16 (the bf16 row). Every
+/// per-group trait below is false or unused for it; the backends branch on this first.
+MEGAMOE_HD constexpr bool passthrough(Format f) { return sf_of(f) == Sf::kNone; }
 /// Scale bytes packed four per int32 word (UE8M0 and e4m3 scales).
-MEGAMOE_HD constexpr bool packed_scales(Format f) { return sf_of(f) != Sf::kFp32; }
-/// Values per byte of x_q.
+MEGAMOE_HD constexpr bool packed_scales(Format f) { return sf_of(f) == Sf::kUE8M0x4 || sf_of(f) == Sf::kE4M3x4; }
+/// Values per element of x_q (fp4: two per byte; every other row one per element).
 MEGAMOE_HD constexpr int values_per_byte(Format f) { return elem_of(f) == Elem::kE2M1 ? 2 : 1; }
 /// An fp8 element codec (e4m3 or e5m2): one byte a value, UE8M0 or fp32 scales from amax.
-MEGAMOE_HD constexpr bool fp8_elem(Format f) { return elem_of(f) != Elem::kE2M1; }
+MEGAMOE_HD constexpr bool fp8_elem(Format f) { return elem_of(f) == Elem::kE4M3 || elem_of(f) == Elem::kE5M2; }
 constexpr const char* format_name(Format f) { return row_of(f).name; }
 /// The smallest positive amax floor the format accepts (kMinFp32ScaleFloor above); 0 is
 /// accepted by every format.

@@ -22,6 +22,7 @@
 #include "core/fastdiv.h"
 #include "core/layout.h"
 #include "core/numerics.h"
+#include "formats/bf16/codec.h"
 #include "formats/e2m1/f16.h"
 #include "formats/e2m1/f16mul.h"
 #include "formats/e2m1/fp32.h"
@@ -236,6 +237,28 @@ std::vector<uint32_t> fp8_sample_patterns() {
 // The MXFP4 scale as a multiply (core::kInv6Bits): ue8m0(fl(a * fl(1/6))) ==
 // ue8m0(fl(a / 6)) for every non-negative finite fp32 a in optimized builds (~5 s on 2
 // cores), the fp8 sample's non-negative finite patterns otherwise; +Inf as well.
+// bf16 pass-through: the integer form (formats/bf16/codec.h) against the reference's
+// nearest-even search in double, on every fp16 and on every fp32 of a stride through all
+// 2^32 (each exponent, sign and NaN payload class, the ties and their neighbours planted).
+TEST(CoreVsReference, Bf16FromFp16EveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(core::bf16_from_half(static_cast<uint16_t>(h)), megamoe_ref::bf16_rne_half(static_cast<uint16_t>(h)))
+        << std::hex << h;
+  }
+}
+
+TEST(CoreVsReference, Bf16FromFp32SweepAndTies) {
+  auto check = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    ASSERT_EQ(core::bf16_from_float(f), megamoe_ref::bf16_rne(f)) << std::hex << u;
+  };
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) check(static_cast<uint32_t>(u));
+  for (uint32_t hi = 0; hi < 65536; ++hi) {
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) check((hi << 16) | lo);
+  }
+}
+
 TEST(CoreVsReference, Mxfp4ScaleByMultiplyEqualsDivision) {
   const bool all = kFullSweeps;
   std::vector<uint32_t> sample;

@@ -609,7 +609,9 @@ inline megamoe_ref::Result staged(const Problem& p) {
 /// "nvfp4_static", "nvfp4_per_token"; "_floor1e10" (etc.) for a non-default floor.
 inline std::string scheme_tag(const QuantScheme& q) {
   std::string tag;
-  if (q.elem == megamoe::QuantElem::kFloat8E5M2) {
+  if (q.elem == megamoe::QuantElem::kBFloat16) {
+    tag = "bf16";
+  } else if (q.elem == megamoe::QuantElem::kFloat8E5M2) {
     tag = "mxfp8_e5m2";
   } else if (q.elem != megamoe::QuantElem::kFloat4E2M1) {
     tag = std::string(q.ue8m0() ? "ue8m0" : "fp32") + "_g" + std::to_string(q.group_k);

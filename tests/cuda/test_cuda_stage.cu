@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -543,6 +544,170 @@ TEST(CudaStage, ExplainNamesTheRoutingPlan) {
   const std::string e = megamoe::explain(r);
   const int64_t blocks = (a.topk_ids.shape[0] * a.topk_ids.shape[1] + 255) / 256;
   EXPECT_EQ(e, "cuda backend: kernel=routing threads=256 grid=" + std::to_string(blocks) + " pdl=off") << e;
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 pass-through (the copy kernel): every input dtype, contiguous and strided layouts,
+// the vectorized and the any-stride path forced on the same call, the full-buffer tail and
+// the counter in the one launch, PDL, a graph replay. Every byte of every output allocation
+// (poisoned first) equals the CPU backend's, and x_q equals megamoe_ref::bf16_rne.
+
+/// One bf16 staging call's host and device allocations.
+struct Bf16Call {
+  int64_t T, H, K, M;
+  DType in;
+  View hs, xq, ids, w, io, wo, pad, cnt;
+  Buf bhs, bxq, bids, bw, bio, bwo, bpad, bcnt;
+  Bf16Call(int64_t T_, int64_t H_, int64_t K_, DType in_, int layout, int64_t M_)
+      : T(T_), H(H_), K(K_), M(M_), in(in_),
+        hs(layout == 1 ? View{in_, 2, {T_, H_}, {2 * H_ + 8, 2}, 0} : dense(in_, T_, H_)),
+        xq(layout == 2 ? View{DType::kBFloat16, 2, {M_, H_}, {1, M_}, 0} : dense(DType::kBFloat16, M_, H_)),
+        ids(dense(DType::kInt64, T_, K_)), w(dense(DType::kBFloat16, T_, K_)), io(dense(DType::kInt64, M_, K_)),
+        wo(dense(DType::kFloat32, M_, K_)), pad(vec(DType::kBool, T_, 1)), cnt(vec(DType::kInt64, 1, 1)),
+        bhs(hs.bytes()), bxq(xq.bytes()), bids(ids.bytes()), bw(w.bytes()), bio(io.bytes()), bwo(wo.bytes()),
+        bpad(pad.bytes()), bcnt(cnt.bytes()) {}
+  bool ok() const {
+    for (const Buf* b : {&bhs, &bxq, &bids, &bw, &bio, &bwo, &bpad, &bcnt}) {
+      if (b->dev == nullptr) return false;
+    }
+    return true;
+  }
+  void fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (auto& b : bhs.host) b = static_cast<uint8_t>(rng());
+    if (in == DType::kFloat32) {  // plant ties and overflow edges among the random bits
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t h = 0; h < H; h += 3) {
+          uint32_t v;
+          std::memcpy(&v, bhs.host.data() + hs.at(t, h), 4);
+          v = (v & 0xFFFF0000u) | 0x8000u;
+          std::memcpy(bhs.host.data() + hs.at(t, h), &v, 4);
+        }
+      }
+    }
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int64_t id = static_cast<int64_t>(rng() % 384);
+      const uint16_t wb = static_cast<uint16_t>(0x3C00u + rng() % 512);
+      std::memcpy(bids.host.data() + ids.at(i / K, i % K), &id, 8);
+      std::memcpy(bw.host.data() + w.at(i / K, i % K), &wb, 2);
+    }
+    for (int64_t t = 0; t < T; ++t) bpad.host[static_cast<size_t>(pad.at(t))] = t % 5 == 1;
+    for (Buf* b : {&bhs, &bids, &bw, &bpad}) b->upload();
+    for (Buf* b : {&bxq, &bio, &bwo}) b->poison(0x5A);
+    const int64_t zero = 3;
+    std::memcpy(bcnt.host.data(), &zero, 8);
+    bcnt.upload();
+  }
+  StageArgs args(bool gpu) {
+    const Device d = gpu ? Device::cuda(0) : Device::cpu();
+    auto base = [&](Buf& b) { return gpu ? b.dev : static_cast<void*>(b.host.data()); };
+    StageArgs a;
+    a.hidden_states = hs.ref(base(bhs), d);
+    a.x_q = xq.ref(base(bxq), d);
+    a.topk_ids = ids.ref(base(bids), d);
+    a.topk_weights = w.ref(base(bw), d);
+    a.topk_idx_out = io.ref(base(bio), d);
+    a.topk_weights_out = wo.ref(base(bwo), d);
+    a.is_padding = pad.ref(base(bpad), d);
+    a.nonfinite_count = cnt.ref(base(bcnt), d);
+    a.hidden_quant = QuantScheme::bf16();
+    a.full_buffer = M != T;
+    a.routed_scaling_factor = 1.5f;
+    return a;
+  }
+  /// The CPU backend on the host mirrors (poisoned like the device's), then every device
+  /// allocation against it.
+  void expect_equal_to_cpu(const std::string& what) {
+    for (Buf* b : {&bxq, &bio, &bwo}) std::fill(b->host.begin(), b->host.end(), uint8_t{0x5A});
+    const int64_t start = 3;
+    std::memcpy(bcnt.host.data(), &start, 8);
+    megamoe::prepare_inputs(args(false));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; h += 7) {
+        uint32_t v = 0;
+        std::memcpy(&v, bhs.host.data() + hs.at(t, h), static_cast<size_t>(megamoe::dtype_size(in)));
+        uint16_t want = static_cast<uint16_t>(v), got;
+        if (in == DType::kFloat16) want = megamoe_ref::bf16_rne_half(static_cast<uint16_t>(v));
+        if (in == DType::kFloat32) want = megamoe_ref::bf16_rne(megamoe_ref::detail::float_of(v));
+        std::memcpy(&got, bxq.host.data() + xq.at(t, h), 2);
+        ASSERT_EQ(got, want) << what << " CPU t=" << t << " h=" << h;
+      }
+    }
+    const char* names[] = {"x_q", "topk_idx_out", "topk_weights_out", "nonfinite_count"};
+    int i = 0;
+    for (Buf* b : {&bxq, &bio, &bwo, &bcnt}) {
+      EXPECT_TRUE(b->download() == b->host) << what << ": " << names[i] << " differs from the CPU backend";
+      ++i;
+    }
+  }
+};
+
+TEST(CudaStage, Bf16PassThroughEveryInputLayoutAndPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t sizes[][2] = {{1, 128}, {7, 384}, {300, 7168}, {16384, 512}};
+  for (DType in : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (int layout = 0; layout < 3; ++layout) {
+      for (const auto& sz : sizes) {
+        for (int64_t extra : {int64_t{0}, int64_t{37}}) {
+          const int64_t T = sz[0], H = sz[1];
+          Bf16Call c(T, H, 6, in, layout, T + extra);
+          ASSERT_TRUE(c.ok());
+          const std::string what = std::string(megamoe::dtype_name(in)) + " layout " + std::to_string(layout) +
+                                   " T=" + std::to_string(T) + " H=" + std::to_string(H) + " M=" + std::to_string(c.M);
+          // The library's plan, then (contiguous) the any-stride path forced on the same call.
+          for (int forced = 0; forced < (layout == 0 ? 2 : 1); ++forced) {
+            c.fill(static_cast<uint32_t>(T * 31 + H + layout));
+            const StageArgs a = c.args(true);
+            if (forced == 0) {
+              megamoe::prepare_inputs(a);
+            } else {
+              const megamoe::detail::Problem p = megamoe::detail::validate_args(a);
+              mc::Plan pl = mc::plan(p, a, mc::device_info(0));
+              ASSERT_TRUE(pl.vectorized);
+              pl.vectorized = false;
+              mc::fill_grid(pl, p, mc::device_info(0));
+              mc::launch(pl, a, p, nullptr);
+            }
+            CUDA_OK(cudaDeviceSynchronize());
+            c.expect_equal_to_cpu(what + (forced ? " (any-stride path)" : " (library plan)"));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaStage, Bf16PassThroughPdlAndGraphReplay) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Bf16Call c(64, 7168, 8, DType::kFloat32, 0, 100);
+  ASSERT_TRUE(c.ok());
+  c.fill(1);
+  StageArgs a = c.args(true);
+  a.enable_pdl = true;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  megamoe::prepare_inputs(a, s);
+  CUDA_OK(cudaStreamEndCapture(s, &g));
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(g, nullptr, &nodes));
+  EXPECT_EQ(nodes, 1u) << "copy, top-k and tail in one launch";
+  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  CUDA_OK(cudaGraphLaunch(ge, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  c.expect_equal_to_cpu("graph replay 1");
+  c.fill(2);  // new inputs in the same buffers
+  CUDA_OK(cudaGraphLaunch(ge, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  c.expect_equal_to_cpu("graph replay 2");
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  const std::string e = megamoe::explain(a);
+  EXPECT_EQ(e.rfind("cuda backend: kernel=copy format=bf16 in=float32", 0), 0u) << e;
+  EXPECT_NE(e.find("fused_tail=on"), std::string::npos) << e;
 }
 
 }  // namespace

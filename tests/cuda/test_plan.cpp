@@ -61,7 +61,7 @@ struct FakeCall {
     a.hidden_states = TensorRef(hs, o.in, {T, H}, {hs0, o.hidden_col_stride ? 2 : 1}, d);
     a.topk_weights = TensorRef(alloc(T * o.K * 4), DType::kFloat32, {T, o.K}, d);
     a.topk_ids = TensorRef(alloc(T * o.K * 4), DType::kInt32, {T, o.K}, d);
-    a.x_q = TensorRef(alloc(R * s.x_q.shape[1]), s.x_q.dtype, {R, s.x_q.shape[1]}, d);
+    a.x_q = TensorRef(alloc(R * s.x_q.shape[1] * megamoe::dtype_size(s.x_q.dtype)), s.x_q.dtype, {R, s.x_q.shape[1]}, d);
     const int64_t sfc = s.x_sf.shape[1], ta = (R + 3) / 4 * 4;
     if (o.sf_mn_major) {
       a.x_sf = TensorRef(alloc(ta * sfc * 4), s.x_sf.dtype, {R, sfc}, {1, ta}, d);
@@ -546,10 +546,10 @@ TEST(CudaPlan, CheckRejectsPlansThatCannotRunTheCall) {
   EXPECT_NE(verdict(n, r), "ok") << "row kernel blocks beyond kRowwiseMaxThreads";
   // A role no kernel has (a plan is a value a caller can build).
   mc::Plan u = base;
-  u.role = static_cast<mc::Role>(3);
+  u.role = static_cast<mc::Role>(static_cast<int>(mc::Role::kCopy) + 1);  // past the last role
   EXPECT_NE(verdict(c, u).find("unknown kernel role"), std::string::npos) << verdict(c, u);
   mc::Plan un = np;
-  un.role = static_cast<mc::Role>(3);
+  un.role = static_cast<mc::Role>(static_cast<int>(mc::Role::kCopy) + 1);
   EXPECT_NE(verdict(n, un).find("unknown kernel role"), std::string::npos) << verdict(n, un);
 }
 
@@ -915,6 +915,110 @@ TEST(CudaPlan, NormPlanFollowsTheTreeWidth) {
 // what the CPU backend writes into the same poisoned buffers: equal images mean the
 // harness lays the reference out right (the CPU backend itself is held to the reference
 // by tests/cpp).
+// bf16 pass-through: the copy kernel, one launch with the top-k and the full-buffer tail.
+TEST(CudaPlan, Bf16CopyKernelEveryInputAndLayout) {
+  for (DType in : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (int64_t T : {1, 64, 16384, 70000}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        Opts o;
+        o.in = in;
+        o.hidden_col_stride = layout == 1;
+        o.misaligned_hidden = layout == 2;
+        o.nonfinite = T == 64;
+        o.pdl = T == 1;
+        const FakeCall c(T, 7168, QuantScheme::bf16(), o);
+        const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+        const mc::Plan p = c.plan();
+        SCOPED_TRACE(mc::to_string(p));
+        EXPECT_EQ(p.role, mc::Role::kCopy);
+        EXPECT_EQ(p.shape, mc::Shape::kCopy);
+        EXPECT_EQ(p.fmt, Format::kBf16);
+        EXPECT_EQ(p.vectorized, layout == 0);
+        EXPECT_EQ(p.index, mc::IndexWidth::k64);
+        EXPECT_EQ(p.store, mc::StorePolicy::kDefault);
+        EXPECT_EQ(p.threads, mc::kCopyThreads);
+        EXPECT_EQ(p.grid, p.quant_blocks);
+        EXPECT_FALSE(p.fused_tail);
+        EXPECT_EQ(p.count_nonfinite, o.nonfinite);
+        EXPECT_EQ(p.pdl, o.pdl);
+        // Enough blocks for the work up to the loop's cap (16 waves of 2048 threads an SM).
+        const int64_t units = layout == 0 ? T * (7168 / 16) : T * 7168;
+        EXPECT_EQ(p.grid, std::min<int64_t>((units + 255) / 256, int64_t{132} * 16 * 2048 / 256));
+        EXPECT_NO_THROW(mc::check_plan(p, pr, c.a));
+        EXPECT_EQ(mc::to_string(p).rfind("kernel=copy format=bf16 in=" + std::string(megamoe::dtype_name(in)), 0), 0u);
+      }
+    }
+  }
+}
+
+TEST(CudaPlan, Bf16CopyKernelFillsTheTailInItsLaunch) {
+  for (int64_t T : {1, 5, 4096}) {
+    Opts o;
+    o.max_tokens = T + 8192;
+    const FakeCall c(T, 4096, QuantScheme::bf16(), o);
+    const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+    const mc::Plan p = c.plan();
+    SCOPED_TRACE(mc::to_string(p));
+    EXPECT_TRUE(p.fused_tail);
+    EXPECT_EQ(p.grid, p.quant_blocks);
+    // At decode the tail's entries, not the chunks, size the grid.
+    EXPECT_GE(p.grid * p.threads, std::min<int64_t>((T + 8192) * 8, int64_t{132} * 16 * 2048));
+    EXPECT_NO_THROW(mc::check_plan(p, pr, c.a));
+    mc::Plan q = p;
+    q.fused_tail = false;  // the tail would be left to a second launch
+    EXPECT_THROW(mc::check_plan(q, pr, c.a), megamoe::Error);
+  }
+}
+
+TEST(CudaPlan, Bf16CheckRejectsOtherKernelsAndBadCopyPlans) {
+  const FakeCall c(64, 7168, QuantScheme::bf16());
+  const megamoe::detail::Problem pr = megamoe::detail::validate_args(c.a);
+  const mc::Plan p = c.plan();
+  auto rejected = [&](mc::Plan q, const char* what) {
+    EXPECT_THROW(mc::check_plan(q, pr, c.a), megamoe::Error) << what;
+  };
+  mc::Plan q = p;
+  q.role = mc::Role::kGeneric;
+  q.shape = mc::Shape::kGeneric;
+  rejected(q, "the generic kernel for bf16");
+  q = p;
+  q.role = mc::Role::kFast;
+  q.shape = mc::Shape::kLoop;
+  rejected(q, "the fast kernel for bf16");
+  q = p;
+  q.shape = mc::Shape::kLoop;
+  rejected(q, "the copy kernel in another shape");
+  q = p;
+  q.threads = 512;
+  rejected(q, "more threads than the launch bounds");
+  q = p;
+  q.index = mc::IndexWidth::k32;
+  rejected(q, "32-bit indices");
+  q = p;
+  q.store = mc::StorePolicy::kEvictFirst;
+  rejected(q, "evict-first stores");
+  Opts o;
+  o.hidden_col_stride = true;
+  const FakeCall s(64, 7168, QuantScheme::bf16(), o);
+  mc::Plan v = s.plan();
+  v.vectorized = true;
+  EXPECT_THROW(mc::check_plan(v, megamoe::detail::validate_args(s.a), s.a), megamoe::Error) << "vectorized strided rows";
+  // And no other format runs the copy kernel.
+  const FakeCall m(64, 7168, QuantScheme::mxfp8());
+  mc::Plan w = c.plan();
+  w.fmt = Format::kFp8Ue8m0;
+  w.G = 32;
+  EXPECT_THROW(mc::check_plan(w, megamoe::detail::validate_args(m.a), m.a), megamoe::Error) << "copy kernel for mxfp8";
+}
+
+TEST(CudaPlan, Bf16RouteAndStageIsTheRouterThenTheCopyKernel) {
+  const FakeRouter c(64, 256, QuantScheme::bf16());
+  const mc::RouterPlan p = c.route_and_stage();
+  EXPECT_EQ(p.launch, mc::RouterLaunch::kRouterThenStage);
+  EXPECT_EQ(p.stage.role, mc::Role::kCopy);
+  EXPECT_NE(mc::to_string(p).find(" ; then kernel=copy format=bf16"), std::string::npos) << mc::to_string(p);
+}
+
 TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
   for (const QuantScheme& q : harness::all_schemes()) {
     for (int layout = 0; layout < 3; ++layout) {

@@ -628,18 +628,22 @@ int fuzz_one(const uint8_t* data, size_t size) {
   const bool g_ok = q.group_k > 0 && 128 % q.group_k == 0;
   // MXFP8 e5m2: e5m2 values, UE8M0 scales, G = 32 only.
   const bool e5m2 = q.elem == QuantElem::kFloat8E5M2;
-  const bool scheme_bad =
+  // bf16 pass-through: bf16 elements, no scales, group_k 0 (not modelled: maybe below).
+  const bool bf16 = q.elem == QuantElem::kBFloat16 && q.scale == ScaleType::kNone && q.group_k == 0 &&
+                    q.group_m == 1 && !q.is_static && q.symmetric && q.scale2 == megamoe::Scale2::kNone &&
+                    in.rounding <= 1 && std::isfinite(q.amax_floor) && q.amax_floor >= 0.0f;
+  const bool scheme_bad = !bf16 && (
       !(q.elem == QuantElem::kFloat8E4M3 || fp4 || e5m2) || (e5m2 && (!ue8m0 || q.group_k != 32)) ||
       !(q.scale == ScaleType::kUE8M0 || q.scale == ScaleType::kFloat32 ||
         q.scale == ScaleType::kFloat8E4M3) ||
       q.is_static || !q.symmetric || q.group_m != 1 || !g_ok || in.scale2 > 2 || in.rounding > 2 ||
       (!fp4 && (q.scale == ScaleType::kFloat8E4M3 || q.scale2 != megamoe::Scale2::kNone)) ||
-      (fp4 && q.scale == ScaleType::kFloat32);
+      (fp4 && q.scale == ScaleType::kFloat32));
   // The fp8 contract proper (SPEC "Inputs and outputs" .. "Beyond the reference") is
   // modelled in full, acceptance included; for the rest (other amax floors, MXFP4, NVFP4)
   // the library may accept or refuse, and what it writes when it accepts is checked
   // through the reference wherever the reference models the scheme (ref_format below).
-  const bool fp8 = !scheme_bad && !fp4 && !e5m2;
+  const bool fp8 = !scheme_bad && !fp4 && !e5m2 && !bf16;
   const bool floor_ok = std::isfinite(q.amax_floor) && q.amax_floor >= 0.0f;  // 0: the unit scale
   const bool fp8_plain =
       fp8 && q.amax_floor == 1e-4f &&
@@ -1021,7 +1025,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
     if (scheme_bad) violate("scheme outside every accepted family");
     if (!scheme_bad && packed && (aH / q.group_k) % 4 != 0)
       violate("packed scales with H/G not a multiple of 4");
-    if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP8 e5m2, MXFP4/NVFP4 family)");
+    if (!scheme_bad && !fp8) maybe("a scheme beyond the fp8 contract (MXFP8 e5m2, MXFP4/NVFP4 family, bf16)");
     if (fp8 && !fp8_plain) maybe("fp8 with a non-default amax floor or tie rule");
     // SPEC: the default scheme with an int8/uint8 x_q of width H/2 means MXFP4 (also at
     // H == 0, where that width is the fp8 one too: the library applies the rule as written).
@@ -1030,7 +1034,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
              xq.ndim == 2 && xq.shape[1] == aH / 2 && (xq.dtype == DType::kUInt8 || xq.dtype == DType::kInt8);
     if (dropin) maybe("MXFP4 drop-in (x_q of width H/2)");
     const bool model_quant_outputs = fp8 && !dropin;  // x_q / x_sf shapes modelled exactly
-    const int64_t cols = !scheme_bad ? (packed ? aH / (4 * q.group_k) : aH / q.group_k) : 0;
+    const int64_t cols = !scheme_bad && !bf16 ? (packed ? aH / (4 * q.group_k) : aH / q.group_k) : 0;
     topk_rules();
     if (a.shared_x_sf.has_value() != a.shared_block_m.has_value()) violate("shared_x_sf xor shared_block_m");
     if (a.shared_x_sf && a.shared_block_m) {

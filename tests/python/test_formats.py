@@ -596,3 +596,46 @@ def test_e5m2_bytes_match_ml_dtypes():
     with pytest.raises(ValueError, match=re.escape("megamoe: x_fp8: expected dtype float8_e5m2 or uint8, got dtype float8_e4m3fn")):
         megamoe.prepare_megamoe_inputs(h, w, ids, np.zeros((T, H), ml.float8_e4m3fn), out.x_sf, out.topk_idx,
                                        out.topk_weights, hidden_quant=megamoe.MXFP8_E5M2)  # fmt: skip
+
+
+def test_bf16_preset_shapes_and_rejections():
+    """BF16 pass-through: the preset's fields and name, x_fp8 [T, H] bfloat16 and an empty
+    x_sf; no shared copy, a group_k or scales rejected; the floor ignored."""
+    s = megamoe.BF16
+    assert s == QuantScheme.bf16() == QuantScheme(elem=QuantElem.BFLOAT16, scale=ScaleType.NONE, group_k=0)
+    assert s.name == "bf16" and s.with_amax_floor(1e-10).name == "bf16" and s.with_amax_floor(0.0).name == "bf16"
+    o = megamoe.output_shapes(5, 384, 6, s)
+    assert o == megamoe.OutputShapes(((5, 384), "bfloat16"), ((5, 0), "float32"), ((5, 6), "int64"),
+                                     ((5, 6), "float32"), None, None, None)  # fmt: skip
+    with pytest.raises(ValueError, match="shared"):
+        megamoe.output_shapes(5, 384, 6, s, 64)
+    with pytest.raises(ValueError, match="bf16"):
+        megamoe.output_shapes(5, 384, 6, QuantScheme(elem=QuantElem.BFLOAT16, scale=ScaleType.NONE, group_k=32))
+    with pytest.raises(ValueError):
+        megamoe.output_shapes(5, 384, 6, QuantScheme(elem=QuantElem.BFLOAT16, scale=ScaleType.UE8M0, group_k=0))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        megamoe.output_shapes(5, 200, 6, s)
+
+
+def test_bf16_numpy_staging():
+    """BF16 through NumPy (bfloat16 arrays from ml_dtypes): fp32 input rounded to nearest
+    even (ties planted), every NaN 0x7FC0, x_sf None or [T, 0], top-k as MXFP8's."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    T, H, K = 6, 256, 3
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, (T, H), dtype=np.uint64).astype(np.uint32)
+    bits[:, ::3] = (bits[:, ::3] & 0xFFFF0000) | 0x8000
+    h = bits.view(np.float32)
+    ids = rng.integers(0, 64, (T, K)).astype(np.int32)
+    w = rng.random((T, K), dtype=np.float32)
+    lo = bits & 0xFFFF
+    up = ((lo > 0x8000) | ((lo == 0x8000) & ((bits >> 16) & 1 == 1))).astype(np.uint32)
+    want = np.where(np.isnan(h), 0x7FC0, ((bits >> 16) + up) & 0xFFFF).astype(np.uint16)
+    for sf in (None, np.zeros((T, 0), np.float32)):
+        x = np.zeros((T, H), ml_dtypes.bfloat16)
+        idx, wo = np.zeros((T, K), np.int64), np.zeros((T, K), np.float32)
+        megamoe.prepare_megamoe_inputs(h, w, ids, x, sf, idx, wo, hidden_quant=megamoe.BF16)
+        assert np.array_equal(x.view(np.uint16), want)
+        assert np.array_equal(idx, ids.astype(np.int64)) and np.array_equal(wo, w)
+    with pytest.raises(ValueError, match="x_sf"):
+        megamoe.prepare_megamoe_inputs(h, w, ids, x, np.zeros((T, 1), np.int32), idx, wo, hidden_quant=megamoe.BF16)

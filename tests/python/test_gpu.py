@@ -1095,3 +1095,78 @@ def test_router_against_vllm_torch_on_cuda(E, K, dtype):
         total = total + exact[:, k]
     want = exact / total.clamp(min=1e-20)[:, None] * alpha
     assert_bitwise(w.cpu().numpy().view(np.uint32), want.numpy().view(np.uint32), "weights")
+
+
+# ---------------------------------------------------------------------------------------
+# BF16 pass-through (FlashInfer's Bf16InputStage): x_fp8 is x.to(torch.bfloat16).
+
+
+def random_bits(T: int, H: int, dtype, seed: int) -> torch.Tensor:
+    """Every bit pattern of ``dtype`` (NaN payloads, Inf, subnormals, -0 included), with
+    fp32 round-to-even ties planted in every third column."""
+    g = gen(seed)
+    if dtype == torch.float32:
+        b = torch.randint(-(2**31), 2**31, (T, H), generator=g, device=DEVICE, dtype=torch.int64).to(torch.int32)
+        b[:, ::3] = (b[:, ::3] & ~0xFFFF) | 0x8000
+        return b.view(torch.float32)
+    return torch.randint(-(2**15), 2**15, (T, H), generator=g, device=DEVICE, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("T", [1, 64, 4096, 16384])
+def test_bf16_matches_torch_cast(T, dtype):
+    """BF16 staging against ``h.to(torch.bfloat16)`` bit for bit: on the CPU torch's cast
+    is the contract's rule everywhere (every NaN 0x7FC0); on CUDA torch's NaN is 0x7FFF, so
+    there the NaN positions are compared with 0x7FC0 and the rest with torch's bits. bf16
+    input keeps every bit. One launch fills the full-buffer tail; x_fp8's tail rows stay."""
+    H, K, M = 7168, 8, T + 3
+    h = random_bits(T, H, dtype, seed=T)
+    w, ids = routing(T)
+    pad = torch.arange(T, device=DEVICE) % 5 == 4
+    x = torch.full((M, H), -23131, dtype=torch.int16, device=DEVICE).view(torch.bfloat16)  # 0xA5A5
+    idx = torch.full((M, K), -7, dtype=torch.int64, device=DEVICE)
+    wo = torch.full((M, K), -7.0, dtype=torch.float32, device=DEVICE)
+    nf = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    megamoe.prepare_megamoe_inputs(h, w, ids, x, None, idx, wo, is_padding=pad, hidden_quant=megamoe.BF16,
+                                   nonfinite_count=nf, full_buffer=True)  # fmt: skip
+    sync()
+    got = x[:T].view(torch.int16)
+    nan = torch.isnan(h)
+    want = h.to(torch.bfloat16).view(torch.int16)
+    want = torch.where(nan, torch.full_like(want, 0x7FC0), want) if dtype != torch.bfloat16 else h.view(torch.int16)
+    same_bits(got, want, f"x_fp8 bf16 bits of {dtype}")
+    if dtype != torch.bfloat16:
+        same_bits(got.cpu(), h.cpu().to(torch.bfloat16).view(torch.int16), f"x_fp8 against torch's CPU cast of {dtype}")
+    assert torch.all(x[T:].view(torch.int16) == -23131), "x_fp8 tail rows written"
+    assert int(nf.item()) == int((~torch.isfinite(h)).sum().item())
+    # The routing part is every format's: the same bytes as an MXFP8 call, tail -1 / +0.
+    s = megamoe.MXFP8
+    outs = outputs(T, H, K, s)
+    megamoe.prepare_megamoe_inputs(h.float().nan_to_num(0.0, 0.0, 0.0), w, ids, *outs, is_padding=pad, hidden_quant=s)
+    sync()
+    same_bits(idx[:T], outs[2], "topk_idx_out")
+    same_bits(wo[:T].view(torch.int32), outs[3].view(torch.int32), "topk_weights_out")
+    assert torch.all(idx[T:] == -1) and torch.all(wo[T:].view(torch.int32) == 0)
+
+
+def test_bf16_x_sf_empty_or_none_and_rejections():
+    T, H, K = 5, 256, 4
+    h = random_bits(T, H, torch.float32, seed=3)
+    w, ids = routing(T, K)
+    for sf in (None, torch.empty((T, 0), dtype=torch.float32, device=DEVICE)):
+        x = torch.empty((T, H), dtype=torch.bfloat16, device=DEVICE)
+        idx = torch.empty((T, K), dtype=torch.int64, device=DEVICE)
+        wo = torch.empty((T, K), dtype=torch.float32, device=DEVICE)
+        megamoe.prepare_megamoe_inputs(h, w, ids, x, sf, idx, wo, hidden_quant=megamoe.BF16)
+        sync()
+        nan = torch.isnan(h)
+        want = torch.where(nan, torch.full((T, H), 0x7FC0, dtype=torch.int16, device=DEVICE),
+                           h.to(torch.bfloat16).view(torch.int16))  # fmt: skip
+        same_bits(x.view(torch.int16), want, "x_fp8")
+    bad = torch.empty((T, 1), dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="x_sf"):
+        megamoe.prepare_megamoe_inputs(h, w, ids, x, bad, idx, wo, hidden_quant=megamoe.BF16)
+    with pytest.raises(ValueError, match="x_sf"):
+        megamoe.prepare_megamoe_inputs(h, w, ids, x.view(torch.float16), None, idx, wo, hidden_quant=megamoe.MXFP8)
+    with pytest.raises(ValueError, match="x_q|x_fp8"):
+        megamoe.prepare_megamoe_inputs(h, w, ids, x.view(torch.float16), None, idx, wo, hidden_quant=megamoe.BF16)

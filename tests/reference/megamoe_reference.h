@@ -25,6 +25,10 @@
 //    the byte decoded back through the same table; its quotients and products are IEEE
 //    fp32 operations formed in double as above.
 //  - non-finite elements: the exponent field of the widened fp32 is all ones.
+//  - bf16 pass-through: bf16 input bits as they are; fp32 (and fp16, widened) to the
+//    nearest bf16 found in double: the multiple of the binade's quantum (2^(e-8), or 2^-133
+//    below 2^-126) at or below |v| and the next one up, the nearer taken, a tie going to the
+//    even multiple; 2^128 or more is Inf (IEEE overflow); every NaN 0x7FC0 (torch's CPU rule).
 //  - amax floor 0 (the unit scale): UE8M0 formats give byte 127 to a group whose amax is
 //    0; fp32 scales whose reciprocal, formed in double and narrowed, is infinite are 1;
 //    NVFP4 per-token rows whose amax is below 2^-100 (ldexp) get pts = 1.
@@ -486,5 +490,30 @@ inline int64_t shared_row(int64_t t, int64_t bm) {
   const int64_t quad = r / 32, lane = r - quad * 32;
   return block * padded_bm + tile * 128 + lane * 4 + quad;
 }
+
+/// bf16 pass-through of an fp32 value (see the file comment): bits of the nearest bf16,
+/// ties to even, NaN -> 0x7FC0.
+inline uint16_t bf16_rne(float v) {
+  if (std::isnan(v)) return 0x7FC0;
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  if (std::isinf(v)) return static_cast<uint16_t>(sign | 0x7F80);
+  const double a = std::fabs(static_cast<double>(v));
+  if (a == 0.0) return sign;
+  int e = 0;
+  (void)std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): 8 significant bits -> quantum 2^(e-8)
+  const double q = std::ldexp(1.0, std::max(e - 8, -133));
+  const double n = std::floor(a / q);  // exact: a / q is a and q's exponents apart
+  const double lo = n * q, hi = (n + 1) * q;
+  double r;
+  if (a - lo < hi - a) r = lo;
+  else if (a - lo > hi - a) r = hi;
+  else r = std::fmod(n, 2.0) == 0.0 ? lo : hi;
+  if (r >= std::ldexp(1.0, 128)) return static_cast<uint16_t>(sign | 0x7F80);
+  const uint32_t bits = detail::bits_of(static_cast<float>(r));  // r is a bf16 value: exact
+  return static_cast<uint16_t>(sign | (bits >> 16));
+}
+
+/// bf16 pass-through of fp16 bits: exact widening, then bf16_rne.
+inline uint16_t bf16_rne_half(uint16_t h) { return bf16_rne(half_to_float(h)); }
 
 }  // namespace megamoe_ref

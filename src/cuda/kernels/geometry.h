@@ -18,10 +18,16 @@ enum class Shape : uint8_t {
   kTile,       ///< fast, 32-bit: 256-thread blocks of 8 tokens x 512 columns, scales stored token-fastest
   kRowwise,    ///< row kernel: block-stride loop over token rows
   kGeneric,    ///< general kernel: grid-stride loop over scale units
+  kCopy,       ///< bf16 pass-through: grid-stride top-k pass (tail included), then 16-element chunks or elements
 };
 
 /// No loop grid has more threads (the 32-bit modes rely on it: chunk + grid < 2^32).
 constexpr int64_t kMaxGridThreads = int64_t{1} << 26;
+/// Threads of the copy kernel's blocks (bf16 pass-through; its launch bounds) and the blocks
+/// an SM keeps resident: 8 x 256 = 2048 threads, the SM's limit (32 registers a thread), so
+/// that each SM has the most 16-byte loads in flight.
+constexpr int kCopyThreads = 256;
+constexpr int kCopyBlocksPerSm = 8;
 /// Threads of the tile shape's blocks (8 warps: one per token of a tile).
 constexpr int kTileThreads = 256;
 constexpr int kTileTokens = 8;

@@ -158,6 +158,7 @@ void launch_fast_ue8m0(const Plan& plan, const StageArgs& a, const detail::Probl
 void launch_fast_fp32_nvfp4(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_generic(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_rowwise(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
+void launch_copy(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace megamoe

@@ -3,7 +3,8 @@
 // routing-only one only for a full-buffer tail the plan's shape does not fill), no
 // allocation (but for tensors off their element size: aligned.cuh), no host
 // synchronization (CUDA-graph capture safe), optional PDL. The kernels
-// are by role in quantize_fast.cuh, quantize_generic.cuh and quantize_rowwise.cuh, the
+// are by role in quantize_fast.cuh, quantize_generic.cuh, quantize_rowwise.cuh and
+// copy_bf16.cuh (bf16 pass-through), the
 // top-k repack in topk.cuh; their instantiations in the launch_*.cu units.
 #include <cuda_runtime.h>
 
@@ -60,6 +61,7 @@ void run(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stream 
       return launch_fast_fp32_nvfp4(plan, a, p, stream);
     case Role::kGeneric: return launch_generic(plan, a, p, stream);
     case Role::kRowwise: return launch_rowwise(plan, a, p, stream);
+    case Role::kCopy: return launch_copy(plan, a, p, stream);
   }
   throw Error(ErrorCode::kInternal, "megamoe: no kernel for " + to_string(plan));
 }

@@ -100,6 +100,9 @@ bool rowwise_wide(int64_t T, int64_t H, DType in, bool vectorized, int split, co
 /// The shapes whose top-k blocks also fill a full buffer's tail rows (a few more threads of
 /// the same launch); the others leave the tail to a routing-only launch.
 bool tail_in_topk_blocks(Shape s) { return s == Shape::kSplitTopk || s == Shape::kSplitHalf || s == Shape::kTile; }
+/// The shapes that fill a full buffer's tail in their own launch: those, and the copy
+/// kernel's grid-stride top-k pass (bf16: the copy, the top-k and the tail in one launch).
+bool fills_tail(Shape s) { return tail_in_topk_blocks(s) || s == Shape::kCopy; }
 
 /// The plans with top-k blocks of their own after quant_blocks (topk_block_count): those
 /// shapes, and split rows (decode), where the warp of a row's part 0 that held the entries
@@ -125,6 +128,7 @@ const char* role_name(Role r) {
     case Role::kFast: return "fast";
     case Role::kGeneric: return "generic";
     case Role::kRowwise: return "rowwise";
+    case Role::kCopy: return "copy";
   }
   return "?";
 }
@@ -137,6 +141,7 @@ const char* shape_name(Shape s) {
     case Shape::kTile: return "tile";
     case Shape::kRowwise: return "rowwise";
     case Shape::kGeneric: return "generic";
+    case Shape::kCopy: return "copy";
   }
   return "?";
 }
@@ -157,7 +162,7 @@ bool fits_idx32(const detail::Problem& p, const StageArgs& a) {
 void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int max_waves) {
   const int64_t th = std::max(1, plan.threads);
   const int64_t chunks = p.T * (p.H / kChunkElems);
-  plan.fused_tail = tail_in_topk_blocks(plan.shape) && p.full_buffer && p.M > p.T;
+  plan.fused_tail = fills_tail(plan.shape) && p.full_buffer && p.M > p.T;
   const int64_t topk_blocks = topk_block_count(p.T, p.M, p.K, th, plan.fused_tail);
   switch (plan.shape) {
     case Shape::kLoop: plan.quant_blocks = capped_blocks(chunks, plan.threads, dev, max_waves); break;
@@ -176,6 +181,13 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
     case Shape::kRowwise:
       plan.quant_blocks = capped_blocks(p.T * std::max(1, plan.row_split) * th, plan.threads, dev, max_waves);
       break;
+    case Shape::kCopy:
+      // 16-element chunks, or elements; at least enough threads for the top-k entries a
+      // chunk-less grid would leave to few blocks (a decode call's tail is most of its work).
+      plan.quant_blocks = capped_blocks(std::max(plan.vectorized ? chunks : p.T * p.H,
+                                                 (plan.fused_tail ? p.M : p.T) * p.K),
+                                        plan.threads, dev, max_waves);
+      break;
   }
   plan.grid = plan.quant_blocks + (topk_blocks_of_their_own(plan) ? topk_blocks : 0);
 }
@@ -192,7 +204,12 @@ Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, P
   pl.vectorized = layout_vectorizable(p, a);
   pl.store = StorePolicy::kDefault;
   pl.index = IndexWidth::k64;
-  if (core::row_scaled(p.fmt)) {
+  if (core::passthrough(p.fmt)) {
+    // bf16 pass-through: one copy kernel, the top-k and the full-buffer tail in its launch.
+    pl.role = Role::kCopy;
+    pl.shape = Shape::kCopy;
+    pl.threads = kCopyThreads;
+  } else if (core::row_scaled(p.fmt)) {
     pl.role = Role::kRowwise;
     pl.shape = Shape::kRowwise;
     pl.row_split = rowwise_split(p.T, p.H, pl.vectorized, dev);
@@ -253,8 +270,14 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
   if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
   const bool per_token = core::row_scaled(p.fmt);
   const int64_t th = pl.threads;
-  if (pl.fused_tail && !(tail_in_topk_blocks(pl.shape) && p.full_buffer)) {
-    reject(pl, "only the split-topk, split-half and tile shapes of a full-buffer call fill the tail in the kernel");
+  if (pl.fused_tail && !(fills_tail(pl.shape) && p.full_buffer)) {
+    reject(pl, "only the split-topk, split-half, tile and copy shapes of a full-buffer call fill the tail in the kernel");
+  }
+  if (core::passthrough(p.fmt) != (pl.role == Role::kCopy)) {
+    reject(pl, "the copy kernel takes exactly the formats without scales (bf16)");
+  }
+  if (pl.role == Role::kCopy && p.full_buffer && p.M > p.T && !pl.fused_tail) {
+    reject(pl, "the copy kernel fills a full buffer's tail in its own launch (fused_tail)");
   }
   if (topk_blocks_of_their_own(pl)) {
     if (pl.grid - pl.quant_blocks < topk_block_count(p.T, p.M, p.K, th, pl.fused_tail)) reject(pl, "too few top-k blocks");
@@ -298,6 +321,16 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
       if (pl.shape != Shape::kGeneric || per_token) reject(pl, "the generic kernel has the generic shape, no per-token format");
       if (pl.store != StorePolicy::kDefault || pl.index != IndexWidth::k64) {
         reject(pl, "the generic kernel has 64-bit indices and default stores");
+      }
+      break;
+    case Role::kCopy:
+      if (pl.shape != Shape::kCopy) reject(pl, "the copy kernel has the copy shape");
+      if (pl.store != StorePolicy::kDefault || pl.index != IndexWidth::k64) {
+        reject(pl, "the copy kernel has 64-bit indices and default stores");
+      }
+      if (pl.threads > kCopyThreads) reject(pl, "copy kernel blocks have at most kCopyThreads threads");
+      if (pl.vectorized && !layout_vectorizable(p, a)) {
+        reject(pl, "vectorized rows need contiguous, 16-byte aligned hidden_states and x_q rows");
       }
       break;
     case Role::kRowwise:

@@ -22,6 +22,7 @@ enum class Role : uint8_t {
   kFast,     ///< vectorized: 16-element chunks of contiguous, aligned rows (quantize_fast.cuh)
   kGeneric,  ///< any strides and alignment, one scale word or group per thread (quantize_generic.cuh)
   kRowwise,  ///< one block per token row, two passes: row amax, then groups (quantize_rowwise.cuh)
+  kCopy,     ///< bf16 pass-through, no scales: top-k then a grid-stride copy (copy_bf16.cuh)
 };
 
 /// Offsets and chunk indices in 32 or 64 bits.
@@ -54,8 +55,9 @@ struct Plan {
   bool pdl = false;              ///< programmatic dependent launch (sm_90+)
   bool count_nonfinite = false;  ///< the kernel variant that counts NaN / Inf into nonfinite_count
   bool vectorized = true;        ///< 16-byte loads and vector stores (rows contiguous and aligned)
-  /// Full-buffer mode: the kernel's top-k blocks also fill the tail rows T..M-1 (split-topk
-  /// and tile shapes); otherwise prepare_inputs fills them with a second, routing-only launch.
+  /// Full-buffer mode: the kernel's top-k blocks also fill the tail rows T..M-1 (split-topk,
+  /// split-half and tile shapes; the copy kernel's top-k pass); otherwise prepare_inputs
+  /// fills them with a second, routing-only launch.
   bool fused_tail = false;
   /// Row kernel: blocks that share each row (1, 2 or 4). At decode a row's groups are more
   /// work than one SM issues quickly; split, each block loads the whole row for its max and
