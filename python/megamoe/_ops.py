@@ -121,7 +121,8 @@ def route_and_stage_impl(*a: Any) -> None:
 
 
 def rmsnorm_and_stage_impl(*a: Any) -> None:  # T is x.shape[0]; no explain twin (the library has none)
-    _dispatch(a, 0, _N_FULL, "rmsnorm_and_stage", lambda v: _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(v, as_scheme)))
+    _dispatch(a, 0, _N_FULL, "rmsnorm_and_stage",
+              lambda v: _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 Registers the custom ops ``torch.ops.megamoe.prepare_inputs``,
 ``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
-``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage`` (CPU and CUDA kernels, fake implementations for
-FakeTensor / torch.compile tracing; schema, mutated arguments, kernel and fake all derived
-from megamoe._signature) and provides the torch paths of the public functions. Tensors
-reach the library as DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream
-synchronization, so it is safe inside CUDA graph capture); CUDA work goes to the current
-torch stream of the tensors' device.
+``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage`` (CPU and
+CUDA kernels, fake implementations for FakeTensor / torch.compile tracing; schema, mutated
+arguments, kernel and fake all derived from megamoe._signature) and provides the torch
+paths of the public functions. Tensors reach the library as DLPack capsules
+(``torch.utils.dlpack.to_dlpack``: no stream synchronization, so it is safe inside CUDA
+graph capture); CUDA work goes to the current torch stream of the tensors' device.
 
 The ops are registered with the low-level ``torch.library`` API (``Library.define`` /
 ``Library.impl`` on the CPU and CUDA keys / ``torch.library.register_fake``), not with

@@ -399,8 +399,8 @@ ERRORS = [
     ("eps None", TypeError, "megamoe: eps: expected a float, got NoneType"),
     ("y shape", ValueError, "megamoe: y: expected shape (4, 256), got shape (4, 128)"),
     ("y uint16", ValueError, "megamoe: y: expected dtype bfloat16, got dtype uint16"),
-    ("y overlaps x", ValueError, "overlapping memory"),
-    ("y overlaps x_fp8", ValueError, "overlapping memory"),
+    ("y overlaps x", ValueError, "megamoe: y: expected memory disjoint from x, got overlapping memory"),
+    ("y overlaps x_fp8", ValueError, "megamoe: x_fp8: expected memory disjoint from y, got overlapping memory"),
     ("topk rows", ValueError, "megamoe: topk_ids: expected shape (4, 6), got shape (3, 6)"),
     ("H % 128 (x)", ValueError, "(x: expected hidden_size % 128 == 0, got 192)"),
     ("H % 128 (y)", ValueError, "(y: expected hidden_size % 128 == 0, got 192)"),
@@ -434,7 +434,8 @@ def test_errors_write_nothing(what, exc, message):
     elif what == "residual_out alone":
         a["residual_out"] = bf(z)
     elif what.startswith("eps"):
-        a["eps"] = {"eps negative": -1.0, "eps nan": float("nan"), "eps huge": 1e300, "eps str": "1", "eps None": None}[what]
+        bad = {"eps negative": -1.0, "eps nan": float("nan"), "eps huge": 1e300, "eps str": "1", "eps None": None}
+        a["eps"] = bad[what]
     elif what == "y shape":
         a["y"] = bf(y[:, :128])
     elif what == "y uint16":
@@ -443,8 +444,11 @@ def test_errors_write_nothing(what, exc, message):
         wide = np.concatenate([x.reshape(-1), np.zeros(1, np.uint16)])
         a["x"] = bf(wide[: T * H].reshape(T, H))
         a["y"] = bf(wide[1:].reshape(T, H))
-    elif what == "y overlaps x_fp8":
-        a["y"] = bf(out["x_fp8"].view(np.uint16).reshape(T, H // 2), shape=(T, H), strides=(H // 2, 0))
+    elif what == "y overlaps x_fp8":  # y's bytes start halfway into x_fp8's
+        buf = np.full(3 * T * H, 0xA5, np.uint8)
+        out["x_fp8"] = a["x_fp8"] = buf[: T * H].reshape(T, H)
+        a["y"] = bf(buf[T * H // 2 : T * H // 2 + 2 * T * H].view(np.uint16).reshape(T, H))
+        y = buf[T * H :].view(np.uint16)  # y's bytes past x_fp8, checked below
     elif what == "topk rows":
         a["topk_weights"], a["topk_ids"] = tw[:3], ti[:3]
     elif what.startswith("H % 128"):
