@@ -9,8 +9,8 @@
   and with the staging options;
 - in place (y the same view as x, residual_out as residual), full-buffer mode, T = 0;
 - every argument error raises the library's message and writes nothing;
-- torch (skipped without torch): the op against the direct call and NumPy, opcheck, FakeTensor,
-  torch.compile.
+- torch (skipped without torch): the op against the direct call and NumPy, in place (eager,
+  through the op, compiled), opcheck, FakeTensor, torch.compile.
 
 NumPy has no bfloat16: bf16 arrays are uint16 bit patterns handed over as DLPack capsules
 of DLPack's bfloat type (ml_dtypes' bfloat16 arrays too, when it is installed).
@@ -624,6 +624,29 @@ def test_torch_compile_fullgraph():
     f(*[a[n] for n in names])
     megamoe.rmsnorm_and_stage(**{k: v for k, v in b.items() if k != "nonfinite_count"})
     for k in ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "y", "residual_out"):
+        assert_bitwise(tbits(a[k]), tbits(b[k]), f"{k} compiled vs eager")
+
+
+@needs_torch
+def test_torch_compile_in_place():
+    """y = x and residual_out = residual inside a compiled region: the functionalized op
+    writes its copies back into x and residual."""
+    a = torch_args(seed=7)
+    b = clone_args(a)
+    y_ref, z_ref = norm_reference(tbits(a["x"]).view(np.uint16), tbits(a["residual"]).view(np.uint16),
+                                  a["weight"].numpy(), eps=1e-5)  # fmt: skip
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(x, res, w, tw, ti, q, sf, idx, wo):
+        megamoe.rmsnorm_and_stage(x, res, w, tw, ti, q, sf, idx, wo, eps=1e-5, y=x, residual_out=res)
+        return x.float().sum()
+
+    names = ["x", "residual", "weight", "topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out"]
+    f(*[a[n] for n in names])
+    assert_bitwise(tbits(a["x"]).view(np.uint16), y_ref, "x (now y)")
+    assert_bitwise(tbits(a["residual"]).view(np.uint16), z_ref, "residual (now z)")
+    megamoe.rmsnorm_and_stage(**{n: b[n] for n in names}, eps=1e-5, y=b["x"], residual_out=b["residual"])
+    for k in ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out"):
         assert_bitwise(tbits(a[k]), tbits(b[k]), f"{k} compiled vs eager")
 
 
