@@ -520,8 +520,9 @@ int64_t to_i64_arg(nb::handle h, const char* name) {
 }
 
 /// The arguments of the staging entry points (prepare_inputs, stage_routing, route,
-/// route_and_stage, rmsnorm_and_stage and the explain twins), each in the member named as its Python
-/// parameter; an entry point's argument table (below) says which it takes, in which order.
+/// route_and_stage, rmsnorm_and_stage and the explain twins), each in the member named as
+/// its Python parameter; an entry point's argument table (below) says which it takes, in
+/// which order.
 /// The initializers are the defaults of the parameters that have one (arrays: None).
 struct Handles {
   PyArray hidden_states, router_logits, e_score_correction_bias, topk_weights, topk_ids;
