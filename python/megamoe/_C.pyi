@@ -301,6 +301,14 @@ def route_and_stage(hidden_states: object | None, router_logits: object | None, 
     router_logits without rows returns at once unless full_buffer is set.
     """
 
+def rmsnorm_and_stage(x: object | None, residual: object | None, weight: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., eps: float = 1e-06, y: object | None = None, residual_out: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    RMSNorm (optional residual add) and stage the normalized rows in one call (see
+    megamoe.rmsnorm_and_stage): y = the normalized x (written when given), then the staging
+    of prepare_inputs with y as hidden_states. x without rows returns at once unless
+    full_buffer is set. CPU backend only for now (CUDA tensors: UnsupportedError).
+    """
+
 def explain_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
     """
     What stage_routing would launch for these arguments, as text (validated, nothing run;

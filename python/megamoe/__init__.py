@@ -6,16 +6,18 @@ DeepGEMM's MegaMoE kernels read, in one call (CPU backend always; CUDA backend w
 with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
-logits to the top-k, and to the staged buffers in the same call). Drop-ins: vLLM's
-``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and ``dsv4_topk_prepare_megamoe``,
-DeepGEMM's ``mega_moe_pre_dispatch`` / ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
+logits to the top-k, and to the staged buffers in the same call). The RMSNorm producer
+(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call; CPU
+backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
+``dsv4_topk_prepare_megamoe``, DeepGEMM's ``mega_moe_pre_dispatch`` /
+``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
 Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs``,
-``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route`` and
-``torch.ops.megamoe.route_and_stage``, registered on import when torch is installed;
-torch.compile and CUDA graph capture safe), NumPy arrays and any DLPack / buffer-protocol
-array. Importing megamoe never requires torch, and with torch costs little more than
-``import torch``.
+``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
+``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage``,
+registered on import when torch is installed; torch.compile and CUDA graph capture safe),
+NumPy arrays and any DLPack / buffer-protocol array. Importing megamoe never requires
+torch, and with torch costs little more than ``import torch``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ._entry import (
     explain_route_and_stage,
     explain_routing,
     prepare_megamoe_inputs,
+    rmsnorm_and_stage,
     route,
     route_and_stage,
     stage_megamoe_routing,
@@ -80,6 +83,7 @@ __all__ = [
     "stage_megamoe_routing",
     "route",
     "route_and_stage",
+    "rmsnorm_and_stage",
     "dsv4_topk_prepare_megamoe",
     "mega_moe_pre_dispatch",
     "mega_moe_pre_dispatch_sm90",

@@ -4,7 +4,7 @@ written down there once; _entry.pyi, generated from the same table, gives their 
 from __future__ import annotations
 
 from . import _ops
-from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
+from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 __all__ = [
     "prepare_megamoe_inputs",
@@ -15,6 +15,7 @@ __all__ = [
     "explain_route",
     "route_and_stage",
     "explain_route_and_stage",
+    "rmsnorm_and_stage",
 ]
 
 _PREPARE_ARGS = """
@@ -262,3 +263,53 @@ explain_route = ROUTE.make_function(
 explain_route_and_stage = ROUTE_AND_STAGE.make_function(
     "explain_route_and_stage", _ops.explain_route_and_stage_impl, _explain_doc("route_and_stage", "router_logits", True)
 )
+
+_NORM_AND_STAGE_DOC = """RMSNorm (optional residual add) and stage the normalized rows in one call.
+
+    vLLM's ``rms_norm`` / ``fused_add_rms_norm`` with every rounding point fixed
+    (docs/CONTRACT.md, "RMSNorm and stage"), then the staging of
+    :func:`prepare_megamoe_inputs` with the normalized rows y as ``hidden_states``, bit for
+    bit (every format, the top-k repack, padding, ``shared_x_sf``, full-buffer mode, the
+    counter of y's non-finite values). Per row: z = x, or with a residual
+    z = bf16(fl(x + residual)); S = the sum of fl(z^2) in 16-column chunks folded by halves;
+    s = fl(1 / sqrt(fl(fl(S / H) + eps))) (correctly rounded); y = bf16(fl(bf16(fl(z * s)) * w)).
+    T is ``x.shape[0]``; without rows the call returns at once (except in full-buffer
+    mode, which fills the staged top-k tail then). Nothing is allocated, the host never
+    synchronizes with the device; torch tensors under torch.compile go through
+    ``torch.ops.megamoe.rmsnorm_and_stage``. The CPU backend runs it; the CUDA backend does
+    not yet (CUDA tensors raise :class:`UnsupportedError`, nothing written). There is no
+    explain twin: the library has no plan text for this call.
+
+    Args:
+        x: ``[T, H]`` bfloat16 rows (vLLM's ``input``), any strides, H % 128 == 0, H <= 2**24.
+        residual: ``[T, H]`` bfloat16 added to x first, or None (no residual add). Required,
+            so that a forgotten residual cannot change the result silently.
+        weight: ``[H]`` bfloat16 or float32 norm weight.
+        topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out, is_padding,
+            shared_x_sf, shared_block_m, hidden_quant: as for
+            :func:`prepare_megamoe_inputs`, with y as its hidden states.
+        eps: the norm's epsilon, finite and >= 0 (rounded to float32).
+        y: optional out ``[T, H]`` bfloat16: the normalized rows (may be ``x`` itself, the
+            same view: in place). Without it they are staged only.
+        residual_out: optional out ``[T, H]`` bfloat16: z, the sum x + residual as bf16
+            (only with a residual; may be ``residual`` itself, the same view: vLLM's
+            ``fused_add_rms_norm`` writes it there).
+        global_scale, x_scales, full_buffer, routed_scaling_factor, expert_scales, stream,
+            enable_pdl: as for :func:`prepare_megamoe_inputs`.
+        nonfinite_count: optional in/out one-element int64: NaN / +-Inf elements of y (not
+            of x) are added to it.
+
+    Raises:
+        TypeError: an array argument that is no array, a ``hidden_quant`` that is no
+            scheme, a non-float ``eps`` / ``routed_scaling_factor``, a non-integer
+            ``shared_block_m`` / ``stream``, a non-bool flag.
+        ValueError: an invalid argument (shape, dtype, device, overlap other than the
+            in-place pairs, a negative or non-finite ``eps``, a ``residual_out`` without a
+            residual, an int ``shared_block_m`` outside int64, a ``stream`` outside
+            [0, 2**64), ...; the message names the argument; the staging's name the rows
+            ``y``, or ``x`` when no y is given); nothing was written.
+        RuntimeError: a CUDA failure; :class:`UnsupportedError` (a RuntimeError) for CUDA
+            tensors, which this version does not normalize.
+    """
+
+rmsnorm_and_stage = NORM_AND_STAGE.make_function("rmsnorm_and_stage", _ops.rmsnorm_and_stage_impl, _NORM_AND_STAGE_DOC)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 from . import _C, _dequant
 from ._args import allocate, no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
+from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
 
 __all__ = [
     "output_shapes",
@@ -28,6 +28,7 @@ _torch_glue: Any = None  # megamoe._torch once loaded
 _P_FULL = PREPARE.index("full_buffer")
 _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
+_N_FULL = NORM_AND_STAGE.index("full_buffer")
 
 
 def _torch_for(x: Any) -> Any:
@@ -117,6 +118,11 @@ def route_impl(*a: Any) -> None:  # T is router_logits.shape[0]
 
 def route_and_stage_impl(*a: Any) -> None:
     _dispatch(a, 1, _RS_FULL, "route_and_stage", lambda v: _C.route_and_stage(*ROUTE_AND_STAGE.native_args(v, as_scheme)))
+
+
+def rmsnorm_and_stage_impl(*a: Any) -> None:  # T is x.shape[0]; no explain twin (the library has none)
+    _dispatch(a, 0, _N_FULL, "rmsnorm_and_stage",
+              lambda v: _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------

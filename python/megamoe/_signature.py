@@ -5,7 +5,8 @@ megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing, explain_routing,
 torch.ops.megamoe.stage_routing, megamoe._C.stage_routing), ``ROUTE`` (route,
 explain_route, torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE``
 (route_and_stage, explain_route_and_stage, torch.ops.megamoe.route_and_stage,
-megamoe._C.route_and_stage) list each argument once:
+megamoe._C.route_and_stage) and ``NORM_AND_STAGE`` (rmsnorm_and_stage,
+torch.ops.megamoe.rmsnorm_and_stage, megamoe._C.rmsnorm_and_stage) list each argument once:
 name, kind, default, whether the call writes it, whether it is keyword-only (the pieces
 several tables share are written once, as tuples spliced into them). Everything that
 spells an argument list is derived from them here:
@@ -18,9 +19,9 @@ spells an argument list is derived from them here:
   committed file is that text).
 
 Kinds: ``tensor`` (required array), ``tensor?`` (optional array), ``int?``, ``float?``,
-``bool``, ``scheme`` (a QuantScheme or a vLLM QuantKey; the custom op spells it out as
-``SCHEME_FIELDS``) and ``stream`` (a cudaStream_t as int; not an op argument: the op runs
-on the current stream).
+``float`` (a number, never None), ``bool``, ``scheme`` (a QuantScheme or a vLLM QuantKey;
+the custom op spells it out as ``SCHEME_FIELDS``) and ``stream`` (a cudaStream_t as int;
+not an op argument: the op runs on the current stream).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "SCHEME_FIELDS", "stub_text"]
+__all__ = [
+    "Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "NORM_AND_STAGE", "SCHEME_FIELDS", "stub_text",
+]  # fmt: skip
 
 
 class _Required:
@@ -64,12 +67,15 @@ SCHEME_FIELDS = (
     ("amax_floor", "float"),
 )
 
-_SCHEMA_TYPES = {"tensor": "Tensor", "tensor?": "Tensor?", "int?": "int?", "float?": "float?", "bool": "bool"}
+_SCHEMA_TYPES = {
+    "tensor": "Tensor", "tensor?": "Tensor?", "int?": "int?", "float?": "float?", "float": "float", "bool": "bool",
+}  # fmt: skip
 _STUB_TYPES = {
     "tensor": "Any",
     "tensor?": "Optional[Any]",
     "int?": "Optional[int]",
     "float?": "Optional[float]",
+    "float": "float",
     "bool": "bool",
     "scheme": "Any",
     "stream": "Optional[int]",
@@ -142,6 +148,14 @@ def optional_float(value: Any, name: str) -> Optional[float]:
         raise ValueError(f"megamoe: {name}: expected a value within float32's range, got {got}") from None
 
 
+def required_float(value: Any, name: str) -> float:
+    """``value`` as :func:`optional_float` takes it but None, a TypeError naming ``name``
+    (the argument has a default, so None can only be a mistake)."""
+    if value is None or isinstance(value, (str, bytes, bool)) or not hasattr(value, "__float__"):
+        raise TypeError(f"megamoe: {name}: expected a float, got {type(value).__name__}")
+    return optional_float(value, name)
+
+
 def stream_int(value: Any) -> int:
     """The ``stream`` argument as the native module's int (None: 0, the legacy default
     stream); ValueError outside a cudaStream_t's range, [0, 2**64)."""
@@ -171,6 +185,7 @@ class Spec:
         self._tensors = [(i, n) for i, n, k in kinds if k in _TENSOR_KINDS]
         self._ints = [(i, n) for i, n, k in kinds if k == "int?"]
         self._floats = [(i, n) for i, n, k in kinds if k == "float?"]
+        self._required_floats = [(i, n) for i, n, k in kinds if k == "float"]
         self._bools = [(i, n) for i, n, k in kinds if k == "bool"]
         self._schemes = [i for i, _, k in kinds if k == "scheme"]
         self._streams = [i for i, _, k in kinds if k == "stream"]
@@ -244,6 +259,9 @@ class Spec:
             v = out[i]
             if v is not None and type(v) is not float:
                 out[i] = optional_float(v, name)
+        for i, name in self._required_floats:
+            if type(out[i]) is not float:
+                out[i] = required_float(out[i], name)
         for i, name in self._bools:
             v = out[i]
             if v is not True and v is not False:
@@ -302,6 +320,8 @@ class Spec:
                 out.append(optional_int(v, p.name))
             elif p.kind == "float?":
                 out.append(optional_float(v, p.name))
+            elif p.kind == "float":
+                out.append(required_float(v, p.name))
             elif p.kind == "bool":
                 out.append(_as_bool(v, p.name))
         return out
@@ -475,6 +495,30 @@ ROUTE_AND_STAGE = Spec(
     ],
 )
 
+# RMSNorm then staging (include/megamoe/norm.h): prepare_megamoe_inputs' positional order
+# with the norm's inputs in place of hidden_states. The residual is required, None allowed
+# (as route's bias: a forgotten residual would change the result silently); the weight is
+# positional as in vLLM's rms_norm / fused_add_rms_norm. eps and the norm's optional
+# outputs are keyword-only; y may be x and residual_out residual (in place).
+NORM_AND_STAGE = Spec(
+    "rmsnorm_and_stage",
+    [
+        Param("x", "tensor"),
+        Param("residual", "tensor?"),
+        Param("weight", "tensor"),
+        Param("topk_weights", "tensor"),
+        Param("topk_ids", "tensor"),
+        *_STAGED,
+        Param("eps", "float", 1e-6, keyword_only=True),
+        Param("y", "tensor?", None, mutable=True, keyword_only=True),
+        Param("residual_out", "tensor?", None, mutable=True, keyword_only=True),
+        *_STAGE_OPTIONS,
+        Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("expert_scales", "tensor?", None, keyword_only=True),
+        *_LAUNCH,
+    ],
+)
+
 # (public name, spec, one-line doc) of the generated functions; _entry.pyi describes them.
 ENTRY_POINTS = (
     ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
@@ -485,6 +529,7 @@ ENTRY_POINTS = (
     ("explain_route", ROUTE, "What route would launch for these arguments, as text."),
     ("route_and_stage", ROUTE_AND_STAGE, "Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call."),
     ("explain_route_and_stage", ROUTE_AND_STAGE, "What route_and_stage would launch for these arguments, as text."),
+    ("rmsnorm_and_stage", NORM_AND_STAGE, "RMSNorm (optional residual add) and stage the normalized rows in one call."),
 )
 
 

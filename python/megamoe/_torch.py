@@ -1,13 +1,13 @@
 """PyTorch integration, loaded only when torch is installed.
 
 Registers the custom ops ``torch.ops.megamoe.prepare_inputs``,
-``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route`` and
-``torch.ops.megamoe.route_and_stage`` (CPU and CUDA kernels, fake implementations for
-FakeTensor / torch.compile tracing; schema, mutated arguments, kernel and fake all derived
-from megamoe._signature) and provides the torch paths of the public functions. Tensors
-reach the library as DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream
-synchronization, so it is safe inside CUDA graph capture); CUDA work goes to the current
-torch stream of the tensors' device.
+``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
+``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage`` (CPU and
+CUDA kernels, fake implementations for FakeTensor / torch.compile tracing; schema, mutated
+arguments, kernel and fake all derived from megamoe._signature) and provides the torch
+paths of the public functions. Tensors reach the library as DLPack capsules
+(``torch.utils.dlpack.to_dlpack``: no stream synchronization, so it is safe inside CUDA
+graph capture); CUDA work goes to the current torch stream of the tensors' device.
 
 The ops are registered with the low-level ``torch.library`` API (``Library.define`` /
 ``Library.impl`` on the CPU and CUDA keys / ``torch.library.register_fake``), not with
@@ -30,7 +30,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
-from ._signature import PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
+from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
 
 __all__ = [
     "prepare",
@@ -39,10 +39,12 @@ __all__ = [
     "stage_routing",
     "route",
     "route_and_stage",
+    "rmsnorm_and_stage",
     "prepare_inputs_op",
     "stage_routing_op",
     "route_op",
     "route_and_stage_op",
+    "rmsnorm_and_stage_op",
     "allocate",
     "index_dtype",
     "dequantize",
@@ -58,6 +60,7 @@ _P_FULL = PREPARE.index("full_buffer")
 _P_STREAM = PREPARE.index("stream")
 _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
+_N_FULL = NORM_AND_STAGE.index("full_buffer")
 
 
 def _exports_through_dlpack(dtype: Any) -> bool:
@@ -177,6 +180,12 @@ def _run_route_and_stage(a: Sequence[Any]) -> None:
     _C.route_and_stage(*ROUTE_AND_STAGE.native_args(a, as_scheme, _cap))
 
 
+def _run_rmsnorm_and_stage(a: Sequence[Any]) -> None:
+    if not _as_bool(a[_N_FULL], "full_buffer") and _no_tokens(a[0]):
+        return
+    _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(a, as_scheme, _cap))
+
+
 def _with_stream(a: Sequence[Any], i: int, device_of: Any) -> list:
     a = list(a)
     if a[i] is None:
@@ -249,6 +258,12 @@ def route_and_stage(a: Sequence[Any]) -> None:
         _direct_or_op(ROUTE_AND_STAGE, a, a[1], _run_route_and_stage, "route_and_stage")
 
 
+def rmsnorm_and_stage(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.rmsnorm_and_stage (``a``: its arguments in table order)."""
+    if _as_bool(a[_N_FULL], "full_buffer") or not _no_tokens(a[0]):
+        _direct_or_op(NORM_AND_STAGE, a, a[0], _run_rmsnorm_and_stage, "rmsnorm_and_stage")
+
+
 # ---------------------------------------------------------------------------------------
 # The custom ops: schema, mutated arguments, kernel and fake from the one table
 
@@ -285,6 +300,10 @@ def _route_and_stage_kernel(*op_args: Any) -> None:
     _run_route_and_stage(ROUTE_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[1])))
 
 
+def _rmsnorm_and_stage_kernel(*op_args: Any) -> None:
+    _run_rmsnorm_and_stage(NORM_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[0])))
+
+
 def _fake(*op_args: Any) -> None:
     """Nothing to compute: the ops only write their (already allocated) outputs, whose
     shapes, dtypes and devices do not change; argument errors surface when the op runs."""
@@ -306,6 +325,11 @@ arguments of :func:`megamoe.route` but the stream)."""
 _ROUTE_AND_STAGE_DOC = """``torch.ops.megamoe.route_and_stage``: route and stage in one call as a
 PyTorch op (the arguments of :func:`megamoe.route_and_stage` but the stream; the scheme
 spelled out as for prepare_inputs)."""
+
+_NORM_AND_STAGE_DOC = """``torch.ops.megamoe.rmsnorm_and_stage``: RMSNorm and stage in one call as a
+PyTorch op (the arguments of :func:`megamoe.rmsnorm_and_stage` but the stream; the scheme
+spelled out as for prepare_inputs). ``y`` may be ``x`` and ``residual_out`` ``residual``
+(in place); both are declared mutated, as every staging output."""
 
 
 # What the ops are registered with: the dispatch keys of their kernel (the backends the
@@ -343,6 +367,7 @@ prepare_inputs_op = _define(_LIB, PREPARE, "prepare_inputs", _prepare_kernel, _P
 stage_routing_op = _define(_LIB, ROUTING, "stage_routing", _routing_kernel, _ROUTING_DOC)
 route_op = _define(_LIB, ROUTE, "route", _route_kernel, _ROUTE_DOC)
 route_and_stage_op = _define(_LIB, ROUTE_AND_STAGE, "route_and_stage", _route_and_stage_kernel, _ROUTE_AND_STAGE_DOC)
+rmsnorm_and_stage_op = _define(_LIB, NORM_AND_STAGE, "rmsnorm_and_stage", _rmsnorm_and_stage_kernel, _NORM_AND_STAGE_DOC)
 
 
 # ---------------------------------------------------------------------------------------

@@ -520,8 +520,9 @@ int64_t to_i64_arg(nb::handle h, const char* name) {
 }
 
 /// The arguments of the staging entry points (prepare_inputs, stage_routing, route,
-/// route_and_stage and their explain twins), each in the member named as its Python
-/// parameter; an entry point's argument table (below) says which it takes, in which order.
+/// route_and_stage, rmsnorm_and_stage and the explain twins), each in the member named as
+/// its Python parameter; an entry point's argument table (below) says which it takes, in
+/// which order.
 /// The initializers are the defaults of the parameters that have one (arrays: None).
 struct Handles {
   PyArray hidden_states, router_logits, e_score_correction_bias, topk_weights, topk_ids;
@@ -536,6 +537,10 @@ struct Handles {
   bool full_buffer = false;
   uintptr_t stream = 0;
   bool enable_pdl = false;
+  // rmsnorm_and_stage's norm (RmsNormArgs); eps is a double as Python passes it, made an
+  // fp32 with to_f32_arg.
+  PyArray x, residual, weight, y, residual_out;
+  double eps = 1e-6;
 };
 
 megamoe::Stream stream_of(const Handles& h) { return reinterpret_cast<megamoe::Stream>(h.stream); }
@@ -697,6 +702,14 @@ constexpr auto kRouteAndStage = std::tuple_cat(
     std::make_tuple(MEGAMOE_REQUIRED_ARG(hidden_states)), kRouterHead, kStaged, kRouterOptions,
     std::make_tuple(MEGAMOE_ARG(logits_nonfinite_count).library_name(kRouterCounter)), kStageOptions, kLaunch);
 
+// The norm's inputs in place of hidden_states (the residual required, None allowed), then
+// prepare_inputs' arguments; eps and the norm's outputs keyword-only in Python.
+constexpr auto kNormAndStage = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(x), MEGAMOE_REQUIRED_ARG(residual), MEGAMOE_REQUIRED_ARG(weight),
+                    MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids)),
+    kStaged, std::make_tuple(MEGAMOE_ARG(eps), MEGAMOE_ARG(y), MEGAMOE_ARG(residual_out)), kStageOptions,
+    std::make_tuple(MEGAMOE_ARG(routed_scaling_factor), MEGAMOE_ARG(expert_scales)), kLaunch);
+
 #undef MEGAMOE_ARG
 #undef MEGAMOE_REQUIRED_ARG
 
@@ -707,12 +720,15 @@ constexpr auto kRouteAndStage = std::tuple_cat(
 /// route_and_stage, whose top-k inputs are the router's outputs (not read here), whose
 /// routed_scaling_factor is the router's and whose T is the router's (so hidden_states is
 /// imported whatever its rows, for the library to check, and the dtype errors are left to
-/// the caller, who validates both halves).
-bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool routed = false) {
+/// the caller, who validates both halves). @p normed: the staging half of rmsnorm_and_stage,
+/// whose rows are the norm's (no hidden_states: StageArgs::hidden_states stays empty; T
+/// comes from x, read by the caller, who also reports the dtypes the library has no name for).
+bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool routed = false,
+                bool normed = false) {
   if (routed) {
     arrays.input(h.hidden_states, args.hidden_states);
   } else {
-    if (arrays.input(h.hidden_states, args.hidden_states, !h.full_buffer)) return false;
+    if (!normed && arrays.input(h.hidden_states, args.hidden_states, !h.full_buffer)) return false;
     arrays.input(h.topk_weights, args.topk_weights);
     arrays.input(h.topk_ids, args.topk_ids);
   }
@@ -734,7 +750,7 @@ bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool
     arrays.input(h.expert_scales, args.expert_scales);
   }
   args.enable_pdl = h.enable_pdl;
-  if (!routed && !arrays.unrepresented().empty()) {
+  if (!routed && !normed && !arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate(args); });
   }
   return true;
@@ -875,6 +891,27 @@ std::string explain_route_and_stage(const Handles& h) {
   megamoe::StageArgs a;
   if (!load_route_and_stage(arrays, h, r, a)) return "nothing to do: router_logits has no rows (T == 0)";
   return megamoe::explain(r, a);
+}
+
+/// rmsnorm_and_stage: the norm's arrays into RmsNormArgs, the staging's into StageArgs (its
+/// rows are the norm's: no hidden_states). A 2-D x without rows returns at once outside
+/// full-buffer mode (the library reads T from x and returns then; nothing else is read).
+void rmsnorm_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::RmsNormArgs n;
+  if (arrays.input(h.x, n.x, !h.full_buffer)) return;
+  arrays.input(h.residual, n.residual);
+  arrays.input(h.weight, n.weight);
+  n.eps = to_f32_arg(h.eps, "eps");
+  arrays.output(h.y, n.y);
+  arrays.output(h.residual_out, n.residual_out);
+  megamoe::StageArgs a;
+  load_stage(arrays, h, a, false, true);
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_rmsnorm(n, a); });
+  }
+  nb::gil_scoped_release release;
+  megamoe::rmsnorm_and_stage(n, a, stream_of(h));
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -1136,6 +1173,11 @@ NB_MODULE(_C, m) {
             "Route and stage in one call (see megamoe.route_and_stage): the router's top-k\n"
             "(topk_weights / topk_ids) and the staging of prepare_inputs with it as the top-k input.\n"
             "router_logits without rows returns at once unless full_buffer is set.");
+  def_entry(m, "rmsnorm_and_stage", kNormAndStage, &rmsnorm_and_stage,
+            "RMSNorm (optional residual add) and stage the normalized rows in one call (see\n"
+            "megamoe.rmsnorm_and_stage): y = the normalized x (written when given), then the staging\n"
+            "of prepare_inputs with y as hidden_states. x without rows returns at once unless\n"
+            "full_buffer is set. CPU backend only for now (CUDA tensors: UnsupportedError).");
   def_entry(m, "explain_routing", kRouting, &explain_routing,
             "What stage_routing would launch for these arguments, as text (validated, nothing run;\n"
             "stream is ignored).");

@@ -19,7 +19,7 @@ import pytest
 
 import megamoe
 from megamoe import _C, _signature
-from megamoe._signature import PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
+from megamoe._signature import NORM_AND_STAGE, PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 STUB = Path(megamoe.__file__).resolve().parent / "_entry.pyi"
 
@@ -34,7 +34,7 @@ VLLM_ROUTING = ["topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out", 
 # The native module's annotation of each kind of table argument (nanobind's signature text).
 NATIVE_TYPES = {
     "tensor": "object | None", "tensor?": "object | None", "int?": "int | None", "float?": "float | None",
-    "bool": "bool", "scheme": "megamoe._C.QuantScheme", "stream": "int",
+    "float": "float", "bool": "bool", "scheme": "megamoe._C.QuantScheme", "stream": "int",
 }  # fmt: skip
 
 
@@ -85,6 +85,14 @@ def test_router_signatures_are_the_table():
         kinds = {n: p.kind for n, p in sig.parameters.items()}
         assert [n for n, k in kinds.items() if k == inspect.Parameter.POSITIONAL_OR_KEYWORD] == positional
         assert sig.parameters["e_score_correction_bias"].default is inspect.Parameter.empty
+    # the norm: prepare_megamoe_inputs' positional order with x, residual (required, None
+    # allowed) and weight in place of hidden_states; eps and the norm's outputs keyword-only
+    sig = inspect.signature(megamoe.rmsnorm_and_stage)
+    assert sig == NORM_AND_STAGE.signature() and megamoe.rmsnorm_and_stage.__module__ == "megamoe"
+    positional = [n for n, p in sig.parameters.items() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == ["x", "residual", "weight", *VLLM_PREPARE[1:]]
+    assert sig.parameters["residual"].default is inspect.Parameter.empty and sig.parameters["eps"].default == 1e-6
+    assert [n for n in sig.parameters if n not in positional][:3] == ["eps", "y", "residual_out"]
     # the drop-in has vLLM's dsv4_topk_prepare_megamoe parameters, in its order
     assert list(inspect.signature(megamoe.dsv4_topk_prepare_megamoe).parameters) == [
         "hidden_states", "gating_output", "correction_bias", "routed_scaling_factor", "indices_dtype", "x_fp8", "x_sf",
@@ -95,7 +103,7 @@ def test_router_signatures_are_the_table():
     "name,spec",
     [("prepare_inputs", PREPARE), ("explain", PREPARE), ("stage_routing", ROUTING), ("route", ROUTE),
      ("route_and_stage", ROUTE_AND_STAGE), ("explain_routing", ROUTING), ("explain_route", ROUTE),
-     ("explain_route_and_stage", ROUTE_AND_STAGE)],
+     ("explain_route_and_stage", ROUTE_AND_STAGE), ("rmsnorm_and_stage", NORM_AND_STAGE)],
 )  # fmt: skip
 def test_native_parameters_are_the_table(name, spec):
     # The binding's own argument tables (python/src/binding.cpp) give the native module its
@@ -121,6 +129,7 @@ def test_native_stub_parameter_order_is_the_table():
     assert funcs["stage_routing"] == funcs["explain_routing"] == list(ROUTING.names)
     assert funcs["route"] == funcs["explain_route"] == list(ROUTE.names)
     assert funcs["route_and_stage"] == funcs["explain_route_and_stage"] == list(ROUTE_AND_STAGE.names)
+    assert funcs["rmsnorm_and_stage"] == list(NORM_AND_STAGE.names)
 
 
 def test_committed_stub_is_the_generated_one():
@@ -162,8 +171,14 @@ def test_op_schema_text():
     assert ROUTE_AND_STAGE.mutates_args() == ("topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out",
                                               "topk_weights_out", "shared_x_sf", "expert_load_view",
                                               "logits_nonfinite_count", "x_scales", "nonfinite_count")  # fmt: skip
+    ns = NORM_AND_STAGE.op_schema()
+    assert ns.startswith("(Tensor x, Tensor? residual, Tensor weight, Tensor topk_weights, Tensor topk_ids, "
+                         "Tensor(a!) x_fp8, ")  # fmt: skip
+    assert "float amax_floor, float eps, Tensor(f!)? y, Tensor(g!)? residual_out, Tensor? global_scale" in ns
+    assert NORM_AND_STAGE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "y",
+                                             "residual_out", "x_scales", "nonfinite_count")  # fmt: skip
     # every table argument but the stream reaches the op (the scheme as its fields)
-    for spec in (PREPARE, ROUTE_AND_STAGE):
+    for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE):
         op = spec.op_names()
         for p in spec.params:
             if p.kind == "scheme":
@@ -204,6 +219,27 @@ def test_op_values_round_trip():
         PREPARE.from_op_values(op[:-1], scheme_from_plain, stream=7)
 
 
+def test_required_float_kind():
+    """eps (kind "float"): numbers become floats, None and non-numbers are TypeErrors, ints
+    too large for a double ValueErrors; the op spells it "float"."""
+    i = NORM_AND_STAGE.index("eps")
+    args = NORM_AND_STAGE.values(x=1, residual=None, weight=2, topk_weights=3, topk_ids=4, x_fp8=5, x_sf=6,
+                                 topk_idx_out=7, topk_weights_out=8)  # fmt: skip
+    assert args[i] == 1e-6
+    for given, want in ((0, 0.0), (2, 2.0), (1e-5, 1e-5)):
+        got = NORM_AND_STAGE.native_args([*args[:i], given, *args[i + 1 :]], lambda s: s)[i]
+        assert got == want and type(got) is float
+    for bad, exc, msg in ((None, TypeError, "megamoe: eps: expected a float, got NoneType"),
+                          ("1", TypeError, "megamoe: eps: expected a float, got str"),
+                          (True, TypeError, "megamoe: eps: expected a float, got bool"),
+                          (10**400, ValueError, "megamoe: eps: expected a value within float32's range")):  # fmt: skip
+        with pytest.raises(exc, match=re.escape(msg)):
+            NORM_AND_STAGE.native_args([*args[:i], bad, *args[i + 1 :]], lambda s: s)
+        with pytest.raises(exc, match=re.escape(msg)):
+            NORM_AND_STAGE.op_values([*args[:i], bad, *args[i + 1 :]], lambda s: ())
+    assert ("eps", "float") in NORM_AND_STAGE.op_params()
+
+
 # ---------------------------------------------------------------------------------------
 # Packaging
 
@@ -238,7 +274,8 @@ IMPORT_TIME = textwrap.dedent(
     import megamoe
     t2 = time.perf_counter()
     assert 'megamoe._torch' in sys.modules, 'the custom ops are registered on import'
-    assert all(hasattr(torch.ops.megamoe, n) for n in ('prepare_inputs', 'stage_routing', 'route', 'route_and_stage'))
+    assert all(hasattr(torch.ops.megamoe, n) for n in ('prepare_inputs', 'stage_routing', 'route', 'route_and_stage',
+                                                       'rmsnorm_and_stage'))
     print(t1 - t0, t2 - t1, 'torch._dynamo' in sys.modules)
     """
 )
