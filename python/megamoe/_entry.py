@@ -276,9 +276,9 @@ _NORM_AND_STAGE_DOC = """RMSNorm (optional residual add) and stage the normalize
     T is ``x.shape[0]``; without rows the call returns at once (except in full-buffer
     mode, which fills the staged top-k tail then). Nothing is allocated, the host never
     synchronizes with the device; torch tensors under torch.compile go through
-    ``torch.ops.megamoe.rmsnorm_and_stage``. The CPU backend runs it; the CUDA backend does
-    not yet (CUDA tensors raise :class:`UnsupportedError`, nothing written). There is no
-    explain twin: the library has no plan text for this call.
+    ``torch.ops.megamoe.rmsnorm_and_stage``. Both backends run it (CUDA: a norm kernel,
+    then the staging launch; without ``y`` the rows go to stream-ordered scratch). There
+    is no Python explain twin yet (C++: ``megamoe::explain(RmsNormArgs, StageArgs)``).
 
     Args:
         x: ``[T, H]`` bfloat16 rows (vLLM's ``input``), any strides, H % 128 == 0, H <= 2**24.

@@ -205,7 +205,7 @@ def rmsnorm_and_stage(
     topk_weights: Any,
     topk_ids: Any,
     x_fp8: Any,
-    x_sf: Any,
+    x_sf: Optional[Any],
     topk_idx_out: Any,
     topk_weights_out: Any,
     is_padding: Optional[Any] = None,

@@ -1013,6 +1013,35 @@ def test_expert_scales_on_device(T, H, alpha):
 
 
 @cuda_only
+@pytest.mark.parametrize("T,H", [(1, 7168), (64, 4096), (2000, 7168)])
+@pytest.mark.parametrize("name", ["MXFP8", "FP8_FP32_G128", "NVFP4_PER_TOKEN"])
+def test_rmsnorm_and_stage_cuda_matches_cpu(T, H, name):
+    """rmsnorm_and_stage on the GPU: y, residual_out and every staged byte equal the CPU
+    backend's (which tests/python/test_norm.py holds to the contract's formulas), with the
+    residual in place, and without y (rows to scratch)."""
+    K, s = 8, SCHEMES[name]
+    g = torch.Generator().manual_seed(T + H)
+    x = (torch.randn(T, H, generator=g) * 3).to(torch.bfloat16)
+    res = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    w = (torch.rand(H, generator=g) + 0.5).to(torch.bfloat16)
+    tw, ti = torch.rand(T, K, generator=g), torch.randint(0, 256, (T, K), generator=g, dtype=torch.int32)
+    got = {}
+    for dev in ("cpu", "cuda"):
+        for want_y in (True, False):
+            out, gs = outputs_any(T, H, K, s, dev)
+            xr, rr = x.to(dev).clone(), res.to(dev).clone()
+            y = torch.empty(T, H, dtype=torch.bfloat16, device=dev) if want_y else None
+            megamoe.rmsnorm_and_stage(xr, rr, w.to(dev), tw.to(dev), ti.to(dev), **out, hidden_quant=s, eps=1e-6,
+                                      y=y, residual_out=rr, global_scale=gs)  # fmt: skip
+            sync()
+            got[(dev, want_y)] = {k: v.cpu() for k, v in out.items()} | {"residual": rr.cpu()} | (
+                {"y": y.cpu()} if want_y else {})  # fmt: skip
+    for want_y in (True, False):
+        same_all(got[("cuda", want_y)], got[("cpu", want_y)], f"rmsnorm_and_stage y={want_y}")
+    same_all({k: v for k, v in got[("cpu", True)].items() if k != "y"}, got[("cpu", False)], "with and without y")
+
+
+@cuda_only
 def test_routing_only_and_sglang_drop_ins_on_cuda():
     T, P, H, K = 40, 64, 7168, 8
     h = hidden(T, H, seed=4)
