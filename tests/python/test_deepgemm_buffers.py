@@ -21,6 +21,12 @@ import pytest
 import megamoe
 from megamoe import buffers as mb
 
+
+def alloc_np(*args, **kw):
+    """alloc_deepgemm_buffer with NumPy storage: these tests read the buffers with NumPy,
+    and the default allocator is torch wherever torch is installed."""
+    return mb.alloc_deepgemm_buffer(*args, allocator="numpy", **kw)
+
 # ---------------------------------------------------------------------------------------
 # The reference
 
@@ -343,7 +349,7 @@ CASES = {
 def test_full_buffer_staging_writes_exactly_the_input_views(case, T):
     c = CASES[case]
     E, K = 16, 6
-    buf = mb.alloc_deepgemm_buffer(c["variant"], E, 300, K, c["H"], c["IH"], num_shared_experts=c["S"],
+    buf = alloc_np(c["variant"], E, 300, K, c["H"], c["IH"], num_shared_experts=c["S"],
                                    mma_type=c["mma_type"], num_sms=132 if c["variant"] == "sm100" else None)  # fmt: skip
     lay = buf.layout
     M, H = lay.num_max_tokens, c["H"]
@@ -396,23 +402,23 @@ def test_full_buffer_staging_writes_exactly_the_input_views(case, T):
 
 
 def test_outputs_refusals_and_views():
-    b = mb.alloc_deepgemm_buffer("sm100", 8, 64, 4, 256, 128, mma_type="bf16xbf16", num_shared_experts=1, num_sms=132)
+    b = alloc_np("sm100", 8, 64, 4, 256, 128, mma_type="bf16xbf16", num_shared_experts=1, num_sms=132)
     assert b.x_sf is None and b.shared_l1_acts is b.x and b.shared_l2_acts.dtype == np.uint16  # bf16 bits in NumPy
     with pytest.raises(ValueError, match="copy them into buf.x"):
         b.outputs(5)
     r = b.routing_outputs()
     megamoe.stage_megamoe_routing(np.ones((3, 4), np.float32), np.zeros((3, 4), np.int32), **r)
     assert (b.topk_idx[3:] == -1).all() and (b.topk_idx[:3] == 0).all()
-    b = mb.alloc_deepgemm_buffer("sm100", 8, 64, 4, 256, 128, num_shared_experts=1, num_sms=132)
+    b = alloc_np("sm100", 8, 64, 4, 256, 128, num_shared_experts=1, num_sms=132)
     with pytest.raises(ValueError, match="num_tokens: expected the call's token count"):
         b.outputs()
     with pytest.raises(ValueError, match="x_scales"):
         b.outputs(5, scheme=megamoe.NVFP4_PER_TOKEN)
     assert b.shared_l1_acts is b.x and b.views["workspace"].shape == (b.layout.workspace_bytes,)
     assert b.l1_acts_sf.strides == (4, 4 * b.layout.num_sf_ring_tokens)
-    n = mb.alloc_deepgemm_buffer("sm100", 8, 64, 4, 512, 512, mma_type="fp4xfp4", num_shared_experts=1, num_sms=132)
+    n = alloc_np("sm100", 8, 64, 4, 512, 512, mma_type="fp4xfp4", num_shared_experts=1, num_sms=132)
     assert n.shared_l1_acts is None and n.shared_l1_acts_sf is None and n.x.shape == (1920, 256)
-    s = mb.alloc_deepgemm_buffer("sm90_fp8", 8, 64, 4, 256, 128)
+    s = alloc_np("sm90_fp8", 8, 64, 4, 256, 128)
     assert s.shared_l2_acts is None and s.x_sf.dtype == np.float32 and s.layout.scheme.amax_floor == np.float32(1e-10)
     assert s.outputs()["hidden_quant"] == megamoe.FP8_FP32_G128.with_amax_floor(1e-10)
     assert s.peer(0) is s
@@ -422,7 +428,7 @@ def test_outputs_refusals_and_views():
         mb.alloc_deepgemm_buffer("sm90_fp8", 8, 64, 4, 256, 128, allocator="numpy", device="cuda")
     with pytest.raises(ValueError, match="allocator: expected"):
         mb.alloc_deepgemm_buffer("sm90_fp8", 8, 64, 4, 256, 128, allocator="mmap")
-    u = mb.alloc_deepgemm_buffer("sm90_fp8", 8, 64, 4, 256, 128, zero=False)
+    u = alloc_np("sm90_fp8", 8, 64, 4, 256, 128, zero=False)
     assert u.storage.shape == (u.layout.nbytes,)
 
 
@@ -434,7 +440,7 @@ def test_views_over_an_existing_buffer():
     h = np.random.default_rng(3).standard_normal((7, 512)).astype(np.float32)
     w, ids = np.ones((7, 4), np.float32), np.arange(28, dtype=np.int32).reshape(7, 4) % 16
     megamoe.prepare_megamoe_inputs(h, w, ids, **buf.outputs(7))
-    own = mb.alloc_deepgemm_buffer("sm100", 16, 100, 4, 512, 256, num_shared_experts=1, num_sms=132)
+    own = alloc_np("sm100", 16, 100, 4, 512, 256, num_shared_experts=1, num_sms=132)
     megamoe.prepare_megamoe_inputs(h, w, ids, **own.outputs(7))
     assert np.array_equal(raw.view(np.uint8)[: lay.nbytes], own.storage)
     with pytest.raises(ValueError, match="expected at least"):
@@ -450,7 +456,7 @@ def test_views_over_an_existing_buffer():
 def test_nvfp4_ties_are_where_deepgemms_test_differs():
     """docs/BUFFERS.md: DeepGEMM's NVFP4 test rounds e2m1 ties to the even code, megamoe's
     NVFP4 toward zero; they differ exactly at |v| = 0.75, 1.75, 3.5 (one code)."""
-    buf = mb.alloc_deepgemm_buffer("sm100", 8, 16, 2, 512, 512, mma_type="fp4xfp4", num_sms=132)
+    buf = alloc_np("sm100", 8, 16, 2, 512, 512, mma_type="fp4xfp4", num_sms=132)
     h = np.zeros((1, 512), np.float32)
     h[0, :8] = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]  # amax 6: the group's scale is 1.0
     megamoe.prepare_megamoe_inputs(h, np.ones((1, 2), np.float32), np.zeros((1, 2), np.int32), **buf.outputs(1),
