@@ -12,7 +12,8 @@
 //   rounds   the Rounding values a scheme may give (kDefault is the codec's own rule)
 //   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, or fp32
 //   scale    the public ScaleType a scheme names
-//   s2       second-level scale (Scale2): none, static, per token
+//   s2       second-level scale (Scale2): none, static, per token, online (one for the
+//            tensor, computed by the call: its groups are the static row's, nvfp4/recipe.h)
 //   group    the group size G it fixes (0: any G dividing 128)
 //   fast     the fast kernel's group sizes, a bit per G (kG16 | kG32 | kG128; 0: none)
 //   floor    the smallest positive amax floor the format accepts (0 is accepted by every
@@ -71,7 +72,8 @@ constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly fo
   X(kMxfp4Rne,      "mxfp4_rne",       kE2M1, kFloat4E2M1, kRoundRne, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
   X(kNvfp4Static,   "nvfp4_static",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kStatic,   16,   kG16,         0.0f) \
   X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor) \
-  X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f)
+  X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
+  X(kNvfp4Online,   "nvfp4_online",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kOnline,   16,   0,            kMinFp32ScaleFloor)
 // clang-format on
 
 /// The launch table: one enumerator per row.
@@ -140,6 +142,18 @@ constexpr bool fast_group(Format f, int64_t G) {
 }
 /// The row kernel (a whole row's amax before any group) is the per-token scale's.
 constexpr bool row_scaled(Format f) { return row_of(f).s2 == Scale2::kPerToken; }
+/// NVFP4 online (kNvfp4Online): a global scale from the whole tensor's amax, written to
+/// global_scale, after which every group is NVFP4 static's under it. Backends compute gs,
+/// then stage the call as staged_format(f) reading gs back from global_scale, so no
+/// kernel has a variant of its own for it (the "fast" column is empty: nothing launches
+/// with this row).
+MEGAMOE_HD constexpr bool online_scaled(Format f) { return row_of(f).s2 == Scale2::kOnline; }
+/// The row whose kernels stage the groups of @p f (the static row for NVFP4 online).
+MEGAMOE_HD constexpr Format staged_format(Format f) { return online_scaled(f) ? Format::kNvfp4Static : f; }
+/// The recipe reads a global scale (static, or online once computed).
+MEGAMOE_HD constexpr bool global_scaled(Format f) {
+  return row_of(f).s2 == Scale2::kStatic || row_of(f).s2 == Scale2::kOnline;
+}
 
 }  // namespace core
 }  // namespace megamoe
