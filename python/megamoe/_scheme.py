@@ -16,6 +16,7 @@ __all__ = [
     "MXFP4_RNE",
     "NVFP4_STATIC",
     "NVFP4_PER_TOKEN",
+    "NVFP4_ONLINE",
     "as_scheme",
 ]
 
@@ -39,6 +40,9 @@ MXFP4_RNE: QuantScheme = QuantScheme.mxfp4(Rounding.NEAREST_EVEN)
 NVFP4_STATIC: QuantScheme = QuantScheme.nvfp4_static()
 #: NVFP4 with a per-token fp32 second-level scale written to x_scales= (SGLang nvfp4xnvfp4).
 NVFP4_PER_TOKEN: QuantScheme = QuantScheme.nvfp4_per_token()
+#: NVFP4 whose global scale the call computes, fl(max(amax, floor) / 2688) over the whole
+#: tensor, and writes to global_scale= (a [1] float32 output); the groups are NVFP4_STATIC's.
+NVFP4_ONLINE: QuantScheme = QuantScheme.nvfp4_online()
 
 # dtype name -> element type. Anything not listed becomes INT8, a rejected element type, so
 # that the library's check raises the reference's ValueError. vLLM stores packed fp4 as
