@@ -180,6 +180,8 @@ def test_nvfp4_online_global_scale_is_a_required_output():
     staged = megamoe.stage(h, w, ids, scheme=s)
     assert staged.global_scale.shape == (1,) and staged.global_scale[0] == online_gs(h, 1e-4)
     assert megamoe.stage(h, w, ids, scheme=megamoe.NVFP4_PER_TOKEN).global_scale is None
+    text = megamoe.explain(h, w, ids, *staged[:4], hidden_quant=s, global_scale=staged.global_scale)
+    assert text.startswith("cpu backend: nvfp4_online ") and "amax to global_scale" in text, text
 
 
 @pytest.mark.parametrize("name", ALL_SCHEMES)
