@@ -58,7 +58,14 @@ constexpr float kMinFp32ScaleFloor = 0x1p-100f;
 // floor 0"): a UE8M0 group whose amax is 0 (byte kUe8m0Unit, multiplier 1); an fp32 scale
 // s <= kFp32ScaleNoRecip, exactly those whose reciprocal overflows, 0 included (scale and
 // multiplier 1); an NVFP4 per-token row whose amax is below kMinFp32ScaleFloor (pts 1, so
-// that every other row has floor 2^-100's scales). The recipes test `floor == 0` first:
+// that every other row has floor 2^-100's scales); an NVFP4 online tensor whose amax is
+// below kMinFp32ScaleFloor (gs 1).
+//
+// NVFP4 online (kNvfp4Online): e2m1 values with ties toward zero, e4m3 scale bytes packed
+// four per int32, G = 16, floors as per-token's; gs = fl(max(A, floor) / 2688), A the
+// NaN-ignoring max |x| over all T x H elements (padded rows included, +-Inf counts as Inf,
+// an all-NaN tensor has A = 0), written to global_scale (an output for this row); every
+// group is then NVFP4 static's under gs, the bytes of kNvfp4Static called with it. The recipes test `floor == 0` first:
 // a kernel with its floor compiled in drops the select, and no positive floor reaches it.
 constexpr uint32_t kUe8m0Unit = 127;            ///< UE8M0 byte of the unit scale 2^0
 constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly for 0 <= s <= this
