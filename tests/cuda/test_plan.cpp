@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
@@ -1016,7 +1017,12 @@ TEST(CudaPlan, RouterPlanPdlNeedsSm90) {
 // harness lays the reference out right (the CPU backend itself is held to the reference
 // by tests/cpp).
 TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
-  for (const QuantScheme& q : harness::all_schemes()) {
+  std::vector<QuantScheme> schemes = harness::all_schemes();
+  // NVFP4 online (its global_scale an output image of the harness), floor 0 on inputs below
+  // 2^-100 too (layout 2: fp32 times 2^-120).
+  schemes.push_back(QuantScheme::nvfp4_online());
+  schemes.push_back(QuantScheme::nvfp4_online().with_amax_floor(0.0f));
+  for (const QuantScheme& q : schemes) {
     for (int layout = 0; layout < 3; ++layout) {
       harness::Case c;
       c.T = 37;
@@ -1028,6 +1034,7 @@ TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
       c.hs_noncontig = c.misaligned = layout == 1;
       c.sf_mn_major = c.strided_topk = c.reversed_topk_in = layout == 2;
       if (q.ue8m0()) c.bm = 32, c.shared_transposed = layout != 0;
+      c.tiny = q.scale2 == megamoe::Scale2::kOnline && q.amax_floor == 0.0f && layout == 2;
       harness::Staged s(c);
       s.fill_inputs(11 + layout);
       const harness::Images want = s.expected(), cpu = s.cpu_backend_images();
