@@ -37,7 +37,8 @@ std::string describe(const StageArgs& args) {
                                  : "cpu backend: nothing to do (T == 0)";
     }
     return "cpu backend: " + scheme_name(p.scheme) + " " + sizes + " in=" + dtype_name(args.hidden_states.dtype) +
-           ": strided loops over token rows (worker threads for large problems)" +
+           ": " + (core::online_scaled(p.fmt) ? "the tensor's amax to global_scale, then " : "") +
+           "strided loops over token rows (worker threads for large problems)" +
            (p.has_nonfinite ? ", non-finite count" : "");
   }
 #if MEGAMOE_WITH_CUDA

@@ -47,6 +47,7 @@ const char* scale2_name(Scale2 s) {
     case Scale2::kNone: return "none";
     case Scale2::kStatic: return "static";
     case Scale2::kPerToken: return "per_token";
+    case Scale2::kOnline: return "online";
   }
   return "unknown";
 }
@@ -200,7 +201,8 @@ OutputShapes output_shapes_of(core::Format f, const QuantScheme& q, int64_t T, i
   o.topk_idx_out = spec2(DType::kInt64, T, K);
   o.topk_weights_out = spec2(DType::kFloat32, T, K);
   if (core::row_of(f).s2 == Scale2::kPerToken) o.x_scales = spec1(DType::kFloat32, T);
-  if (core::row_of(f).s2 == Scale2::kStatic) o.global_scale = spec1(DType::kFloat32, 1);
+  if (core::global_scaled(f)) o.global_scale = spec1(DType::kFloat32, 1);
+  o.global_scale_out = core::online_scaled(f);
   return o;
 }
 

@@ -83,7 +83,7 @@ std::vector<double> dequantize(const Quantized& x, const megamoe::QuantScheme& q
   if (out.empty() || groups == 0) return out;
   for (int64_t t = 0; t < T; ++t) {
     double second = 1.0;  // the second-level scale of NVFP4
-    if (q.scale2 == megamoe::Scale2::kStatic) second = x.global_scale;
+    if (q.scale2 == megamoe::Scale2::kStatic || q.scale2 == megamoe::Scale2::kOnline) second = x.global_scale;
     if (q.scale2 == megamoe::Scale2::kPerToken) {
       float pts;
       std::memcpy(&pts, x.x_scales->data.data() + 4 * t, 4);

@@ -73,7 +73,8 @@ const std::map<std::string, megamoe::QuantScheme>& schemes() {
       {"mxfp4-rne", megamoe::QuantScheme::mxfp4(megamoe::Rounding::kNearestEven)},
       {"nvfp4-static", megamoe::QuantScheme::nvfp4_static()},
       {"nvfp4-per-token", megamoe::QuantScheme::nvfp4_per_token()},
-      {"bf16", megamoe::QuantScheme::bf16()}};
+      {"bf16", megamoe::QuantScheme::bf16()},
+      {"nvfp4-online", megamoe::QuantScheme::nvfp4_online()}};
   return m;
 }
 
@@ -326,7 +327,9 @@ int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
   if (in.is_padding) b = b + static_cast<int64_t>(in.is_padding->data.size());
   if (out.shared_x_sf) b = b + token_rows(out.x_sf);
   if (out.x_scales) b = b + token_rows(*out.x_scales);
-  if (out.scheme.scale2 == megamoe::Scale2::kStatic) b = b + 4;  // the global_scale read
+  if (out.scheme.scale2 == megamoe::Scale2::kStatic || out.scheme.scale2 == megamoe::Scale2::kOnline) {
+    b = b + 4;  // the global_scale read (nvfp4-static) or written (nvfp4-online)
+  }
   return checked_value(b, "the byte count per call");
 }
 
@@ -443,6 +446,10 @@ int run(const Options& o) {
     std::memcpy(gs_tensor.data.data(), &gs, 4);
     args.global_scale = gs_tensor.ref();
     out.global_scale = gs;
+  } else if (q.scale2 == megamoe::Scale2::kOnline) {
+    // nvfp4-online writes its global scale: a [1] fp32 output, read back after the runs.
+    gs_tensor = Tensor("F32", {1}, "output 'global_scale'");
+    args.global_scale = gs_tensor.ref();
   }
   if (out.x_scales) args.x_scales = out.x_scales->ref();
   args.full_buffer = o.full_buffer;
@@ -530,6 +537,7 @@ int run(const Options& o) {
                   " hardware threads)";
   }
   const double t_med = median(times);
+  if (q.scale2 == megamoe::Scale2::kOnline && T > 0) std::memcpy(&out.global_scale, gs_tensor.data.data(), 4);
 
   // Quality and reference.
   progress.step(reference_compiled() ? "checking against the reference" : "measuring the quality");
@@ -550,7 +558,9 @@ int run(const Options& o) {
     }
     if (out.x_scales) ts.emplace_back("x_scales", &*out.x_scales);
     std::map<std::string, std::string> md = format_metadata(q, o);
-    if (q.scale2 == megamoe::Scale2::kStatic) md["global_scale"] = fmt("%.9g", out.global_scale);
+    if (q.scale2 == megamoe::Scale2::kStatic || q.scale2 == megamoe::Scale2::kOnline) {
+      md["global_scale"] = fmt("%.9g", out.global_scale);
+    }
     if (out.full_buffer_rows > 0) md["full_buffer_rows"] = std::to_string(out.full_buffer_rows);
     write_safetensors(o.output, ts, md);
   }
@@ -639,7 +649,9 @@ int run(const Options& o) {
                    {"amax_floor", q.amax_floor},
                    {"x_q_shape", out.x_fp8.shape},
                    {"x_scales_shape", out.x_scales ? ojson(out.x_scales->shape) : ojson()},
-                   {"global_scale", q.scale2 == megamoe::Scale2::kStatic ? ojson(out.global_scale) : ojson()},
+                   {"global_scale", q.scale2 == megamoe::Scale2::kStatic || q.scale2 == megamoe::Scale2::kOnline
+                                        ? ojson(out.global_scale)
+                                        : ojson()},
                    {"full_buffer_rows", out.full_buffer_rows > 0 ? ojson(out.full_buffer_rows) : ojson()},
                    {"group_size", G},
                    {"x_sf_shape", out.x_sf.shape}};
@@ -712,7 +724,9 @@ int run(const Options& o) {
   }
   if (q.elem == megamoe::QuantElem::kFloat4E2M1) std::cout << "; x_q " << out.x_fp8.shape_str() << " uint8";
   if (out.x_scales) std::cout << "; x_scales " << out.x_scales->shape_str() << " float32";
-  if (q.scale2 == megamoe::Scale2::kStatic) std::cout << "; global_scale " << fmt("%.9g", out.global_scale);
+  if (q.scale2 == megamoe::Scale2::kStatic || q.scale2 == megamoe::Scale2::kOnline) {
+    std::cout << "; global_scale " << fmt("%.9g", out.global_scale);
+  }
   if (out.full_buffer_rows > 0) std::cout << "; full buffer of " << out.full_buffer_rows << " rows";
   std::cout << "\n";
   std::cout << "time: " << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3))
@@ -790,11 +804,11 @@ int main(int argc, char** argv) {
                  "(Hopper), fp32-g128-sm90 (fp32-g128 with DeepGEMM SM90's amax floor 1e-10), fp32-g32, "
                  "mxfp8-e5m2 (e5m2 values, UE8M0, G=32; FlashInfer's mxfp8_e5m2), mxfp4 (e2m1, UE8M0, G=32, ties toward zero), "
                  "mxfp4-rne (ties to nearest even), nvfp4-static (e2m1, e4m3 scales, G=16, "
-                 "--global-scale), nvfp4-per-token (also writes x_scales), bf16 (pass-through: x_fp8 is "
-                 "the input as bf16, no scales)")
+                 "--global-scale), nvfp4-per-token (also writes x_scales), nvfp4-online (computes and writes "
+                 "global_scale), bf16 (pass-through: x_fp8 is the input as bf16, no scales)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp8-e5m2", "mxfp4",
-                             "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "bf16"}));
+                             "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "nvfp4-online", "bf16"}));
   app.add_option("--amax-floor", o.amax_floor,
                  "lower bound of a group's amax (NVFP4 per-token: of a row's) [default: 1e-4; "
                  "1e-10 is DeepGEMM's SM90 pre-dispatch and SGLang's; 0 gives a zero group the "

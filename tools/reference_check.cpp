@@ -26,6 +26,7 @@ megamoe_ref::Format reference_format(const megamoe::QuantScheme& q, float gs) {
   if (q.elem == megamoe::QuantElem::kFloat8E5M2) return megamoe_ref::Format::mxfp8_e5m2(q.amax_floor);
   if (q.scale2 == Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(gs);
   if (q.scale2 == Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
+  if (q.scale2 == Scale2::kOnline) return megamoe_ref::Format::nvfp4_online(q.amax_floor);
   const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
   return megamoe_ref::Format::mxfp4(rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
                                     q.amax_floor);
@@ -181,6 +182,9 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
     compare(r, "x_sf", as<uint32_t>(out.x_sf), ref.sf_words.data(), out.x_sf.numel(), cols, word);
   } else {
     compare(r, "x_sf", as<float>(out.x_sf), ref.sf_f32.data(), out.x_sf.numel(), cols, f32);
+  }
+  if (out.scheme.scale2 == megamoe::Scale2::kOnline && has_elements) {
+    compare(r, "global_scale", &out.global_scale, &ref.global_scale, 1, 1, f32);
   }
   compare(r, "topk_idx_out", as<int64_t>(out.topk_idx_out), ref.idx.data(), out.topk_idx_out.numel(), K, i64);
   compare(r, "topk_weights_out", as<float>(out.topk_weights_out), ref.w.data(), out.topk_weights_out.numel(),

@@ -20,6 +20,10 @@
 ///    read bf16): x_q is [T, H] bf16, no scales (x_sf empty or absent, group_k 0). bf16
 ///    input is copied bit for bit; fp16 and fp32 round to nearest even, every NaN to 0x7FC0
 ///    (torch's CPU rule). Reads no floor. Preset bf16().
+///  - **NVFP4 online**: NVFP4 static's groups under a global scale the call computes from
+///    the whole tensor, gs = fl(max(amax, floor) / 2688) (amax: the NaN-ignoring max |x|
+///    over all T x H elements; floor 0: gs = 1 where amax < 2^-100) and writes to
+///    StageArgs::global_scale, an output here. Preset nvfp4_online().
 /// Every family takes an amax floor (1e-4 by default; 1e-10 for DeepGEMM's SM90 MegaMoE
 /// pre-dispatch and SGLang's kernels; 0 for FlashInfer's SM90 rule, a zero group's unit
 /// scale): with_amax_floor(). The numeric recipe of each is in
@@ -62,6 +66,7 @@ enum class Scale2 : uint8_t {
   kNone,      ///< none (fp8, MXFP4)
   kStatic,    ///< a caller-given device fp32 scalar (NVFP4 static: StageArgs::global_scale)
   kPerToken,  ///< one fp32 per token, computed and written to StageArgs::x_scales
+  kOnline,    ///< one fp32 for the tensor, computed and written to StageArgs::global_scale
 };
 
 /// @brief A quantization scheme, shaped like vLLM's QuantKey plus what FP4 needs.
@@ -100,6 +105,9 @@ struct QuantScheme {
   static constexpr QuantScheme nvfp4_static() noexcept { return nvfp4(Scale2::kStatic); }
   /// @brief NVFP4 with a per-token second-level scale (SGLang's nvfp4xnvfp4 pre-dispatch).
   static constexpr QuantScheme nvfp4_per_token() noexcept { return nvfp4(Scale2::kPerToken); }
+  /// @brief NVFP4 with a global scale computed from the whole tensor (amax / 2688) and
+  /// written to StageArgs::global_scale, then NVFP4 static's groups under it.
+  static constexpr QuantScheme nvfp4_online() noexcept { return nvfp4(Scale2::kOnline); }
 
   /// @brief This scheme with another amax floor (e.g. 1e-10f for the SM90 pre-dispatch).
   constexpr QuantScheme with_amax_floor(float floor) const noexcept {
@@ -130,7 +138,7 @@ struct QuantScheme {
 std::string to_string(const QuantScheme& q);
 
 /// @brief Short name of an accepted scheme ("mxfp8", "fp8_fp32_g128", "mxfp4",
-/// "mxfp4_rne", "nvfp4_static", "nvfp4_per_token", ...; "+floor=<the floor, 9 digits>",
+/// "mxfp4_rne", "nvfp4_static", "nvfp4_per_token", "nvfp4_online", ...; "+floor=<the floor, 9 digits>",
 /// e.g. "+floor=1.00000001e-10", when the floor is not the default and the format uses
 /// one: NVFP4 static has none), or "unsupported".
 std::string scheme_name(const QuantScheme& q);

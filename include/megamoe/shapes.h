@@ -32,7 +32,8 @@ struct OutputShapes {
   TensorSpec topk_weights_out;  ///< [T, K] float32
   std::optional<TensorSpec> shared_x_sf;  ///< [ceil(T/bm)*align(bm,128), H/(4G)] int32, the minimum rows
   std::optional<TensorSpec> x_scales;     ///< [T] float32 (NVFP4 per-token only)
-  std::optional<TensorSpec> global_scale;  ///< [1] float32 input (NVFP4 static only)
+  std::optional<TensorSpec> global_scale;  ///< [1] float32: NVFP4 static's input, NVFP4 online's output
+  bool global_scale_out = false;           ///< global_scale is written (NVFP4 online), not read
 };
 
 /// @brief The outputs of staging T tokens of hidden size H with top-k K under @p scheme

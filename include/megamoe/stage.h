@@ -57,6 +57,8 @@ struct StageArgs {
   /// NVFP4 static only (required there): a one-element fp32 tensor (0-D, [1] or [1, 1]),
   /// the second-level scale gs, read on
   /// the device (graph safe: the value may change between replays).
+  /// NVFP4 online (required there): the same tensor as an output, written with the gs the
+  /// call computes from the whole of hidden_states.
   std::optional<TensorRef> global_scale;
   /// NVFP4 per-token only (required there): out [T] fp32 per-token second-level scales.
   std::optional<TensorRef> x_scales;

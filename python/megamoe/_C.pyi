@@ -61,6 +61,9 @@ class Scale2(enum.Enum):
     PER_TOKEN = 2
     """one fp32 per token, written to x_scales= (NVFP4 per-token)"""
 
+    ONLINE = 3
+    """one fp32 for the tensor, computed and written to global_scale= (NVFP4 online)"""
+
 class Rounding(enum.Enum):
     """How a value exactly between two codes is rounded."""
 
@@ -221,6 +224,13 @@ class QuantScheme:
     def nvfp4_per_token() -> QuantScheme:
         """
         NVFP4 (e4m3 scales, G = 16) with per-token second-level scales (x_scales=).
+        """
+
+    @staticmethod
+    def nvfp4_online() -> QuantScheme:
+        """
+        NVFP4 (e4m3 scales, G = 16) with a global scale computed from the whole tensor
+        (max|x| / 2688) and written to global_scale=, then NVFP4 static's groups.
         """
 
     def with_amax_floor(self, floor: float) -> QuantScheme:

@@ -107,7 +107,7 @@ def _check(q: Any, sf: Any, s: QuantScheme, x_scales: Any, global_scale: Any) ->
         _fail("x_sf", "dtype float32", f"dtype {_dtype_name(sf)}")
     for name, arr, needed, want_shape in (
         ("x_scales", x_scales, fmt.scale2 == Scale2.PER_TOKEN, (T,)),
-        ("global_scale", global_scale, fmt.scale2 == Scale2.STATIC, None),
+        ("global_scale", global_scale, fmt.scale2 in (Scale2.STATIC, Scale2.ONLINE), None),
     ):
         if arr is None:
             if needed:

@@ -39,10 +39,11 @@ _PREPARE_ARGS = """
         shared_block_m: block M of the MoE scheduler used to lay out ``shared_x_sf``.
         hidden_quant: a :class:`QuantScheme` (``MXFP8`` default, ``FP8_UE8M0_G128``,
             ``FP8_FP32_G128``, ``FP8_FP32_G32``, ``MXFP8_E5M2``, ``MXFP4``, ``MXFP4_RNE``,
-            ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, ``BF16``, any with ``.with_amax_floor(f)``) or a
+            ``NVFP4_STATIC``, ``NVFP4_PER_TOKEN``, ``NVFP4_ONLINE``, ``BF16``, any with ``.with_amax_floor(f)``) or a
             vLLM ``QuantKey``.
-        global_scale: NVFP4 static only (required there): ``[1]`` float32 on the tensors'
-            device, read by the kernel (it may change between CUDA graph replays).
+        global_scale: NVFP4 static and online only (required there): ``[1]`` float32 on the
+            tensors' device; static: read by the kernel (it may change between CUDA graph
+            replays); online: written, fl(max(amax, floor) / 2688) of the whole tensor.
         x_scales: NVFP4 per-token only (required there): out ``[T]`` float32 per-token
             second-level scales.
         nonfinite_count: optional in/out ``[1]`` int64 on the tensors' device: the number

@@ -228,7 +228,8 @@ class TensorSpec(NamedTuple):
 
 class OutputShapes(NamedTuple):
     """What a staging call with given sizes and scheme writes (megamoe::output_shapes).
-    Absent tensors are None; ``global_scale`` is the input NVFP4 static needs."""
+    Absent tensors are None; ``global_scale`` is the input NVFP4 static needs (NVFP4
+    online's output)."""
 
     x_fp8: TensorSpec
     """``[T, H]`` float8_e4m3fn (float8_e5m2 for MXFP8_E5M2; uint8 also accepted),
@@ -243,7 +244,7 @@ class OutputShapes(NamedTuple):
     x_scales: Optional[TensorSpec]
     """``[T]`` float32 per-token scales (NVFP4 per-token)."""
     global_scale: Optional[TensorSpec]
-    """``[1]`` float32 input (NVFP4 static)."""
+    """``[1]`` float32: NVFP4 static's input, NVFP4 online's output."""
 
 
 def _int(v: Any, name: str) -> int:
@@ -293,6 +294,8 @@ class StagedInputs(NamedTuple):
     maps), or None when ``shared_block_m`` was not given."""
     x_scales: Any = None
     """``[T]`` float32 per-token second-level scales (NVFP4 per-token), else None."""
+    global_scale: Any = None
+    """``[1]`` float32 global scale the call computed (NVFP4 online), else None."""
 
 
 def _is_ndarray(x: Any) -> bool:
@@ -371,7 +374,9 @@ def stage(
 
     Every format: ``scheme`` is a QuantScheme (``MXFP8`` default, ``FP8_*``, ``MXFP8_E5M2``,
     ``MXFP4``, ``MXFP4_RNE``, ``NVFP4_STATIC`` with ``global_scale=`` a [1] float32 array,
-    ``NVFP4_PER_TOKEN``, whose per-token scales come back as ``x_scales``) or a vLLM
+    ``NVFP4_PER_TOKEN``, whose per-token scales come back as ``x_scales``, ``NVFP4_ONLINE``,
+    whose computed global scale comes back as ``global_scale``, written to the given
+    ``global_scale=`` array or a new one) or a vLLM
     QuantKey; ``hidden_quant=`` is the same argument under prepare_megamoe_inputs' name.
     Outputs are created with the framework of ``hidden_states`` (torch: same device, fp8
     as torch.float8_e4m3fn or, for MXFP8_E5M2, torch.float8_e5m2, packed fp4 as uint8;
@@ -423,11 +428,14 @@ def stage(
     if bm is not None:
         shared = _alloc(glue, hidden_states, output_shapes(T, H, K, s, bm).shared_x_sf, zero=True)
     x_scales = None if shapes.x_scales is None else _alloc(glue, hidden_states, shapes.x_scales)
+    online = s.scale2 == _C.Scale2.ONLINE
+    if online and global_scale is None:
+        global_scale = _alloc(glue, hidden_states, shapes.global_scale)
     prepare_impl(
         hidden_states, topk_weights, topk_ids, *out, is_padding, shared, bm, s, global_scale,
         x_scales, nonfinite_count, full, routed_scaling_factor, expert_scales, stream, enable_pdl,
     )  # fmt: skip
-    return StagedInputs(*out, shared, x_scales)
+    return StagedInputs(*out, shared, x_scales, global_scale if online else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -465,7 +473,7 @@ def dequantize(x_q: Any, x_sf: Any, scheme: Any = MXFP8, *, x_scales: Any = None
     MXFP8_E5M2, e5m2: 0x7C is Inf, 0x7D-0x7F NaN) and packed fp4 (``x_q``
     [T, H/2] uint8 / int8 / torch.float4_e2m1fn_x2, low nibble = even column); scales as
     staged: packed UE8M0 (2**(e-127), 0xFF NaN), fp32, or NVFP4's packed e4m3 bytes times
-    the second-level scale (``global_scale`` for NVFP4_STATIC, ``x_scales`` [T] for
+    the second-level scale (``global_scale`` for NVFP4_STATIC and NVFP4_ONLINE, ``x_scales`` [T] for
     NVFP4_PER_TOKEN). With the default scheme, packed bytes whose x_sf is as wide as MXFP4's
     are read as MXFP4 (staging's drop-in rule). Returns ``[T, H]`` float32 in the framework
     of ``x_q`` (torch tensor on its device, or a NumPy array). Each value is

@@ -17,6 +17,7 @@ __all__ = [
     "NVFP4_STATIC",
     "NVFP4_PER_TOKEN",
     "BF16",
+    "NVFP4_ONLINE",
     "as_scheme",
 ]
 
@@ -43,6 +44,9 @@ NVFP4_PER_TOKEN: QuantScheme = QuantScheme.nvfp4_per_token()
 #: bf16 pass-through (FlashInfer's Bf16InputStage): x_fp8 is the input as bfloat16 [T, H]
 #: (bf16 bits copied, fp16 / fp32 nearest even, NaN 0x7FC0), no scales: x_sf None or [T, 0].
 BF16: QuantScheme = QuantScheme.bf16()
+#: NVFP4 whose global scale the call computes, fl(max(amax, floor) / 2688) over the whole
+#: tensor, and writes to global_scale= (a [1] float32 output); the groups are NVFP4_STATIC's.
+NVFP4_ONLINE: QuantScheme = QuantScheme.nvfp4_online()
 
 # dtype name -> element type. Anything not listed becomes INT8, a rejected element type, so
 # that the library's check raises the reference's ValueError. vLLM stores packed fp4 as

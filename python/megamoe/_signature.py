@@ -406,7 +406,8 @@ _STAGED = (
 )
 # The staging's keyword-only additions (megamoe's, not vLLM's).
 _STAGE_OPTIONS = (
-    Param("global_scale", "tensor?", None, keyword_only=True),
+    # NVFP4 static reads it, NVFP4 online writes it: declared written for the torch op.
+    Param("global_scale", "tensor?", None, mutable=True, keyword_only=True),
     Param("x_scales", "tensor?", None, mutable=True, keyword_only=True),
     Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
     Param("full_buffer", "bool", False, keyword_only=True),

@@ -739,7 +739,12 @@ bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool
   arrays.output(h.topk_idx_out, args.topk_idx_out);
   arrays.output(h.topk_weights_out, args.topk_weights_out);
   arrays.output(h.shared_x_sf, args.shared_x_sf);
-  arrays.input(h.global_scale, args.global_scale);
+  // NVFP4 static reads global_scale; NVFP4 online writes it.
+  if (h.hidden_quant.scale2 == megamoe::Scale2::kOnline) {
+    arrays.output(h.global_scale, args.global_scale);
+  } else {
+    arrays.input(h.global_scale, args.global_scale);
+  }
   arrays.output(h.x_scales, args.x_scales);
   arrays.output(h.nonfinite_count, args.nonfinite_count);
   args.shared_block_m = h.shared_block_m;
@@ -1017,7 +1022,9 @@ NB_MODULE(_C, m) {
       .value("STATIC", megamoe::Scale2::kStatic,
              "a caller-given fp32 scalar, global_scale= (NVFP4 static)")
       .value("PER_TOKEN", megamoe::Scale2::kPerToken,
-             "one fp32 per token, written to x_scales= (NVFP4 per-token)");
+             "one fp32 per token, written to x_scales= (NVFP4 per-token)")
+      .value("ONLINE", megamoe::Scale2::kOnline,
+             "one fp32 for the tensor, computed and written to global_scale= (NVFP4 online)");
 
   nb::enum_<megamoe::Rounding>(m, "Rounding", "How a value exactly between two codes is rounded.")
       .value("DEFAULT", megamoe::Rounding::kDefault,
@@ -1101,6 +1108,9 @@ NB_MODULE(_C, m) {
                   "NVFP4 (e4m3 scales, G = 16) with a static global scale (global_scale=).")
       .def_static("nvfp4_per_token", &QuantScheme::nvfp4_per_token,
                   "NVFP4 (e4m3 scales, G = 16) with per-token second-level scales (x_scales=).")
+      .def_static("nvfp4_online", &QuantScheme::nvfp4_online,
+                  "NVFP4 (e4m3 scales, G = 16) with a global scale computed from the whole tensor\n"
+                  "(max|x| / 2688) and written to global_scale=, then NVFP4 static's groups.")
       .def(
           "with_amax_floor",
           [](const QuantScheme& q, double floor) { return q.with_amax_floor(to_f32_arg(floor, "amax_floor")); },

@@ -284,7 +284,12 @@ std::vector<NamedTensor> named_tensors(const StageArgs& a) {
   if (!(a.x_sf.ndim == 0 && a.x_sf.data == nullptr)) all.insert(all.begin() + 4, {&a.x_sf, "x_sf", true});
   if (a.is_padding) all.push_back({&*a.is_padding, "is_padding", false});
   if (a.shared_x_sf) all.push_back({&*a.shared_x_sf, "shared_x_sf", true});
-  if (a.global_scale) all.push_back({&*a.global_scale, "global_scale", false});
+  if (a.global_scale) {
+    // NVFP4 online writes its global scale; NVFP4 static reads it.
+    core::Format f;
+    const bool written = resolve_format(a.hidden_quant, &f) && core::online_scaled(f);
+    all.push_back({&*a.global_scale, "global_scale", written});
+  }
   if (a.x_scales) all.push_back({&*a.x_scales, "x_scales", true});
   if (a.nonfinite_count) all.push_back({&*a.nonfinite_count, "nonfinite_count", true});
   if (a.expert_scales) all.push_back({&*a.expert_scales, "expert_scales", false});
@@ -468,7 +473,8 @@ Problem validate_args(const StageArgs& a) {
   p.has_global = a.global_scale.has_value();
   if (out.global_scale.has_value() != p.has_global) {
     fail(nullptr, "global_scale", p.has_global ? "none (" + fmt_name + " has no static global scale)"
-                                               : "a [1] float32 tensor (" + fmt_name + " needs one)",
+                                               : "a [1] float32 tensor (" + fmt_name +
+                                                     (out.global_scale_out ? " writes one)" : " needs one)"),
          p.has_global ? "a tensor" : "none");
   }
   if (p.has_global) {
@@ -652,6 +658,12 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   // The staging, with the router's outputs as its top-k inputs: every staging rule applies.
   const StageArgs a = staged_args(r, *stage);
   p.stage = validate_args(a);
+  // NVFP4 online's global scale needs the whole tensor's amax before any group: a launch
+  // of its own before the staging, which the fused router kernel does not have.
+  if (core::online_scaled(p.stage.fmt)) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: route_and_stage: hidden_quant: nvfp4_online is not supported "
+                                         "(route, then prepare_inputs with it)");
+  }
   p.has_padding = p.stage.has_padding;
   // Overlaps across both argument sets.
   p.misaligned = check_memory(named_tensors(r, stage), lg.device);

@@ -7,9 +7,9 @@
 #include "cpu/fp_env.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cfenv>
 #include <cstring>
+#include <vector>
 
 #include "core/layout.h"
 #include "formats/bf16/codec.h"
@@ -210,10 +210,69 @@ constexpr int64_t kSerialWork = int64_t{1} << 18;
 /// Smallest chunk of work (elements) handed to a thread.
 constexpr int64_t kChunkWork = int64_t{1} << 16;
 
+/// f(t0, t1) over row chunks [t0, t1) of [0, p.T), on the pool when the work is large, the
+/// chunks' results folded by combine in chunk order (init when T == 0).
+template <class F, class C>
+int64_t reduce_rows(const detail::Problem& p, int64_t init, F&& f, C&& combine) {
+  // Work in elements per token; min(T * per_row, kSerialWork) without overflow.
+  const int64_t per_row = std::max<int64_t>(1, p.H + p.K);
+  const int64_t work = p.T >= kSerialWork / per_row ? kSerialWork : p.T * per_row;
+  const int threads = cpu_threads();
+  if (threads <= 1 || p.T < 2 || work < kSerialWork) return p.T > 0 ? combine(init, f(int64_t{0}, p.T)) : init;
+  // Chunks of at least kChunkWork elements, about four per thread, so that a core slowed
+  // by other load takes fewer of them.
+  const int64_t min_rows = std::max<int64_t>(1, kChunkWork / per_row);
+  const int64_t rows = std::max(min_rows, (p.T + 4 * threads - 1) / (4 * threads));
+  const int64_t chunks = (p.T + rows - 1) / rows;
+  std::vector<int64_t> out(static_cast<size_t>(chunks), init);
+  parallel_for(chunks, threads, [&](int64_t c) {
+    const int64_t t0 = c * rows, t1 = std::min(p.T, t0 + rows);
+    out[static_cast<size_t>(c)] = f(t0, t1);
+  });
+  int64_t r = init;
+  for (const int64_t v : out) r = combine(r, v);
+  return r;
+}
+
+/// NaN-ignoring max |x| of rows [t0, t1) of the hidden states, as the bits of a
+/// non-negative float (whose order is the integers': +Inf above every finite value).
+int64_t rows_amax_bits(const TensorRef& x, int64_t H, int64_t t0, int64_t t1) {
+  float m = 0.0f;
+  float buf[128];  // H is a multiple of 128
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t h0 = 0; h0 < H; h0 += 128) {
+      load_span(x, t, h0, 128, buf);
+      for (int i = 0; i < 128; ++i) m = core::fmax_nan_ignoring(m, core::abs_bits(buf[i]));
+    }
+  }
+  uint32_t b;
+  std::memcpy(&b, &m, sizeof b);
+  return b;
+}
+
+/// NVFP4 online's global scale of the call, written to global_scale (the whole tensor's
+/// amax first: every group's scale depends on it).
+void write_online_scale(const StageArgs& a, const detail::Problem& p) {
+  // H == 0: no element (amax 0), and T may be any count up to 2^63 - 1.
+  const int64_t bits = p.H == 0 ? 0 : reduce_rows(
+      p, 0, [&](int64_t t0, int64_t t1) { return rows_amax_bits(a.hidden_states, p.H, t0, t1); },
+      [](int64_t x, int64_t y) { return std::max(x, y); });
+  const uint32_t b = static_cast<uint32_t>(bits);
+  float amax;
+  std::memcpy(&amax, &b, sizeof amax);
+  const float gs = core::online_global_scale(amax, p.floor);
+  std::memcpy(a.global_scale->data, &gs, sizeof gs);
+}
+
 }  // namespace
 
-void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
+void prepare_inputs(const StageArgs& a, const detail::Problem& p_in) {
   const DefaultFpEnv fp_env;
+  // NVFP4 online: gs from the whole tensor (T > 0; H == 0 gives the floor's), then the call
+  // is NVFP4 static's reading gs back from global_scale.
+  if (core::online_scaled(p_in.fmt) && p_in.T > 0) write_online_scale(a, p_in);
+  detail::Problem p = p_in;
+  p.fmt = core::staged_format(p_in.fmt);
   // H == 0: no activation, scale or shared element to write, and the empty tensors allow
   // any T up to 2^63 - 1 (repack_topk likewise returns at once when K == 0). Per-token
   // scales are still written (from the amax floor): x_scales, [T] and non-empty, bounds T.
@@ -221,33 +280,15 @@ void prepare_inputs(const StageArgs& a, const detail::Problem& p) {
     repack_topk(topk_io(a), p);
     return;
   }
-  auto add_count = [&](int64_t c) {
-    if (!p.has_nonfinite) return;
+  const int64_t count = reduce_rows(
+      p, 0, [&](int64_t t0, int64_t t1) { return stage_rows(a, p, t0, t1); },
+      [](int64_t x, int64_t y) { return x + y; });
+  if (p.has_nonfinite) {
     int64_t v;
     std::memcpy(&v, a.nonfinite_count->data, sizeof v);
     // Wraps like the device's atomics (two's complement), never signed overflow.
-    v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(c));
+    v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(count));
     std::memcpy(a.nonfinite_count->data, &v, sizeof v);
-  };
-  // Work in elements per token; min(T * per_row, kSerialWork) without overflow.
-  const int64_t per_row = std::max<int64_t>(1, p.H + p.K);
-  const int64_t work = p.T >= kSerialWork / per_row ? kSerialWork : p.T * per_row;
-  const int threads = cpu_threads();
-  if (threads <= 1 || p.T < 2 || work < kSerialWork) {
-    if (p.T > 0) add_count(stage_rows(a, p, 0, p.T));
-  } else {
-    // Chunks of at least kChunkWork elements, about four per thread, so that a core slowed
-    // by other load takes fewer of them.
-    const int64_t min_rows = std::max<int64_t>(1, kChunkWork / per_row);
-    const int64_t rows = std::max(min_rows, (p.T + 4 * threads - 1) / (4 * threads));
-    const int64_t chunks = (p.T + rows - 1) / rows;
-    std::atomic<int64_t> count{0};
-    parallel_for(chunks, threads, [&](int64_t c) {
-      const int64_t t0 = c * rows, t1 = std::min(p.T, t0 + rows);
-      const int64_t n = stage_rows(a, p, t0, t1);
-      if (n != 0) count.fetch_add(n, std::memory_order_relaxed);
-    });
-    add_count(count.load());
   }
   repack_topk(topk_io(a), p);
 }

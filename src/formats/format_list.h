@@ -12,7 +12,8 @@
 //   rounds   the Rounding values a scheme may give (kDefault is the codec's own rule)
 //   sf       scale codec (Sf): UE8M0 or e4m3 bytes packed four per int32, fp32, or none
 //   scale    the public ScaleType a scheme names
-//   s2       second-level scale (Scale2): none, static, per token
+//   s2       second-level scale (Scale2): none, static, per token, online (one for the
+//            tensor, computed by the call: its groups are the static row's, nvfp4/recipe.h)
 //   group    the group size G it fixes (0: any G dividing 128; a row without scales has no
 //            groups and takes group_k == 0)
 //   fast     the fast kernel's group sizes, a bit per G (kG16 | kG32 | kG128; 0: none)
@@ -64,7 +65,14 @@ constexpr float kMinFp32ScaleFloor = 0x1p-100f;
 // floor 0"): a UE8M0 group whose amax is 0 (byte kUe8m0Unit, multiplier 1); an fp32 scale
 // s <= kFp32ScaleNoRecip, exactly those whose reciprocal overflows, 0 included (scale and
 // multiplier 1); an NVFP4 per-token row whose amax is below kMinFp32ScaleFloor (pts 1, so
-// that every other row has floor 2^-100's scales). The recipes test `floor == 0` first:
+// that every other row has floor 2^-100's scales); an NVFP4 online tensor whose amax is
+// below kMinFp32ScaleFloor (gs 1).
+//
+// NVFP4 online (kNvfp4Online): e2m1 values with ties toward zero, e4m3 scale bytes packed
+// four per int32, G = 16, floors as per-token's; gs = fl(max(A, floor) / 2688), A the
+// NaN-ignoring max |x| over all T x H elements (padded rows included, +-Inf counts as Inf,
+// an all-NaN tensor has A = 0), written to global_scale (an output for this row); every
+// group is then NVFP4 static's under gs, the bytes of kNvfp4Static called with it. The recipes test `floor == 0` first:
 // a kernel with its floor compiled in drops the select, and no positive floor reaches it.
 constexpr uint32_t kUe8m0Unit = 127;            ///< UE8M0 byte of the unit scale 2^0
 constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly for 0 <= s <= this
@@ -79,7 +87,8 @@ constexpr float kFp32ScaleNoRecip = 0x1p-128f;  ///< fl(1 / s) = +Inf exactly fo
   X(kNvfp4Static,   "nvfp4_static",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kStatic,   16,   kG16,         0.0f) \
   X(kNvfp4PerToken, "nvfp4_per_token", kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kPerToken, 16,   0,            kMinFp32ScaleFloor) \
   X(kMxfp8E5m2,     "mxfp8_e5m2",      kE5M2, kFloat8E5M2, kRoundFp8, kUE8M0x4, kUE8M0,      kNone,     32,   kG32,         0.0f) \
-  X(kBf16,          "bf16",            kBF16, kBFloat16,   kRoundFp8, kNone,    kNone,       kNone,     0,    0,            0.0f)
+  X(kBf16,          "bf16",            kBF16, kBFloat16,   kRoundFp8, kNone,    kNone,       kNone,     0,    0,            0.0f) \
+  X(kNvfp4Online,   "nvfp4_online",    kE2M1, kFloat4E2M1, kRoundTtz, kE4M3x4,  kFloat8E4M3, kOnline,   16,   0,            kMinFp32ScaleFloor)
 // clang-format on
 
 /// The launch table: one enumerator per row.
@@ -151,6 +160,18 @@ constexpr bool fast_group(Format f, int64_t G) {
 }
 /// The row kernel (a whole row's amax before any group) is the per-token scale's.
 constexpr bool row_scaled(Format f) { return row_of(f).s2 == Scale2::kPerToken; }
+/// NVFP4 online (kNvfp4Online): a global scale from the whole tensor's amax, written to
+/// global_scale, after which every group is NVFP4 static's under it. Backends compute gs,
+/// then stage the call as staged_format(f) reading gs back from global_scale, so no
+/// kernel has a variant of its own for it (the "fast" column is empty: nothing launches
+/// with this row).
+MEGAMOE_HD constexpr bool online_scaled(Format f) { return row_of(f).s2 == Scale2::kOnline; }
+/// The row whose kernels stage the groups of @p f (the static row for NVFP4 online).
+MEGAMOE_HD constexpr Format staged_format(Format f) { return online_scaled(f) ? Format::kNvfp4Static : f; }
+/// The recipe reads a global scale (static, or online once computed).
+MEGAMOE_HD constexpr bool global_scaled(Format f) {
+  return row_of(f).s2 == Scale2::kStatic || row_of(f).s2 == Scale2::kOnline;
+}
 
 }  // namespace core
 }  // namespace megamoe

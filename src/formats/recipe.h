@@ -33,7 +33,7 @@ MEGAMOE_HD GroupParams group_params(float amax, float floor, float s2) {
   } else if constexpr (kS2 == Scale2::kNone) {
     (void)s2;
     return mxfp4_group_params(amax, floor);
-  } else if constexpr (kS2 == Scale2::kStatic) {
+  } else if constexpr (global_scaled(F)) {  // online: static's groups under the computed gs
     (void)floor;
     GroupParams g;
     g.sf = nvfp4_static_sf(amax, s2);
@@ -52,7 +52,7 @@ MEGAMOE_HD uint32_t encode(float x, const GroupParams& g) {
   if constexpr (fp8_elem(F)) {
     return fp8_encode<elem_of(F)>(x, g);
   } else {
-    const float v = row_of(F).s2 == Scale2::kStatic ? div_rn(x, g.m) : mul_rn(x, g.m);
+    const float v = global_scaled(F) ? div_rn(x, g.m) : mul_rn(x, g.m);
     return ttz_of(F) ? e2m1_ttz(v) : e2m1_rne(v);
   }
 }

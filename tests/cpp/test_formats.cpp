@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
@@ -496,6 +497,117 @@ TEST(Nvfp4Golden, StaticZeroGlobalScaleOnZeroGroup) {
   EXPECT_EQ(nib(r, 128, 0, 16), 0xF);  // -1 / 0 = -Inf -> -6
 }
 
+// NVFP4 online: gs = fl(max(A, floor) / 2688) over every element of hidden_states (padded
+// rows included, NaN skipped, Inf counts; floor 0: 1 where A < 2^-100), written to
+// global_scale; every group is NVFP4 static's under gs. H = 128, T = 3.
+TEST(Nvfp4Golden, OnlineGlobalScaleEdges) {
+  struct Case {
+    const char* what;
+    float floor;
+    std::function<void(mt::Problem&)> fill;
+    uint32_t gs;       // expected global scale bits
+    uint32_t word0;    // expected first scale word of token 0 (0: not checked)
+  };
+  const Case cases[] = {
+      {"zeros, floor 1e-4", 1e-4f, [](mt::Problem&) {}, 0x331FC873u /* fl(1e-4 / 2688) */, 0x01010101u},
+      {"zeros, floor 0", 0.0f, [](mt::Problem&) {}, 0x3F800000u, 0x01010101u},
+      // One huge value on a padded row: A = 2688 * 2^10, gs = 2^10; its group's byte 0x7E
+      // (quotient 448), the others' the clamp's lower end.
+      {"one huge value (padded row)", 1e-4f, [](mt::Problem& p) { mt::set_hidden(p, 2, 5, -2688.0f * 1024.0f); },
+       0x44800000u, 0x01010101u},
+      // gs = Inf: every quotient is 0 or NaN (clamped to 2^-9), every code 0.
+      {"Inf in one element", 1e-4f, [](mt::Problem& p) { mt::set_hidden(p, 1, 77, kInf); }, 0x7F800000u, 0x01010101u},
+      // A = 1344 (NaN skipped): gs = 0.5 exactly; group 0 of token 0: 1344 / 3 = 448 -> 0x7E.
+      {"NaN rows", 1e-4f,
+       [](mt::Problem& p) {
+         for (int64_t h = 0; h < 128; ++h) mt::set_hidden(p, 1, h, h % 2 ? kNaN : kNegNaN);
+         fill_group(p, 0, 0, {1344.0f, kNaN, -3.0f});
+       },
+       0x3F000000u, 0x0101017Eu},
+      {"all NaN, floor 0", 0.0f,
+       [](mt::Problem& p) {
+         for (int64_t t = 0; t < 3; ++t) {
+           for (int64_t h = 0; h < 128; ++h) mt::set_hidden(p, t, h, kNaN);
+         }
+       },
+       0x3F800000u, 0x01010101u},
+      // Below 2^-100 with floor 0: the unit scale; with floor 2^-100: fl(2^-100 / 2688).
+      {"tiny, floor 0", 0.0f, [](mt::Problem& p) { mt::set_hidden(p, 0, 3, 0x1p-110f); }, 0x3F800000u, 0x01010101u},
+      {"tiny, floor 2^-100", 0x1p-100f, [](mt::Problem& p) { mt::set_hidden(p, 0, 3, 0x1p-110f); }, 0x07C30C31u, 0},
+      // fp32 subnormals, floor 0, A = 2^-140 < 2^-100: the unit scale.
+      {"subnormals, floor 0", 0.0f,
+       [](mt::Problem& p) {
+         for (int64_t h = 0; h < 128; ++h) mt::set_hidden(p, 0, h, (h % 2 ? -1.0f : 1.0f) * 0x1p-140f * (h % 7));
+       },
+       0x3F800000u, 0x01010101u},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    mt::Problem p = mt::make_problem(3, 128, 2, QuantScheme::nvfp4_online().with_amax_floor(c.floor));
+    p.pad_dt = DType::kUInt8;
+    p.pad = {0, 0, 1};
+    c.fill(p);
+    const auto r = staged(p);
+    EXPECT_EQ(mt::f2u(r.global_scale), c.gs);
+    if (c.word0 != 0) {
+      EXPECT_EQ(r.sf_words[0], c.word0);
+    }
+  }
+  // Subnormal inputs of every dtype at the default floor and at 0 (A above 2^-100 for
+  // fp16's 2^-24: an ordinary gs, then static's groups).
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    for (float floor : {1e-4f, 0.0f}) {
+      mt::Problem p = mt::make_problem(1, 256, 1, QuantScheme::nvfp4_online().with_amax_floor(floor), dt);
+      const uint32_t sign = dt == DType::kFloat32 ? 0x80000000u : 0x8000u;
+      for (int64_t h = 0; h < 256; ++h) mt::set_hidden_bits(p, 0, h, static_cast<uint32_t>(h % 5) | (h % 2 ? sign : 0u));
+      SCOPED_TRACE(std::to_string(static_cast<int>(dt)) + " floor " + std::to_string(floor));
+      (void)staged(p);
+    }
+  }
+}
+
+// A single token, and T = 0 (nothing written: global_scale keeps its poison, which the
+// harness checks under both poisons).
+TEST(Nvfp4Golden, OnlineSingleTokenAndZeroTokens) {
+  mt::Problem one = mt::make_problem(1, 128, 1, QuantScheme::nvfp4_online(), DType::kBFloat16);
+  fill_group(one, 0, 3, {6.0f, -2.0f, 0.5f});
+  const auto r = staged(one);
+  EXPECT_EQ(mt::f2u(r.global_scale), mt::f2u(6.0f / 2688.0f));
+  (void)staged(mt::make_problem(0, 128, 1, QuantScheme::nvfp4_online()));
+}
+
+/// The library's online bytes equal its static bytes under the global scale the online
+/// call wrote (x_q and x_sf), for every input dtype, dense and odd layouts.
+TEST(Nvfp4Golden, OnlineEqualsStaticUnderItsScale) {
+  std::mt19937 rng(47);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (DType dt : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (float floor : {1e-4f, 0.0f}) {
+      for (bool odd : {false, true}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(dt)) + (odd ? " odd" : " dense") + " floor " + std::to_string(floor));
+        mt::Problem p = mt::make_problem(37, 512, 3, QuantScheme::nvfp4_online().with_amax_floor(floor), dt);
+        for (int64_t t = 0; t < p.T; ++t) {
+          for (int64_t h = 0; h < p.H; ++h) mt::set_hidden(p, t, h, nd(rng) * std::ldexp(1.0f, static_cast<int>(t % 9) - 4));
+        }
+        mt::set_hidden(p, 11, 100, kNaN);
+        const mt::Layouts l = odd ? mt::odd_layouts() : mt::Layouts{};
+        mt::Call on = mt::make_call(p, l);
+        megamoe::prepare_inputs(on.args);
+        float gs;
+        std::memcpy(&gs, on.gs_out->ptr(0), sizeof gs);
+        mt::Problem s = p;
+        s.q = QuantScheme::nvfp4_static();
+        s.global_scale = gs;
+        mt::Call st = mt::make_call(s, l);
+        megamoe::prepare_inputs(st.args);
+        EXPECT_TRUE(mt::assert_bitwise_equal("x_q", on.x_q, st.x_q.mem));
+        EXPECT_TRUE(mt::assert_bitwise_equal("x_sf", on.x_sf, st.x_sf.mem));
+        EXPECT_TRUE(mt::stage_and_compare(p, l));
+      }
+    }
+  }
+}
+
 // MXFP8 e5m2 (FlashInfer's mxfp8_e5m2): e = ue8m0(fl(max(amax, floor) * fl(1/57344))),
 // v = x * 2^(127-e), e5m2 RNE satfinite. H = 128, one word of four UE8M0 bytes.
 //  g0: amax 57344 -> s = 1.0 exactly (57344 * fl(1/57344) = 448 * fl(1/448) rounds to 1),
@@ -763,7 +875,7 @@ int64_t fill_nonfinite(mt::Problem& p) {
 std::vector<QuantScheme> every_format() {
   return {QuantScheme::mxfp8(),          QuantScheme::fp8_ue8m0_g128(), QuantScheme::fp8_fp32_g128(),
           QuantScheme::fp8_fp32_g32(),   QuantScheme::mxfp4(),          QuantScheme::mxfp4(Rounding::kNearestEven),
-          QuantScheme::nvfp4_static(),   QuantScheme::nvfp4_per_token()};
+          QuantScheme::nvfp4_static(),   QuantScheme::nvfp4_per_token(), QuantScheme::nvfp4_online()};
 }
 
 // Exact counts for every hidden dtype and format, padded tokens included, with the hidden
@@ -956,6 +1068,22 @@ TEST_F(FormatChecks, GlobalScaleMissingOrExtra) {
   }
 }
 
+// NVFP4 online writes global_scale: required (an output), x_scales rejected, and as an
+// output it may not overlap an input.
+TEST_F(FormatChecks, OnlineGlobalScaleIsARequiredOutput) {
+  build(QuantScheme::nvfp4_online());
+  auto a = args();
+  a.global_scale.reset();
+  reject(a, {"global_scale", "writes one"});
+  reject_with(&megamoe::StageArgs::x_scales, DType::kFloat32, T, -1, {"x_scales"});
+  reject_with(&megamoe::StageArgs::global_scale, DType::kFloat16, 1, -1, {"global_scale"});
+  reject_with(&megamoe::StageArgs::global_scale, DType::kFloat32, 2, -1, {"global_scale"});
+  a = args();
+  a.global_scale->data = a.topk_weights.data;  // an input's first element
+  a.global_scale->dtype = DType::kFloat32;
+  reject(a, {"global_scale", "overlapping"});
+}
+
 TEST_F(FormatChecks, GlobalScaleWrongDtypeOrShape) {
   build(QuantScheme::nvfp4_static());
   for (DType dt : {DType::kBFloat16, DType::kFloat16, DType::kInt32, DType::kFloat8E4M3}) {
@@ -1143,6 +1271,7 @@ TEST(OutputShapes, EveryFormat) {
       {QuantScheme::mxfp4(Rounding::kNearestEven), DType::kUInt8, H / 2, DType::kInt32, H / 128, true, false, false},
       {QuantScheme::nvfp4_static(), DType::kUInt8, H / 2, DType::kInt32, H / 64, false, false, true},
       {QuantScheme::nvfp4_per_token(), DType::kUInt8, H / 2, DType::kInt32, H / 64, false, true, false},
+      {QuantScheme::nvfp4_online(), DType::kUInt8, H / 2, DType::kInt32, H / 64, false, false, true},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(mt::scheme_tag(r.q));
@@ -1199,8 +1328,11 @@ TEST(OutputShapes, AgreeWithTheHarness) {
       if (c.shared) same(*s.shared_x_sf, *c.shared, "shared_x_sf");
       ASSERT_EQ(s.x_scales.has_value(), c.x_scales.has_value());
       if (c.x_scales) same(*s.x_scales, *c.x_scales, "x_scales");
-      ASSERT_EQ(s.global_scale.has_value(), c.gs.has_value());
-      if (c.gs) same(*s.global_scale, *c.gs, "global_scale");
+      // NVFP4 static's global_scale input, or NVFP4 online's output.
+      const std::optional<mt::Buf>& gs = s.global_scale_out ? c.gs_out : c.gs;
+      ASSERT_EQ(s.global_scale.has_value(), gs.has_value());
+      EXPECT_FALSE(s.global_scale_out ? c.gs.has_value() : c.gs_out.has_value());
+      if (gs) same(*s.global_scale, *gs, "global_scale");
     }
   }
 }

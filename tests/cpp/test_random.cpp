@@ -1,7 +1,7 @@
 // Randomized staging cases. Two matrices:
 //  - Matrix: every (T, H, fp8 scheme, G) of the grid below with a fixed seed per case;
 //  - Formats: every activation format (fp8 under both amax floors, MXFP4 with both tie
-//    rules and through the drop-in rule, NVFP4 static and per-token) with fresh seeds on
+//    rules and through the drop-in rule, NVFP4 static, per-token and online) with fresh seeds on
 //    every run (MEGAMOE_TEST_SEED=<n> replays one; the seed is in every failure's trace),
 //    T in 1..300, H in {128, 256, 512, 640} and now and then 7168, K in 0..9.
 // Each case has its own inputs (randn * 17 at a random row scale, sprinkled edge values
@@ -198,6 +198,16 @@ void run_case(const CaseSpec& cs, uint32_t seed, const std::string& replay) {
                           std::uniform_int_distribution<int64_t>(0, p.H - 1)(rng), bits);
     }
   }
+  // NVFP4 online: one +-Inf anywhere makes gs infinite and every group degenerate, so most
+  // cases keep only finite values (NaN stays: it is skipped), the rest keep the draws'.
+  if (p.online_gs() && pct(rng) < 70) {
+    for (int64_t t = 0; t < p.T; ++t) {
+      for (int64_t h = 0; h < p.H; ++h) {
+        const float v = mt::widen(p.hidden_dt, p.hidden.data() + (t * p.H + h) * megamoe::dtype_size(p.hidden_dt));
+        if (std::isinf(v)) mt::set_hidden(p, t, h, std::copysign(1e3f, v));
+      }
+    }
+  }
 
   // Padding mask: ~1 token in 5, nonzero bytes of any value for uint8.
   p.pad.assign(static_cast<size_t>(p.T), 0);
@@ -335,9 +345,11 @@ std::vector<FormatCase> format_cases() {
         {QuantScheme::fp8_fp32_g128(), false},   {QuantScheme::fp8_fp32_g32(), false},
         {QuantScheme::mxfp4(), false},           {QuantScheme::mxfp4(Rounding::kNearestEven), false},
         {QuantScheme::mxfp8(), true},            {QuantScheme::nvfp4_static(), false},
-        {QuantScheme::nvfp4_per_token(), false}, {QuantScheme::mxfp8_e5m2(), false}};
+        {QuantScheme::nvfp4_per_token(), false}, {QuantScheme::mxfp8_e5m2(), false},
+        {QuantScheme::nvfp4_online(), false}};
     for (const auto& [q0, dropin] : formats) {
-      const bool fp32_scale = q0.scale == megamoe::ScaleType::kFloat32 || q0.scale2 == megamoe::Scale2::kPerToken;
+      const bool fp32_scale = q0.scale == megamoe::ScaleType::kFloat32 || q0.scale2 == megamoe::Scale2::kPerToken ||
+                              q0.scale2 == megamoe::Scale2::kOnline;
       if (fp32_scale && floor > 0.0f && floor < 0x1p-100f) continue;  // rejected (Validation.AmaxFloorBounds)
       const QuantScheme q = q0.with_amax_floor(floor);
       // Draws per format: enough that every tensor's layouts and every option come up.

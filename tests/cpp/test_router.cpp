@@ -524,6 +524,27 @@ TEST(RouteAndStage, SharedFullBufferHashEplb) {
   check_fused(n, c);
 }
 
+// NVFP4 online needs the whole tensor's amax before any group: route_and_stage has no
+// launch for it and rejects it (kUnsupported) before writing anything.
+TEST(RouteAndStage, RejectsNvfp4Online) {
+  StageCase c;
+  c.scheme = QuantScheme::nvfp4_online();
+  Spec s = random_spec(5, 256, 6, 36);
+  auto rb = build(s);
+  auto b = stage_bufs(c, 5, 6, nullptr);
+  const std::vector<uint8_t> xq = b->xq.mem, gs = b->gs.mem, ids = rb->ids.mem;
+  try {
+    megamoe::route_and_stage(rb->args, b->args);
+    ADD_FAILURE() << "accepted";
+  } catch (const megamoe::Error& e) {
+    EXPECT_EQ(e.code(), megamoe::ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nvfp4_online"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b->xq.mem, xq);
+  EXPECT_EQ(b->gs.mem, gs);
+  EXPECT_EQ(rb->ids.mem, ids);
+}
+
 TEST(RouteAndStage, EmptyHiddenRows) {
   for (const auto& [s, c] : empty_hidden_cases()) check_fused(s, c);
 }

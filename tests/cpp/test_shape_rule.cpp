@@ -30,7 +30,8 @@ std::vector<QuantScheme> schemes() {
           QuantScheme::mxfp8_e5m2(),     QuantScheme::mxfp4(),
           QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
           QuantScheme::nvfp4_static(),   QuantScheme::nvfp4_per_token(),
-          QuantScheme::bf16(),           mt::scheme(true, 16),          mt::scheme(true, 64),
+          QuantScheme::bf16(),           QuantScheme::nvfp4_online(),
+          mt::scheme(true, 16),          mt::scheme(true, 64),
           mt::scheme(false, 16),         mt::scheme(false, 64)};
 }
 
@@ -180,6 +181,28 @@ TEST(ShapeRule, ValidatorAcceptsExactlyTheShapesOfOutputShapes) {
   }
   EXPECT_GT(accepted, 500);
   EXPECT_GT(perturbed, 10 * accepted);
+}
+
+/// global_scale: NVFP4 static's input and NVFP4 online's output, the same [1] float32; no
+/// other scheme has one. The validator holds an output to the output rules: online's may
+/// not overlap an input, static's may (inputs may share memory).
+TEST(ShapeRule, GlobalScaleIsOnlineOutputAndStaticInput) {
+  const int64_t T = 3, H = 512, K = 2;
+  for (const QuantScheme& q : schemes()) {
+    SCOPED_TRACE(mt::scheme_tag(q));
+    const OutputShapes out = megamoe::output_shapes(T, H, K, q);
+    const bool stat = q.scale2 == megamoe::Scale2::kStatic, online = q.scale2 == megamoe::Scale2::kOnline;
+    EXPECT_EQ(out.global_scale.has_value(), stat || online);
+    EXPECT_EQ(out.global_scale_out, online);
+    if (!out.global_scale) continue;
+    EXPECT_EQ(out.global_scale->dtype, DType::kFloat32);
+    EXPECT_EQ(out.global_scale->numel(), 1);
+    Call c(T, H, K, q, out, false, std::nullopt);
+    ASSERT_EQ(c.verdict(), "");
+    // global_scale on the first element of topk_weights (an input).
+    c.a.global_scale->data = c.a.topk_weights.data;
+    EXPECT_EQ(c.verdict().empty(), stat) << c.verdict();
+  }
 }
 
 /// The dtypes: the rule's own dtype for every output passes (above); x_q's bytes may also

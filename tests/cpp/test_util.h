@@ -295,6 +295,7 @@ struct Problem {
     if (q.elem == megamoe::QuantElem::kFloat4E2M1) {
       if (q.scale2 == megamoe::Scale2::kStatic) return Format::nvfp4_static(global_scale);
       if (q.scale2 == megamoe::Scale2::kPerToken) return Format::nvfp4_per_token(q.amax_floor);
+      if (q.scale2 == megamoe::Scale2::kOnline) return Format::nvfp4_online(q.amax_floor);
       const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
       return Format::mxfp4(rne ? Fp4Ties::kNearestEven : Fp4Ties::kTowardZero, q.amax_floor);
     }
@@ -306,6 +307,8 @@ struct Problem {
   int64_t q_cols() const { return format().q_cols(H); }
   bool static_gs() const { return !fp4_dropin && q.scale2 == megamoe::Scale2::kStatic; }
   bool per_token() const { return !fp4_dropin && q.scale2 == megamoe::Scale2::kPerToken; }
+  /// NVFP4 online: global_scale is an output.
+  bool online_gs() const { return !fp4_dropin && q.scale2 == megamoe::Scale2::kOnline; }
 };
 
 /// Dense problem with contiguous zero-filled inputs (callers fill what they need); x_q is
@@ -375,6 +378,7 @@ struct Call {
   std::optional<Buf> pad, shared;
   std::optional<Buf> gs;        ///< global_scale input (NVFP4 static)
   std::optional<Buf> x_scales;  ///< per-token scale output (NVFP4 per-token)
+  std::optional<Buf> gs_out;    ///< global_scale output (NVFP4 online)
   std::optional<Buf> nfc;       ///< nonfinite_count (in/out)
   megamoe::StageArgs args;
 
@@ -393,6 +397,7 @@ struct Call {
                                                          {"topk_weights_out", &wout}};
     if (shared) v.emplace_back("shared_x_sf", &*shared);
     if (x_scales) v.emplace_back("x_scales", &*x_scales);
+    if (gs_out) v.emplace_back("global_scale", &*gs_out);
     if (nfc) v.emplace_back("nonfinite_count", &*nfc);
     return v;
   }
@@ -436,6 +441,7 @@ inline Call make_call(const Problem& p, const Layouts& l, uint8_t poison = kPois
     c.shared = make_buf(DType::kInt32, rows, p.sf_cols(), l.shared, mo, poison);
   }
   if (p.per_token()) c.x_scales = make_buf(DType::kFloat32, p.T, -1, l.x_scales, mo, poison);
+  if (p.online_gs()) c.gs_out = make_scalar(DType::kFloat32, l.scalars_0d, mo, poison, uint32_t{0x01010101u} * poison);
   if (p.nonfinite_init) {
     c.nfc = make_scalar(DType::kInt64, l.scalars_0d, mo, poison, *p.nonfinite_init);
   }
@@ -453,6 +459,7 @@ inline Call make_call(const Problem& p, const Layouts& l, uint8_t poison = kPois
     a.shared_block_m = p.bm;
   }
   if (c.gs) a.global_scale = c.gs->ref();
+  if (c.gs_out) a.global_scale = c.gs_out->ref();
   if (c.x_scales) a.x_scales = c.x_scales->ref();
   if (c.nfc) a.nonfinite_count = c.nfc->ref();
   a.hidden_quant = p.q;
@@ -484,7 +491,7 @@ inline megamoe_ref::Result reference(const Problem& p) {
 /// Expected images of every output buffer of @p c: poison outside the elements (and on
 /// unmapped shared rows), the reference inside.
 struct Expected {
-  std::vector<uint8_t> x_q, x_sf, idx, wout, shared, x_scales, nfc;
+  std::vector<uint8_t> x_q, x_sf, idx, wout, shared, x_scales, gs, nfc;
 };
 
 inline Expected expected_images(const Problem& p, const Call& c, const megamoe_ref::Result& r) {
@@ -521,6 +528,10 @@ inline Expected expected_images(const Problem& p, const Call& c, const megamoe_r
     e.x_scales = c.x_scales->mem;
     for (int64_t t = 0; t < p.T; ++t) put(e.x_scales, *c.x_scales, t, 0, &r.x_scales[t]);
   }
+  if (c.gs_out) {  // written by every call with tokens
+    e.gs = c.gs_out->mem;
+    if (p.T > 0) put(e.gs, *c.gs_out, 0, 0, &r.global_scale);
+  }
   if (c.nfc) {  // SPEC: the count is added to what the counter held
     e.nfc = c.nfc->mem;
     const int64_t total = *p.nonfinite_init + r.nonfinite;
@@ -534,7 +545,7 @@ inline ::testing::AssertionResult outputs_match(const Call& c, const Expected& e
   const std::vector<std::pair<const char*, const std::vector<uint8_t>*>> want = {
       {"x_q", &e.x_q}, {"x_sf", &e.x_sf}, {"topk_idx_out", &e.idx},
       {"topk_weights_out", &e.wout}, {"shared_x_sf", &e.shared}, {"x_scales", &e.x_scales},
-      {"nonfinite_count", &e.nfc}};
+      {"global_scale", &e.gs}, {"nonfinite_count", &e.nfc}};
   for (const auto& out : c.outputs()) {
     for (const auto& wnt : want) {
       if (std::string(out.first) != wnt.first) continue;
@@ -606,7 +617,7 @@ inline megamoe_ref::Result staged(const Problem& p) {
 }
 
 /// Name of a scheme for test names: "ue8m0_g32", "fp32_g128", "mxfp4", "mxfp4_rne",
-/// "nvfp4_static", "nvfp4_per_token"; "_floor1e10" (etc.) for a non-default floor.
+/// "nvfp4_static", "nvfp4_per_token", "nvfp4_online"; "_floor1e10" (etc.) for a non-default floor.
 inline std::string scheme_tag(const QuantScheme& q) {
   std::string tag;
   if (q.elem == megamoe::QuantElem::kBFloat16) {
@@ -618,7 +629,9 @@ inline std::string scheme_tag(const QuantScheme& q) {
   } else if (q.scale2 == megamoe::Scale2::kNone) {
     tag = q.rounding == megamoe::Rounding::kNearestEven ? "mxfp4_rne" : "mxfp4";
   } else {
-    tag = q.scale2 == megamoe::Scale2::kStatic ? "nvfp4_static" : "nvfp4_per_token";
+    tag = q.scale2 == megamoe::Scale2::kStatic   ? "nvfp4_static"
+          : q.scale2 == megamoe::Scale2::kOnline ? "nvfp4_online"
+                                                 : "nvfp4_per_token";
   }
   if (q.amax_floor == 0.0f) {
     tag += "_floor0";

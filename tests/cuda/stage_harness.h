@@ -123,6 +123,7 @@ struct Case {
   bool edge_values = true;        // NaN, Inf, subnormals, zeros, ties sprinkled in
   bool count = false;             // pass nonfinite_count
   float gs = 0.37f;               // NVFP4 static's global scale
+  bool tiny = false;              // hidden values times 2^-120 (fp16: zeros): below 2^-100
   int one_sm_waves = 0;           // > 0: a forced plan's grid as for one SM and that many
                                   // waves (the looping shapes' blocks take many rows each)
   std::string name() const {
@@ -132,7 +133,7 @@ struct Case {
        << " shT=" << shared_transposed << " hsNC=" << hs_noncontig << " mis=" << misaligned << " skew=" << skewed
        << " mn=" << sf_mn_major
        << " stk=" << strided_topk << " rev=" << reversed_topk_in << " count=" << count
-       << " one_sm_waves=" << one_sm_waves;
+       << " one_sm_waves=" << one_sm_waves << " tiny=" << tiny;
     return os.str();
   }
 };
@@ -215,6 +216,7 @@ struct Staged {
   View hs, w, ids, pad, xq, sf, io, wo, sh, gsv, xs, nf;
   std::vector<std::unique_ptr<Buf>> bufs;
   Buf *hsb, *wb, *idsb, *padb, *xqb, *sfb, *iob, *wob, *shb, *gsb, *xsb, *nfb;
+  Buf* gsob;  // NVFP4 online's global_scale (an output; its view is gsv)
   int64_t counter_start = 1000;
 
   explicit Staged(const Case& cs) : c(cs) {
@@ -261,6 +263,7 @@ struct Staged {
     hsb = mk(hs), wb = mk(w), idsb = mk(ids), padb = mk(pad), xqb = mk(xq), sfb = mk(sf), iob = mk(io), wob = mk(wo);
     shb = c.bm > 0 ? mk(sh) : mk(View{});
     gsb = mk(gsv), xsb = mk(xs), nfb = mk(nf);
+    gsob = online() ? mk(gsv) : mk(View{});
   }
   bool ok() const {
     for (const auto& b : bufs) {
@@ -269,18 +272,33 @@ struct Staged {
     return true;
   }
   bool has_gs() const { return c.q.scale2 == megamoe::Scale2::kStatic; }
+  bool online() const { return c.q.scale2 == megamoe::Scale2::kOnline; }
   bool has_xs() const { return c.q.scale2 == megamoe::Scale2::kPerToken; }
 
   /// Outputs in a fixed order, with names.
   std::vector<std::pair<const char*, Buf*>> outputs() const {
     return {{"x_q", xqb}, {"x_sf", sfb}, {"topk_idx_out", iob}, {"topk_weights_out", wob},
-            {"shared_x_sf", shb}, {"x_scales", xsb}, {"nonfinite_count", nfb}};
+            {"shared_x_sf", shb}, {"x_scales", xsb}, {"nonfinite_count", nfb}, {"global_scale (out)", gsob}};
   }
 
   /// New random inputs (host mirrors and device), from @p seed.
   void fill_inputs(uint32_t seed) {
     std::mt19937 rng(seed);
     fill_hidden(rng, c.in, hsb->host.data() + hs.at(0, 0), c.T, c.H, hs.strides[0], c.edge_values);
+    if (c.tiny) {  // (NaN and Inf stay what they are)
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t h = 0; h < c.H; ++h) {
+          uint8_t* e = hsb->host.data() + hs.at(t, h);
+          const float v = widen(c.in, e) * 0x1p-120f;
+          if (c.in == DType::kFloat32) {
+            std::memcpy(e, &v, 4);
+          } else {
+            const uint16_t b = c.in == DType::kBFloat16 ? f32_to_bf16_trunc(v) : static_cast<uint16_t>(0);
+            std::memcpy(e, &b, 2);
+          }
+        }
+      }
+    }
     std::uniform_int_distribution<int> expert(0, 383);
     std::uniform_real_distribution<float> wdist(0.0f, 1.0f);
     for (int64_t t = 0; t < c.T; ++t) {
@@ -344,6 +362,7 @@ struct Staged {
       a.shared_block_m = c.bm;
     }
     if (has_gs()) a.global_scale = gsv.ref(base(gsb), d);
+    if (online()) a.global_scale = gsv.ref(base(gsob), d);
     if (has_xs()) a.x_scales = xs.ref(base(xsb), d);
     if (c.count) a.nonfinite_count = nf.ref(base(nfb), d);
     a.hidden_quant = c.q;
@@ -358,6 +377,7 @@ struct Staged {
     if (q.elem == megamoe::QuantElem::kFloat8E5M2) return megamoe_ref::Format::mxfp8_e5m2(q.amax_floor);
     if (q.scale2 == megamoe::Scale2::kStatic) return megamoe_ref::Format::nvfp4_static(c.gs);
     if (q.scale2 == megamoe::Scale2::kPerToken) return megamoe_ref::Format::nvfp4_per_token(q.amax_floor);
+    if (q.scale2 == megamoe::Scale2::kOnline) return megamoe_ref::Format::nvfp4_online(q.amax_floor);
     const bool rne = q.rounding == megamoe::Rounding::kNearestEven;
     return megamoe_ref::Format::mxfp4(rne ? megamoe_ref::Fp4Ties::kNearestEven : megamoe_ref::Fp4Ties::kTowardZero,
                                       q.amax_floor);
@@ -430,6 +450,7 @@ struct Staged {
       const int64_t want = counter_start + r.nonfinite;
       put(img[6], nf.at(0), &want, 8);
     }
+    if (online() && T > 0) put(img[7], gsv.at(0), &r.global_scale, 4);
   }
 
   /// The same images from the CPU backend run on the host mirrors: not an oracle (see

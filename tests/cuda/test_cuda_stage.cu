@@ -498,22 +498,108 @@ TEST(CudaStage, MoreThan2Pow31Elements) {
   run_case(c, false, false);
 }
 
+/// The nodes of a graph captured around prepare_inputs(@p a).
+size_t captured_nodes(const StageArgs& a) {
+  cudaStream_t s;
+  EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  cudaGraph_t g;
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  megamoe::prepare_inputs(a, s);
+  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  size_t nodes = 99;
+  EXPECT_EQ(cudaGraphGetNodes(g, nullptr, &nodes), cudaSuccess);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return nodes;
+}
+
 TEST(CudaStage, ZeroTokensLaunchesNothing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // T == 0: no error, no launch, even under capture (an empty graph).
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
   StageArgs a;
   a.hidden_states = TensorRef(reinterpret_cast<void*>(16), DType::kBFloat16, {0, 7168}, Device::cuda(0));
-  cudaGraph_t g;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  megamoe::prepare_inputs(a, s);
-  CUDA_OK(cudaStreamEndCapture(s, &g));
-  size_t nodes = 99;
-  CUDA_OK(cudaGraphGetNodes(g, nullptr, &nodes));
-  EXPECT_EQ(nodes, 0u);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
+  EXPECT_EQ(captured_nodes(a), 0u);
+}
+
+// NVFP4 online: x_q, x_sf and the global scale it writes against the reference, eagerly
+// (under both poisons) and in a graph whose second replay sees new inputs (gs follows them),
+// PDL off and on; one amax block storing gs (decode sizes) and many accumulating after a
+// memset (the prefill sizes); floors 1e-4 and 0, the latter with inputs below 2^-100 (the
+// unit scale, stored by the single block or mapped and stored by the staging kernel).
+TEST(CudaStage, Nvfp4Online) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Size {
+    int64_t T, H;
+    DType in;
+  };
+  for (float floor : {1e-4f, 0.0f}) {
+    for (const Size z : {Size{1, 7168, DType::kBFloat16}, Size{65, 128, DType::kFloat32}, Size{300, 7168, DType::kFloat16},
+                         Size{4096, 4096, DType::kBFloat16}, Size{2000, 7168, DType::kFloat32}}) {
+      for (bool tiny : {false, true}) {
+        if (tiny && floor != 0.0f) continue;
+        Case c;
+        c.T = z.T;
+        c.H = z.H;
+        c.in = z.in;
+        c.q = QuantScheme::nvfp4_online().with_amax_floor(floor);
+        c.edge_values = z.T == 65;  // an Inf among them: gs = Inf
+        c.count = z.T != 300;
+        c.tiny = tiny;
+        run_all_modes(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// NVFP4 online on odd layouts: strided hidden rows, every tensor one element off (the
+// amax kernel's strided path), tensors off their element size (dense copies, global_scale
+// scattered back), MN-major scales, column-major top-k.
+TEST(CudaStage, Nvfp4OnlineLayouts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int variant = 0; variant < 4; ++variant) {
+    for (int64_t T : {3, 1500}) {
+      Case c;
+      c.T = T;
+      c.H = 1024;
+      c.q = QuantScheme::nvfp4_online().with_amax_floor(variant == 3 ? 0.0f : 1e-4f);
+      c.edge_values = false;
+      c.count = true;
+      c.hs_noncontig = variant == 0;
+      c.misaligned = variant == 1;
+      c.skewed = variant == 2;
+      c.sf_mn_major = variant == 3;
+      c.strided_topk = variant == 3;
+      c.tiny = variant == 3 && T == 1500;
+      run_case(c, false, false);
+      if (!HasFailure()) run_case(c, true, true);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// NVFP4 online's explain() names both launches; T == 0 launches nothing.
+TEST(CudaStage, Nvfp4OnlineExplainAndZeroTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t T : {1, 4096}) {
+    Case c;
+    c.T = T;
+    c.q = QuantScheme::nvfp4_online();
+    Staged s(c);
+    ASSERT_TRUE(s.ok());
+    const std::string e = megamoe::explain(s.args(true));
+    const std::string want = T == 1 ? "cuda backend: nvfp4_online: amax(grid=1 " : "cuda backend: nvfp4_online: memset + amax(";
+    EXPECT_EQ(e.rfind(want, 0), 0u) << e;
+    EXPECT_NE(e.find(" + static staging: kernel="), std::string::npos) << e;
+  }
+  Case z;
+  z.T = 0;
+  z.q = QuantScheme::nvfp4_online();
+  Staged s(z);
+  ASSERT_TRUE(s.ok());
+  s.poison_outputs();
+  EXPECT_EQ(captured_nodes(s.args(true)), 0u);
+  for (uint8_t b : s.gsob->download()) EXPECT_EQ(b, s.poison) << "global_scale written at T = 0";
 }
 
 TEST(CudaStage, ExplainNamesThePlan) {

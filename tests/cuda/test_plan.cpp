@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
@@ -437,6 +438,129 @@ TEST(CudaPlan, ToStringNamesEveryField) {
   for (const char* want : {"stores=evict_first", "index=64", "pdl=off", "nonfinite=off", "vectorized=off"}) {
     EXPECT_NE(t.find(want), std::string::npos) << want << " not in: " << t;
   }
+}
+
+// NVFP4 online: the amax launch (one block storing gs, or a memset and atomicMax blocks),
+// then NVFP4 static's plan for the call.
+mc::OnlinePlan online_of(const FakeCall& c, const mc::DeviceInfo& dev = kH200) {
+  return mc::online_plan(megamoe::detail::validate_args(c.a), c.a, dev);
+}
+
+/// NVFP4 online's call of T x 7168 bf16 tokens at @p floor, PDL as asked.
+FakeCall online_call(int64_t T, float floor, bool pdl) {
+  Opts o;
+  o.pdl = pdl;
+  return FakeCall(T, 7168, QuantScheme::nvfp4_online().with_amax_floor(floor), o);
+}
+
+TEST(CudaPlan, OnlineDecodeIsOneBlockStoringGs) {
+  for (float floor : {1e-4f, 0.0f}) {
+    for (bool pdl : {false, true}) {
+      const FakeCall c = online_call(1, floor, pdl);
+      const mc::OnlinePlan op = online_of(c);
+      const std::string s = mc::to_string(op);
+      SCOPED_TRACE(s);
+      EXPECT_EQ(op.grid, 1);
+      EXPECT_EQ(op.row_units, 1);  // 7168 bf16 = 896 vectors <= 256 threads x 4
+      EXPECT_TRUE(op.vectorized);
+      EXPECT_FALSE(op.memset);
+      EXPECT_FALSE(op.unit);
+      EXPECT_EQ(op.pdl, pdl);
+      ASSERT_TRUE(op.staging);
+      EXPECT_EQ(op.stage.fmt, Format::kNvfp4Static);
+      EXPECT_FALSE(op.stage.unit_gs);
+      EXPECT_EQ(op.stage.pdl, pdl);
+      EXPECT_EQ(s.rfind("nvfp4_online: amax(grid=1 ", 0), 0u);
+      EXPECT_NE(s.find("gs=store"), std::string::npos);
+      EXPECT_NE(s.find(" + static staging: kernel=fast format=nvfp4_static"), std::string::npos);
+      const megamoe::detail::Problem p = megamoe::detail::validate_args(c.a);
+      EXPECT_NO_THROW(mc::check_plan(op.stage, mc::static_problem(p), c.a));
+      // The static staging is the plan NVFP4 static gets for the same tensors.
+      Opts o;
+      o.pdl = pdl;
+      FakeCall st(1, 7168, QuantScheme::nvfp4_static(), o);
+      EXPECT_EQ(mc::to_string(op.stage), mc::to_string(st.plan()));
+    }
+  }
+}
+
+TEST(CudaPlan, OnlinePrefillIsMemsetAndAtomicBlocks) {
+  for (float floor : {1e-4f, 0.0f}) {
+    const FakeCall c = online_call(4096, floor, true);
+    const mc::OnlinePlan op = online_of(c);
+    const std::string s = mc::to_string(op);
+    SCOPED_TRACE(s);
+    EXPECT_GT(op.grid, 1);
+    // Grid-stride over 4096 units, capped at kOnlineMaxWaves waves of 8 blocks an SM.
+    EXPECT_EQ(op.grid, std::min<int64_t>(4096, int64_t{mc::kOnlineMaxWaves} * 8 * kH200.sm_count));
+    EXPECT_TRUE(op.memset);
+    EXPECT_EQ(op.unit, floor == 0.0f);
+    EXPECT_EQ(op.stage.unit_gs, floor == 0.0f);
+    EXPECT_FALSE(op.pdl);         // after the memset node
+    EXPECT_TRUE(op.stage.pdl);    // the staging PDL-chained to the amax kernel
+    EXPECT_EQ(s.rfind("nvfp4_online: memset + amax(grid=", 0), 0u);
+    EXPECT_NE(s.find("gs=atomic_max"), std::string::npos);
+    EXPECT_NE(s.find(floor == 0.0f ? "unit=on" : "unit=off"), std::string::npos);
+    EXPECT_NE(s.find(floor == 0.0f ? "unit_gs=on" : "unit_gs=off"), std::string::npos);
+    const megamoe::detail::Problem p = megamoe::detail::validate_args(c.a);
+    EXPECT_NO_THROW(mc::check_plan(op.stage, mc::static_problem(p), c.a));
+  }
+}
+
+TEST(CudaPlan, OnlineUnitsCoverEveryElement) {
+  struct L {
+    DType in;
+    bool misaligned, col_stride, strided;
+    bool vec;
+  };
+  for (const L l : {L{DType::kBFloat16, false, false, false, true}, L{DType::kFloat32, false, false, false, true},
+                    L{DType::kFloat16, true, false, false, false}, L{DType::kBFloat16, false, true, false, false},
+                    L{DType::kFloat32, false, false, true, true}}) {
+    for (int64_t T : {1, 3, 300, 70000}) {
+      for (int64_t H : {128, 1024, 1152, 7168, 8192}) {
+        Opts o;
+        o.in = l.in;
+        o.misaligned_hidden = l.misaligned;
+        o.hidden_col_stride = l.col_stride;
+        o.strided_hidden = l.strided;
+        const FakeCall c(T, H, QuantScheme::nvfp4_online(), o);
+        const mc::OnlinePlan op = online_of(c);
+        SCOPED_TRACE(mc::to_string(op));
+        EXPECT_EQ(op.vectorized, l.vec);
+        const int64_t span = int64_t{op.threads} * mc::kOnlineVecsPerThread * (16 / megamoe::dtype_size(l.in));
+        EXPECT_GE(op.row_units * span, H);
+        EXPECT_LT((op.row_units - 1) * span, H);
+        EXPECT_GE(op.grid, 1);
+        EXPECT_LE(op.grid, T * op.row_units);
+        EXPECT_EQ(op.memset, op.grid > 1);
+        EXPECT_LE(op.grid, int64_t{mc::kOnlineMaxWaves} * 8 * kH200.sm_count);
+      }
+    }
+  }
+}
+
+TEST(CudaPlan, OnlineWithoutColumnsStillWritesGs) {
+  const FakeCall c(5, 0, QuantScheme::nvfp4_online().with_amax_floor(0.0f));
+  const mc::OnlinePlan op = online_of(c);
+  EXPECT_EQ(op.grid, 1);  // the one block stores online_global_scale(0, floor)
+  EXPECT_FALSE(op.memset);
+  EXPECT_FALSE(op.staging);
+  EXPECT_NE(mc::to_string(op).find("H == 0"), std::string::npos);
+}
+
+TEST(CudaPlan, OnlineFormatHasNoPlanOfItsOwn) {
+  const FakeCall c(4, 1024, QuantScheme::nvfp4_online());
+  const megamoe::detail::Problem p = megamoe::detail::validate_args(c.a);
+  EXPECT_THROW(mc::plan(p, c.a, kH200), megamoe::Error);
+  mc::Plan bad = online_of(c).stage;
+  bad.fmt = Format::kNvfp4Online;
+  EXPECT_THROW(mc::check_plan(bad, p, c.a), megamoe::Error);
+  // unit_gs belongs to NVFP4 static's kernels.
+  const FakeCall m(4, 1024, QuantScheme::mxfp8());
+  mc::Plan mp = m.plan();
+  EXPECT_NO_THROW(mc::check_plan(mp, megamoe::detail::validate_args(m.a), m.a));
+  mp.unit_gs = true;
+  EXPECT_THROW(mc::check_plan(mp, megamoe::detail::validate_args(m.a), m.a), megamoe::Error);
 }
 
 TEST(CudaPlan, LibraryPlansPassTheirOwnCheck) {
@@ -1020,7 +1144,12 @@ TEST(CudaPlan, Bf16RouteAndStageIsTheRouterThenTheCopyKernel) {
 }
 
 TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
-  for (const QuantScheme& q : harness::all_schemes()) {
+  std::vector<QuantScheme> schemes = harness::all_schemes();
+  // NVFP4 online (its global_scale an output image of the harness), floor 0 on inputs below
+  // 2^-100 too (layout 2: fp32 times 2^-120).
+  schemes.push_back(QuantScheme::nvfp4_online());
+  schemes.push_back(QuantScheme::nvfp4_online().with_amax_floor(0.0f));
+  for (const QuantScheme& q : schemes) {
     for (int layout = 0; layout < 3; ++layout) {
       harness::Case c;
       c.T = 37;
@@ -1032,6 +1161,7 @@ TEST(CudaHarness, ReferenceImagesEqualTheCpuBackend) {
       c.hs_noncontig = c.misaligned = layout == 1;
       c.sf_mn_major = c.strided_topk = c.reversed_topk_in = layout == 2;
       if (q.ue8m0()) c.bm = 32, c.shared_transposed = layout != 0;
+      c.tiny = q.scale2 == megamoe::Scale2::kOnline && q.amax_floor == 0.0f && layout == 2;
       harness::Staged s(c);
       s.fill_inputs(11 + layout);
       const harness::Images want = s.expected(), cpu = s.cpu_backend_images();

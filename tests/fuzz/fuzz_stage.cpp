@@ -636,7 +636,7 @@ int fuzz_one(const uint8_t* data, size_t size) {
       !(q.elem == QuantElem::kFloat8E4M3 || fp4 || e5m2) || (e5m2 && (!ue8m0 || q.group_k != 32)) ||
       !(q.scale == ScaleType::kUE8M0 || q.scale == ScaleType::kFloat32 ||
         q.scale == ScaleType::kFloat8E4M3) ||
-      q.is_static || !q.symmetric || q.group_m != 1 || !g_ok || in.scale2 > 2 || in.rounding > 2 ||
+      q.is_static || !q.symmetric || q.group_m != 1 || !g_ok || in.scale2 > 3 || in.rounding > 2 ||
       (!fp4 && (q.scale == ScaleType::kFloat8E4M3 || q.scale2 != megamoe::Scale2::kNone)) ||
       (fp4 && q.scale == ScaleType::kFloat32));
   // The fp8 contract proper (SPEC "Inputs and outputs" .. "Beyond the reference") is
@@ -709,7 +709,8 @@ int fuzz_one(const uint8_t* data, size_t size) {
                                     E, 0, K, 0, R, 0, 0, 0, 0, 0};
   for (int k = 0; k < kSlots; ++k) {
     g_output[k] = (k >= kXq && k <= kNonfinite) || k == kLoad || k == kRNonfinite ||
-                  (router_entry && (k == kIds || k == kWeights));
+                  (router_entry && (k == kIds || k == kWeights)) ||
+                  (k == kGlobal && q.scale2 == megamoe::Scale2::kOnline);  // NVFP4 online writes gs
   }
 
   Plan plans[kSlots];
@@ -1515,6 +1516,9 @@ int fuzz_one(const uint8_t* data, size_t size) {
     } else if (floor_ok && fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
                q.scale2 == megamoe::Scale2::kPerToken) {
       ref_format = RF::nvfp4_per_token(q.amax_floor);
+    } else if (floor_ok && fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
+               q.scale2 == megamoe::Scale2::kOnline) {
+      ref_format = RF::nvfp4_online(q.amax_floor);
     } else if (fp4 && q.scale == ScaleType::kFloat8E4M3 && q.group_k == 16 && fp4_ttz &&
                q.scale2 == megamoe::Scale2::kStatic && a.global_scale && plans[kGlobal].kind == Kind::kReal &&
                plans[kGlobal].nonempty() && plans[kGlobal].ref.dtype == DType::kFloat32) {
@@ -1548,10 +1552,14 @@ int fuzz_one(const uint8_t* data, size_t size) {
       }();
       // x_scales passed to a format without per-token scales: nothing says what happens to it.
       if (a.x_scales && ref.x_scales.empty()) set_free(kXScales);
+      if (is_output(kGlobal) && aT > 0 && plans[kGlobal].kind == Kind::kReal && plans[kGlobal].nonempty()) {
+        put(kGlobal, 0, 0, &ref.global_scale);  // NVFP4 online's gs
+      }
     } else {
       set_free(kXq);
       set_free(kXsf);
       if (a.x_scales) set_free(kXScales);
+      if (is_output(kGlobal)) set_free(kGlobal);
     }
   }
   // Top-k repack (SPEC "Top-k repack"), the same for every format: padded tokens and

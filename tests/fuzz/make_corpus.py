@@ -20,7 +20,7 @@ Header (58 bytes)
   u8   elem         QuantElem value (0 fp8 e4m3, 1 e5m2, 2 int8, 3 fp4 e2m1; others invalid)
   u8   scale        ScaleType value (0 UE8M0, 1 fp32, 2 fp16, 3 fp8 e4m3; others invalid)
   u8   qflags       bit0 is_static, bit1 asymmetric (symmetric = not bit1)
-  u8   scale2       Scale2 value (0 none, 1 static, 2 per-token; others invalid)
+  u8   scale2       Scale2 value (0 none, 1 static, 2 per-token, 3 online; others invalid)
   u8   rounding     Rounding value (0 default, 1 nearest even, 2 ties toward zero)
   u32  amax_floor   fp32 bits; 0 = the default 1e-4
   i64  group_k, group_m, shared_block_m      (raw)
@@ -242,6 +242,11 @@ def seeds():
     s["nvfp4_static"] = make(3, 256, 2, mode=GLOBAL, elem=3, scale=3, scale2=1, group_k=16,
                              payload=struct.pack("<f", 0.5) + bf16(1.0, -2.0, 3.5, 0.25))
     s["nvfp4_per_token"] = make(3, 256, 2, mode=XSCALES, elem=3, scale=3, scale2=2, group_k=16)
+    # NVFP4 online: global_scale is an output (the call writes gs), floor 1e-4 and 0.
+    s["nvfp4_online"] = make(3, 256, 2, mode=GLOBAL, elem=3, scale=3, scale2=3, group_k=16,
+                             payload=struct.pack("<f", 0.5) + bf16(1.0, -2.0, 3.5, 0.25))
+    s["nvfp4_online_floor0"] = make(3, 256, 2, mode=GLOBAL, elem=3, scale=3, scale2=3, group_k=16,
+                                    floor_bits=0x80000000, payload=struct.pack("<f", 0.5) + b"\0" * 64)
     s["fp8_amax_floor_1e-10"] = make(
         3, 128, 1, floor_bits=struct.unpack("<I", struct.pack("<f", 1e-10))[0])
     s["nonfinite_count_nan_inf"] = make(

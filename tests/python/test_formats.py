@@ -124,6 +124,66 @@ def test_nvfp4_static_global_scales(gs):
     check(out, ref.stage_any(FMT["NVFP4_STATIC"], h, w, ids, global_scale=g[0]))
 
 
+def online_gs(h: np.ndarray, floor: float) -> np.float32:
+    """NVFP4 online's global scale, written independently: fl(max(A, floor) / 2688), A the
+    NaN-ignoring max |x| of every element (Inf counts); floor 0: 1 where A < 2^-100."""
+    a = np.abs(h.astype(np.float32))
+    A = np.float32(0.0) if np.all(np.isnan(a)) else np.float32(np.nanmax(a))
+    m = max(A, np.float32(floor))
+    if floor == 0.0 and m < np.float32(2.0**-100):
+        return np.float32(1.0)
+    return np.float32(m / np.float32(2688.0))
+
+
+@pytest.mark.parametrize("floor", [1e-4, 1e-10, 0.0])
+@pytest.mark.parametrize("case", ["random", "specials", "zeros", "tiny", "all_nan", "inf"])
+def test_nvfp4_online_writes_gs_and_static_bytes(floor, case):
+    """NVFP4_ONLINE writes gs to global_scale (an output) and the bytes NVFP4_STATIC gives
+    with that gs; padded rows count in the max."""
+    T, H, K = 9, 256, 4
+    h, w, ids = inputs(T, H, K, seed=5, specials=case == "specials")
+    if case == "zeros":
+        h[:] = 0.0
+    elif case == "tiny":
+        h = (h * np.float32(2.0**-120)).astype(np.float32)
+    elif case == "all_nan":
+        h[:] = np.nan
+    elif case == "inf":
+        h[3, 17] = -np.inf
+    h[8, 5] = np.float32(1e4) if case == "random" else h[8, 5]  # the max on a padded row
+    pad = (np.arange(T) == 8).astype(np.uint8)
+    s = megamoe.NVFP4_ONLINE.with_amax_floor(floor)
+    out = outputs(T, H, K, s)
+    g = np.full(1, np.nan, np.float32)
+    megamoe.prepare_megamoe_inputs(h, w, ids, **out, is_padding=pad, hidden_quant=s, global_scale=g)
+    want = online_gs(h, floor)
+    assert g.view(np.uint32)[0] == np.array([want], np.float32).view(np.uint32)[0], (g[0], want)
+    st = outputs(T, H, K, megamoe.NVFP4_STATIC)
+    megamoe.prepare_megamoe_inputs(h, w, ids, **st, is_padding=pad, hidden_quant=megamoe.NVFP4_STATIC,
+                                   global_scale=g.copy())  # fmt: skip
+    for k in st:
+        assert_bitwise(out[k], st[k], k)
+    check(out, ref.stage_any(FMT["NVFP4_STATIC"], h, w, ids, pad, global_scale=g[0]))
+
+
+def test_nvfp4_online_global_scale_is_a_required_output():
+    T, H, K = 3, 128, 2
+    h, w, ids = inputs(T, H, K)
+    s = megamoe.NVFP4_ONLINE
+    with pytest.raises(ValueError, match=re.escape("megamoe: global_scale: expected a [1] float32 tensor (nvfp4_online writes one), got none")):
+        megamoe.prepare_megamoe_inputs(h, w, ids, **outputs(T, H, K, s), hidden_quant=s)
+    ro = np.zeros(1, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="global_scale"):
+        megamoe.prepare_megamoe_inputs(h, w, ids, **outputs(T, H, K, s), hidden_quant=s, global_scale=ro)
+    assert megamoe.output_shapes(T, H, K, s).global_scale is not None
+    staged = megamoe.stage(h, w, ids, scheme=s)
+    assert staged.global_scale.shape == (1,) and staged.global_scale[0] == online_gs(h, 1e-4)
+    assert megamoe.stage(h, w, ids, scheme=megamoe.NVFP4_PER_TOKEN).global_scale is None
+    text = megamoe.explain(h, w, ids, *staged[:4], hidden_quant=s, global_scale=staged.global_scale)
+    assert text.startswith("cpu backend: nvfp4_online ") and "amax to global_scale" in text, text
+
+
 @pytest.mark.parametrize("name", ALL_SCHEMES)
 @pytest.mark.parametrize("floor", [1e-10, 1.0, 300.0, 0.0])
 def test_amax_floor(name, floor):

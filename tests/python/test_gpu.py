@@ -843,6 +843,19 @@ def test_mxfp4_matches_deepgemm_per_token_cast_to_fp4(T, H, xdtype):
     same_bits(sf, s, "x_sf (packed UE8M0)")
 
 
+def captured(step) -> "torch.cuda.CUDAGraph":
+    """@p step run once on a side stream (warm-up), then captured into a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 @cuda_only
 @pytest.mark.parametrize("name", ALL_SCHEMES)
 def test_every_format_under_cuda_graph_capture(name):
@@ -858,14 +871,7 @@ def test_every_format_under_cuda_graph_capture(name):
     def step():
         megamoe.prepare_megamoe_inputs(h * 2, w, ids, **out, hidden_quant=s, global_scale=gs, nonfinite_count=count)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     for seed in (11, 12):
         h.copy_(hidden(T, H, seed=seed))
         if gs is not None:
@@ -1199,3 +1205,91 @@ def test_bf16_x_sf_empty_or_none_and_rejections():
         megamoe.prepare_megamoe_inputs(h, w, ids, x.view(torch.float16), None, idx, wo, hidden_quant=megamoe.MXFP8)
     with pytest.raises(ValueError, match="x_q|x_fp8"):
         megamoe.prepare_megamoe_inputs(h, w, ids, x.view(torch.float16), None, idx, wo, hidden_quant=megamoe.BF16)
+# NVFP4 online: a PyTorch rendering of the contract, run by torch on the same device
+
+
+def nvfp4_online_torch(x: torch.Tensor, floor: float):
+    """NVFP4 online as PyTorch ops: gs = fl(max(A, floor) / 2688) over the whole tensor
+    (NaN ignored, Inf counts; floor 0: 1 where A < 2^-100), then per group of 16 the static
+    recipe: sf = e4m3(clamp(fl(amax / fl(6 gs)), 2^-9, 448)) (NaN -> 2^-9), v = fl(x / fl(sf
+    gs)), ties toward zero. Returns (packed e2m1 bytes, packed e4m3 words as int32, gs [1])."""
+    T, H = x.shape
+    f = x.float()
+    inf = float("inf")
+    a = f.abs().nan_to_num(nan=0.0, posinf=inf).max() if f.numel() else torch.zeros((), device=x.device)
+    two = torch.tensor
+    m = torch.maximum(a, two(floor, device=x.device))
+    gs = m / two(2688.0, device=x.device)  # tensor / tensor: a true division
+    if floor == 0.0:
+        gs = torch.where(m < 2.0**-100, two(1.0, device=x.device), gs)
+    g = f.view(T, H // 16, 16)
+    amax = g.abs().nan_to_num(nan=0.0, posinf=inf).amax(dim=2)
+    q = (amax / (two(6.0, device=x.device) * gs)).nan_to_num(nan=2.0**-9, posinf=inf)
+    sf = q.clamp(2.0**-9, 448.0).to(torch.float8_e4m3fn)
+    d = sf.float() * gs
+    v = g / d.unsqueeze(2)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=x.device)
+    code = torch.bucketize(v.abs().nan_to_num(nan=0.0, posinf=inf).clamp_max(6.0), mids).to(torch.uint8)
+    code = (code | (((v < 0) & (code != 0)).to(torch.uint8) << 3)).view(T, H)
+    packed = (code[:, 0::2] & 0x0F) | ((code[:, 1::2] & 0x0F) << 4)
+    return packed.contiguous(), sf.view(torch.uint8).contiguous().view(torch.int32), gs.reshape(1)
+
+
+@pytest.mark.parametrize("T", [1, 7, 135, 4096])
+@pytest.mark.parametrize("H", [256, 7168])
+@pytest.mark.parametrize("floor", [1e-4, 0.0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nvfp4_online_matches_torch_rendering(T, H, floor, dtype):
+    """Bytes and the global scale bit-exact with the PyTorch rendering; a NaN and the max
+    on a padded row; floor 0 also on inputs below 2^-100 (the unit scale)."""
+    for tiny in (False, True) if floor == 0.0 else (False,):
+        h = hidden(T, H, dtype=dtype, seed=T + H)
+        if tiny:
+            h = h * 2.0**-120 if dtype == torch.float32 else torch.zeros_like(h)
+        h[T - 1, 3] = float("nan")
+        h[T - 1, 5] = h.float().abs().nan_to_num(nan=0.0).max() * 3
+        pad = torch.arange(T, device=DEVICE) == T - 1
+        w, ids = routing(T)
+        s = megamoe.NVFP4_ONLINE.with_amax_floor(floor)
+        out, _ = outputs_any(T, H, 8, s, DEVICE)
+        gs = torch.full((1,), float("nan"), device=DEVICE)
+        megamoe.prepare_megamoe_inputs(h, w, ids, **out, is_padding=pad, hidden_quant=s, global_scale=gs)
+        sync()
+        q, sf, g = nvfp4_online_torch(h, floor)
+        same_bits(gs, g, "global_scale")
+        same_bits(out["x_fp8"].view(torch.uint8), q, "x_fp8 (packed e2m1)")
+        same_bits(out["x_sf"], sf, "x_sf (packed e4m3)")
+        # The same bytes as NVFP4 static under that gs.
+        st, _ = outputs_any(T, H, 8, megamoe.NVFP4_STATIC, DEVICE)
+        megamoe.prepare_megamoe_inputs(h, w, ids, **st, is_padding=pad, hidden_quant=megamoe.NVFP4_STATIC,
+                                       global_scale=gs.clone())  # fmt: skip
+        sync()
+        same_all({k: v.cpu() for k, v in out.items()}, {k: v.cpu() for k, v in st.items()}, "online vs static(gs)")
+
+
+@cuda_only
+@pytest.mark.parametrize("T", [1, 4096])
+@pytest.mark.parametrize("floor", [1e-4, 0.0])
+def test_nvfp4_online_under_cuda_graph_gs_follows_inputs(T, floor):
+    """Captured once, replayed on new inputs (one replay below 2^-100 for floor 0): the
+    global scale and the bytes follow the inputs every time."""
+    H = 7168
+    h = hidden(T, H, seed=3)
+    w, ids = routing(T)
+    s = megamoe.NVFP4_ONLINE.with_amax_floor(floor)
+    out, _ = outputs_any(T, H, 8, s, DEVICE)
+    gs = torch.zeros(1, device=DEVICE)
+
+    def step():
+        megamoe.prepare_megamoe_inputs(h, w, ids, **out, hidden_quant=s, global_scale=gs, enable_pdl=True)
+
+    graph = captured(step)
+    for seed, scale in ((11, 1.0), (12, 1e3), (13, 2.0**-120)):
+        h.copy_(hidden(T, H, seed=seed) * scale)
+        gs.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        q, sf, g = nvfp4_online_torch(h, floor)
+        same_bits(gs, g, f"global_scale replay {seed}")
+        same_bits(out["x_fp8"].view(torch.uint8), q, f"x_fp8 replay {seed}")
+        same_bits(out["x_sf"], sf, f"x_sf replay {seed}")

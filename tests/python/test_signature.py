@@ -151,10 +151,12 @@ def test_op_schema_text():
     assert schema.startswith("(Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, Tensor(a!) x_fp8, ")
     assert "int quant_elem, int quant_scale, int group_m, int group_k, bool is_static, bool symmetric, " \
            "int scale2, int rounding, float amax_floor" in schema  # fmt: skip
-    assert "Tensor(e!)? shared_x_sf" in schema and "Tensor? global_scale" in schema
-    assert "Tensor(f!)? x_scales, Tensor(g!)? nonfinite_count, bool full_buffer, float? routed_scaling_factor, Tensor? expert_scales, bool enable_pdl" in schema
+    # global_scale is written by NVFP4 online (read by NVFP4 static): declared mutable.
+    assert "Tensor(e!)? shared_x_sf" in schema and "Tensor(f!)? global_scale" in schema
+    assert "Tensor(g!)? x_scales, Tensor(h!)? nonfinite_count, bool full_buffer, float? routed_scaling_factor, Tensor? expert_scales, bool enable_pdl" in schema
     assert "stream" not in schema and schema.endswith(") -> ()")
-    assert PREPARE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "x_scales", "nonfinite_count")
+    assert PREPARE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "global_scale",
+                                      "x_scales", "nonfinite_count")  # fmt: skip
     assert ROUTING.op_schema() == (
         "(Tensor topk_weights, Tensor topk_ids, Tensor(a!) topk_idx_out, Tensor(b!) topk_weights_out, "
         "Tensor? is_padding, bool full_buffer, float? routed_scaling_factor, Tensor? expert_scales, bool enable_pdl) -> ()"
@@ -170,13 +172,14 @@ def test_op_schema_text():
                          "Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!) x_fp8, ")  # fmt: skip
     assert ROUTE_AND_STAGE.mutates_args() == ("topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out",
                                               "topk_weights_out", "shared_x_sf", "expert_load_view",
-                                              "logits_nonfinite_count", "x_scales", "nonfinite_count")  # fmt: skip
+                                              "logits_nonfinite_count", "global_scale", "x_scales",
+                                              "nonfinite_count")  # fmt: skip
     ns = NORM_AND_STAGE.op_schema()
     assert ns.startswith("(Tensor x, Tensor? residual, Tensor weight, Tensor topk_weights, Tensor topk_ids, "
                          "Tensor(a!) x_fp8, ")  # fmt: skip
-    assert "float amax_floor, float eps, Tensor(f!)? y, Tensor(g!)? residual_out, Tensor? global_scale" in ns
+    assert "float amax_floor, float eps, Tensor(f!)? y, Tensor(g!)? residual_out, Tensor(h!)? global_scale" in ns
     assert NORM_AND_STAGE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "y",
-                                             "residual_out", "x_scales", "nonfinite_count")  # fmt: skip
+                                             "residual_out", "global_scale", "x_scales", "nonfinite_count")  # fmt: skip
     # every table argument but the stream reaches the op (the scheme as its fields)
     for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE):
         op = spec.op_names()

@@ -271,6 +271,7 @@ enum class ScaleCodec {
   kFp32,           ///< the fp32 scale itself
   kE4m3Static,     ///< NVFP4: e4m3 bytes four per word, caller's global scale
   kE4m3PerToken,   ///< NVFP4: e4m3 bytes four per word, per-token scale (x_scales)
+  kE4m3Online,     ///< NVFP4: e4m3 bytes four per word, global scale from the whole tensor
 };
 
 /// One activation format of SPEC.md (what the reference needs of a scheme).
@@ -278,7 +279,7 @@ struct Format {
   Elem elem = Elem::kFp8E4M3;
   ScaleCodec scale = ScaleCodec::kUe8m0;
   int64_t G = 32;                       ///< group size along H
-  float amax_floor = 1e-4f;             ///< group floor (fp8, MXFP4); row floor (NVFP4 per-token)
+  float amax_floor = 1e-4f;             ///< group floor (fp8, MXFP4); row floor (NVFP4 per-token); tensor floor (online)
   Fp4Ties ties = Fp4Ties::kTowardZero;  ///< e2m1 tie rule
   float global_scale = 1.0f;            ///< gs of NVFP4 static
 
@@ -317,6 +318,13 @@ struct Format {
     f.global_scale = gs;
     return f;
   }
+  /// NVFP4 with a global scale computed from the whole tensor; @p floor bounds its amax.
+  static Format nvfp4_online(float floor = 1e-4f) {
+    Format f = fp4_g16();
+    f.scale = ScaleCodec::kE4m3Online;
+    f.amax_floor = floor;
+    return f;
+  }
   /// NVFP4 with per-token scales; @p floor bounds each row's amax.
   static Format nvfp4_per_token(float floor = 1e-4f) {
     Format f = fp4_g16();
@@ -340,6 +348,7 @@ struct Result {
   std::vector<uint32_t> sf_words;   ///< [T, H/(4G)] packed UE8M0 / e4m3 words
   std::vector<float> sf_f32;        ///< [T, H/G] fp32 scales (fp32 only)
   std::vector<float> x_scales;      ///< [T] per-token second-level scales (NVFP4 per-token)
+  float global_scale = 0.0f;        ///< gs the call writes (NVFP4 online; T > 0)
   int64_t nonfinite = 0;            ///< NaN and +-Inf elements of hidden (all T rows)
   std::vector<int64_t> idx;         ///< [T, K]
   std::vector<float> w;             ///< [T, K]
@@ -424,6 +433,14 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
   r.idx.resize(static_cast<size_t>(T * K));
   r.w.resize(static_cast<size_t>(T * K));
   std::vector<uint8_t> q(static_cast<size_t>(G));
+  float gs = f.global_scale;
+  if (f.scale == ScaleCodec::kE4m3Online) {
+    // SPEC NVFP4 online: A = max |x| over every element (NaN skipped, Inf counts), then
+    // the per-token rule on A; the groups are static's under it.
+    const float a = std::max(detail::amax_of(hidden, T * H), f.amax_floor);
+    gs = f.amax_floor == 0.0f && a < std::ldexp(1.0f, -100) ? 1.0f : detail::div_f32(a, 2688.0f);
+    r.global_scale = gs;
+  }
   for (int64_t t = 0; t < T; ++t) {
     const float* row = hidden + t * H;
     for (int64_t h = 0; h < H; ++h) r.nonfinite += detail::nonfinite(row[h]) ? 1 : 0;
@@ -444,8 +461,8 @@ inline Result stage(const float* hidden, int64_t T, int64_t H, const int64_t* id
         if (!f.packed_scales()) r.sf_f32[static_cast<size_t>(t * sc + g)] = s;
       } else if (f.scale == ScaleCodec::kUe8m0) {
         byte = detail::mxfp4_group(x, G, f.amax_floor, f.ties, q.data());
-      } else if (f.scale == ScaleCodec::kE4m3Static) {
-        byte = detail::nvfp4_static_group(x, G, f.global_scale, q.data());
+      } else if (f.scale == ScaleCodec::kE4m3Static || f.scale == ScaleCodec::kE4m3Online) {
+        byte = detail::nvfp4_static_group(x, G, gs, q.data());
       } else {
         byte = detail::nvfp4_token_group(x, G, pts, q.data());
       }

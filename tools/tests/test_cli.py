@@ -577,6 +577,14 @@ def case_formats():
     check(m and float(m.group(1)) > 0, p.stdout)
     p = expect_pass(SMALL + ["--scheme", "nvfp4-static", "--global-scale", "0.5"], min_snr=-100)
     check("global_scale 0.5" in p.stdout, p.stdout)
+    # nvfp4-online computes its global scale (the reference checks it with the bytes).
+    for floor in ["1e-4", "0"]:
+        p = expect_pass(SMALL + ["--scheme", "nvfp4-online", "--amax-floor", floor], min_snr=15)
+        m = re.search(r"global_scale ([0-9.e+-]+|inf)", p.stdout)
+        check(m is not None, p.stdout)
+        j = json.loads(run(*SMALL, "--scheme", "nvfp4-online", "--amax-floor", floor, "--json", expect_rc=0).stdout)
+        check(j["reference"]["match"] is True and j["scheme"]["global_scale"] is not None, j)
+    expect_error(SMALL + ["--scheme", "nvfp4-online", "--global-scale", "0.5"], "--global-scale", "nvfp4-static")
     j = json.loads(run(*SMALL, "--scheme", "fp32-g128-sm90", "--json", expect_rc=0).stdout)
     check(j["scheme"]["library_name"].startswith("fp8_fp32_g128+floor=1") and j["scheme"]["amax_floor"] < 1e-9,
           j["scheme"])
@@ -594,7 +602,7 @@ def case_formats():
         expect_error(SMALL + ["--scheme", "nvfp4-static", "--global-scale", bad], "--global-scale", "finite positive")
     expect_error(SMALL + ["--scheme", "nvfp4-static", "--amax-floor", "1"], "--amax-floor", "nvfp4-static")
     p = run("--help", expect_rc=0)
-    for word in ["mxfp4", "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "--amax-floor", "--global-scale",
+    for word in ["mxfp4", "mxfp4-rne", "nvfp4-static", "nvfp4-per-token", "nvfp4-online", "--amax-floor", "--global-scale",
                  "x_scales", "__metadata__"]:
         check(word in p.stdout, f"--help lacks {word!r}")
 

@@ -26,8 +26,9 @@ namespace {
 // the quantizing warps before their first load (line A, 48 bytes), their scale math and
 // stores (line B), the top-k warps (lines C, D), then what only the other formats and
 // kernels read (second-level scales, the non-finite counter, the general kernels' sizes).
-// (kFlagExpertScales: kept weights of ids in [0, E) times escale[id].)
-enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u, kFlagExpertScales = 32u };
+// kFlagExpertScales: kept weights of ids in [0, E) times escale[id]; kFlagUnitGs: NVFP4
+// static staging an NVFP4 online call of floor 0 (Plan::unit_gs).
+enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u, kFlagExpertScales = 32u, kFlagUnitGs = 64u };
 
 template <typename Idx>
 struct ParamsT {
@@ -155,8 +156,19 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
 /// per thread from the device scalar, after the PDL wait), else unused.
 template <core::Format F, typename Idx>
 __device__ __forceinline__ float static_scale2(const ParamsT<Idx>& p) {
-  if constexpr (F == core::Format::kNvfp4Static) return __ldg(p.gscale);
-  else return 0.0f;
+  if constexpr (F == core::Format::kNvfp4Static) {
+    const float gs = __ldg(p.gscale);
+    if ((p.flags & kFlagUnitGs) == 0u) return gs;  // (a branch on the flags, not on gs)
+    // NVFP4 online of floor 0: a total of 0 from the amax blocks means every element was
+    // below 2^-100, whose global scale is the unit scale (a select: a branch on the loaded
+    // gs would hold back the loads behind it). Block 0's first thread stores the value
+    // (gs itself or 1); another block reading 0 or 1 meanwhile gets 1 either way.
+    const float g = gs == 0.0f ? 1.0f : gs;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *const_cast<float*>(p.gscale) = g;
+    return g;
+  } else {
+    return 0.0f;
+  }
 }
 
 /// NVFP4 static's scale byte of a group (the same bits either way): from gs alone (the

@@ -20,8 +20,9 @@ template <int In>
 void generic_by_format(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
   core::visit_format(plan.fmt, [&](auto f) {
     constexpr core::Format F = decltype(f)::value;
-    // A row-scaled format (a whole row's amax before its groups) runs the row kernel only.
-    if constexpr (core::row_scaled(F)) {
+    // A row-scaled format (a whole row's amax before its groups) runs the row kernel only;
+    // NVFP4 online runs as NVFP4 static (online_plan).
+    if constexpr (core::row_scaled(F) || core::online_scaled(F)) {
       throw Error(ErrorCode::kInternal, "megamoe: no generic kernel for " + to_string(plan));  // (check_plan)
     } else {
       generic_go<In, F>(plan, a, p, stream);

@@ -143,7 +143,8 @@ ParamsT<Idx> make_params(const StageArgs& a, const detail::Problem& p, const Pla
               (a.topk_ids.dtype == DType::kInt64 ? kFlagIdsI64 : 0u) |
               (a.topk_weights.dtype == DType::kBFloat16 ? kFlagWBF16 : 0u) |
               (a.topk_weights.dtype == DType::kFloat16 ? kFlagWF16 : 0u) |
-              (p.has_alpha ? kFlagAlpha : 0u) | (p.has_expert_scales ? kFlagExpertScales : 0u);
+              (p.has_alpha ? kFlagAlpha : 0u) | (p.has_expert_scales ? kFlagExpertScales : 0u) |
+              (plan.unit_gs ? kFlagUnitGs : 0u);
   return prm;
 }
 
@@ -159,6 +160,9 @@ void launch_fast_fp32_nvfp4(const Plan& plan, const StageArgs& a, const detail::
 void launch_generic(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_rowwise(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 void launch_copy(const Plan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
+/// NVFP4 online's amax launch (and the memset before it when the plan has one): gs into
+/// global_scale (online.cu).
+void launch_online_amax(const OnlinePlan& plan, const StageArgs& a, const detail::Problem& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace megamoe

@@ -1,6 +1,7 @@
 // stage_cuda.cu: the CUDA backend's host entry points. prepare_inputs() asks plan() for
 // the kernel choice (plan.h) and launch() runs it: one kernel launch per call (a second,
-// routing-only one only for a full-buffer tail the plan's shape does not fill), no
+// routing-only one only for a full-buffer tail the plan's shape does not fill; NVFP4 online
+// has its amax launch first, online_plan), no
 // allocation (but for tensors off their element size: aligned.cuh), no host
 // synchronization (CUDA-graph capture safe), optional PDL. The kernels
 // are by role in quantize_fast.cuh, quantize_generic.cuh, quantize_rowwise.cuh and
@@ -80,13 +81,26 @@ std::string explain_plan(const StageArgs& a, const detail::Problem& p) {
                                           " (the routing-only kernel fills the full-buffer tail, T == 0)"
                                     : "cuda backend: nothing to launch (T == 0)";
   }
-  if (empty_rows(p)) {
+  if (empty_rows(p) && !core::online_scaled(p.fmt)) {
     return "cuda backend: " + to_string(routing_plan(p.M, p.K, a.enable_pdl, dev)) +
            " (the routing-only kernel stages the top-k, H == 0: no activations)";
   }
-  const Plan pl = plan(p, a, dev);
+  std::string head;
+  Plan pl;
+  if (core::online_scaled(p.fmt)) {
+    const OnlinePlan op = online_plan(p, a, dev);
+    head = to_string(op);
+    if (!op.staging) {
+      return "cuda backend: " + head + " ; then " + to_string(routing_plan(p.M, p.K, a.enable_pdl, dev)) +
+             " (the routing-only kernel stages the top-k, H == 0: no activations)";
+    }
+    pl = op.stage;
+  } else {
+    pl = plan(p, a, dev);
+    head = to_string(pl);
+  }
   const bool tail_launch = p.full_buffer && p.M > p.T && !pl.fused_tail;
-  return "cuda backend: " + to_string(pl) +
+  return "cuda backend: " + head +
          (tail_launch ? " ; then " + to_string(routing_plan(p.M - p.T, p.K, a.enable_pdl, dev)) +
                             " (the routing-only kernel fills the full-buffer tail)"
                       : "");
@@ -136,7 +150,26 @@ void fill_tail(const StageArgs& a, const detail::Problem& p, Stream stream) {
   stage_routing(r, q, stream);
 }
 
+/// NVFP4 online: the amax launch writes gs (T > 0), then the call is NVFP4 static's with the
+/// plan online_plan made for it (unit_gs where floor 0 needs it).
+void prepare_online(const StageArgs& a, const detail::Problem& p, Stream stream) {
+  const detail::Problem q = static_problem(p);
+  bool tail = q.full_buffer && q.M > q.T;
+  if (q.T > 0) {
+    const OnlinePlan op = online_plan(p, a, device_info(a.hidden_states.device.index));
+    {
+      DeviceGuard guard(a.hidden_states.device.index);
+      launch_online_amax(op, a, p, static_cast<cudaStream_t>(stream));
+    }
+    if (!op.staging) return stage_routing(routing_args_of(a), q, stream);  // H == 0
+    run(op.stage, a, q, stream);
+    tail = tail && !op.stage.fused_tail;
+  }
+  if (tail) fill_tail(a, q, stream);
+}
+
 void prepare_aligned(const StageArgs& a, const detail::Problem& p, Stream stream) {
+  if (core::online_scaled(p.fmt)) return prepare_online(a, p, stream);
   if (empty_rows(p)) {
     // The top-k outputs alone (all M rows in full-buffer mode), as the CPU backend stages
     // them: the quantizing kernels repack the top-k inside their loops over the

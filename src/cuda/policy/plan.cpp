@@ -193,6 +193,9 @@ void fill_grid(Plan& plan, const detail::Problem& p, const DeviceInfo& dev, int 
 }
 
 Plan plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev, PlanFor target) {
+  if (core::online_scaled(p.fmt)) {
+    throw Error(ErrorCode::kInternal, "megamoe: internal: NVFP4 online is planned by online_plan");
+  }
   const bool fused = target == PlanFor::kFusedRouter;
   const bool recip = !fused && recip_format(p, a, dev);  // the staging kernel's loop builds the table
   Plan pl;
@@ -265,6 +268,10 @@ void check_plan(const Plan& pl, const detail::Problem& p, const StageArgs& a) {
     reject(pl, "format, G and input dtype must be the call's (" + std::string(core::format_name(p.fmt)) + ", G=" +
                    std::to_string(p.G) + ", " + dtype_name(a.hidden_states.dtype) + ")");
   }
+  if (core::online_scaled(pl.fmt)) {
+    reject(pl, "NVFP4 online runs as its amax launch, then NVFP4 static's plan (online_plan)");
+  }
+  if (pl.unit_gs && pl.fmt != core::Format::kNvfp4Static) reject(pl, "unit_gs is NVFP4 static's (staging NVFP4 online)");
   if (pl.count_nonfinite != p.has_nonfinite) reject(pl, "count_nonfinite must match the call's nonfinite_count");
   if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0) reject(pl, "threads must be whole warps, 32..1024");
   if (pl.quant_blocks < 1 || pl.grid < pl.quant_blocks || pl.grid > 0x7FFFFFFF) reject(pl, "grid out of range");
@@ -386,6 +393,47 @@ std::string to_string(const Plan& pl) {
   s += pl.fused_tail ? " fused_tail=on" : " fused_tail=off";
   s += " row_split=" + std::to_string(pl.row_split);
   s += pl.row_wide ? " row_wide=on" : " row_wide=off";
+  s += pl.unit_gs ? " unit_gs=on" : " unit_gs=off";
+  return s;
+}
+
+detail::Problem static_problem(const detail::Problem& p) {
+  detail::Problem q = p;
+  q.fmt = core::staged_format(p.fmt);
+  return q;
+}
+
+OnlinePlan online_plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev) {
+  OnlinePlan op;
+  op.threads = 256;
+  op.vectorized = rows_vectorizable(a.hidden_states, 16);
+  // A unit: one block's pass over threads x kOnlineVecsPerThread 16-byte vectors of a row
+  // (their elements, strided, when the rows are not vectorizable).
+  const int64_t span = int64_t{op.threads} * kOnlineVecsPerThread * (16 / dtype_size(a.hidden_states.dtype));
+  op.row_units = ceil_div(p.H, span);
+  const int64_t units = p.T * op.row_units;  // <= T * H, which fits
+  op.grid = std::max<int64_t>(1, std::min(units, capped_blocks(std::max<int64_t>(units, 1) * op.threads, op.threads,
+                                                               dev, kOnlineMaxWaves)));
+  op.memset = op.grid > 1;
+  op.unit = op.memset && p.floor == 0.0f;
+  op.pdl = !op.memset && a.enable_pdl && dev.arch >= 90;
+  const detail::Problem q = static_problem(p);
+  op.staging = !(q.H == 0 && !q.has_x_scales);  // H == 0: the routing-only kernel stages the top-k
+  if (op.staging) {
+    op.stage = plan(q, a, dev);
+    op.stage.unit_gs = op.unit;
+  }
+  return op;
+}
+
+std::string to_string(const OnlinePlan& op) {
+  std::string s = "nvfp4_online: ";
+  if (op.memset) s += "memset + ";
+  s += "amax(grid=" + std::to_string(op.grid) + " threads=" + std::to_string(op.threads) +
+       " row_units=" + std::to_string(op.row_units) + (op.vectorized ? " vectorized=on" : " vectorized=off") +
+       (op.memset ? " gs=atomic_max" : " gs=store") + (op.unit ? " unit=on" : " unit=off") +
+       (op.pdl ? " pdl=on" : " pdl=off") + ")";
+  s += op.staging ? " + static staging: " + to_string(op.stage) : " (H == 0: no staging kernel)";
   return s;
 }
 

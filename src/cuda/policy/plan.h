@@ -69,6 +69,10 @@ struct Plan {
   /// row's barriers and constants shared by four groups a thread instead of two, and more
   /// of each SM's loads in flight (stage_rowwise_wide_kernel).
   bool row_wide = false;
+  /// NVFP4 static's kernels staging an NVFP4 online call of floor 0 whose amax blocks
+  /// accumulated into global_scale (OnlinePlan::unit): a gs of 0 read is the unit scale 1,
+  /// which block 0's first thread also stores (idempotent: any block reads 0 or 1).
+  bool unit_gs = false;
 };
 
 /// Half chunks (Shape::kSplitHalf, one 8-element half chunk a thread): a shape of the fast
@@ -129,6 +133,42 @@ void launch(const Plan& plan, const StageArgs& a, const detail::Problem& p, Stre
 
 /// The plan text for validated CUDA arguments (explain()).
 std::string explain_plan(const StageArgs& a, const detail::Problem& p);
+
+// ---------------------------------------------------------------------------------------
+// NVFP4 online (docs/DESIGN.md "NVFP4 online"): the global scale needs the whole tensor's
+// amax before any group is encoded, so the call is two launches on the caller's stream: the
+// amax kernel (kernels/online_amax.cuh) writes gs into global_scale, then NVFP4 static's
+// staging plan reads it back (PDL-chained when the call asks). One kernel cannot do both
+// without a grid-wide barrier, which needs every block co-resident (a cooperative launch,
+// which can fail under MPS or beside other resident kernels). With more than one amax block
+// each block atomicMax-es its candidate core::online_candidate (monotone in its amax) into
+// the word, which a memset node zeroes first (an accumulator needs a start value); with one
+// block (decode sizes, H == 0) the block stores gs itself and no memset runs.
+
+/// The amax kernel's launch and the staging after it.
+struct OnlinePlan {
+  int threads = 256;
+  int64_t grid = 1;          ///< blocks (at least 1: gs is written even without elements)
+  int64_t row_units = 1;     ///< units a row (a unit: threads x kOnlineVecsPerThread 16-byte vectors' span)
+  bool vectorized = false;   ///< 16-byte loads of contiguous, 16-byte aligned rows; else strided scalars
+  bool memset = false;       ///< grid > 1: global_scale zeroed first, the blocks atomicMax into it
+  /// Floor 0 with memset: a total of 0 (every block below 2^-100) is the unit scale, which
+  /// the staging kernel maps (kFlagUnitGs) and stores.
+  bool unit = false;
+  bool pdl = false;          ///< the amax kernel with PDL (no memset before it)
+  bool staging = true;       ///< the static staging plan runs (false: H == 0, routing-only)
+  Plan stage;                ///< NVFP4 static's plan for the call (when staging)
+};
+/// 16-byte vectors (or their elements, strided) a thread of the amax kernel takes per unit.
+constexpr int kOnlineVecsPerThread = 4;
+/// The amax kernel's grid caps at this many waves of the SMs' resident threads.
+constexpr int kOnlineMaxWaves = 4;
+/// The library's choice for a validated NVFP4 online call with T > 0.
+OnlinePlan online_plan(const detail::Problem& p, const StageArgs& a, const DeviceInfo& dev);
+/// "nvfp4_online: memset + amax(...) + static staging: <stage>".
+std::string to_string(const OnlinePlan& plan);
+/// @p p as NVFP4 static's problem (the staging launch's).
+detail::Problem static_problem(const detail::Problem& p);
 
 // ---------------------------------------------------------------------------------------
 // The router's launch choices (router.cu; docs/ROUTER.md "Tokens per block"), host

@@ -5,6 +5,9 @@
 //              max is below 2^-100);
 //              sf = e4m3_satfinite(fl(amax / fl(6*pts))); inv = sf > 0 ? fl(1/fl(sf*pts)) : 0;
 //              v = fl(x * inv)
+//   online     gs = fl(max(A, floor) / 2688), A the NaN-ignoring max |x| over the whole
+//              [T, H] tensor (floor 0: 1 where A is below 2^-100), written to global_scale;
+//              then every group as static with that gs
 // then e2m1 with ties toward zero (e2m1/codec.h).
 #pragma once
 
@@ -142,6 +145,22 @@ MEGAMOE_HD GroupParams nvfp4_token_group(float amax, const TokenRow& r) {
 MEGAMOE_HD float per_token_scale(float row_amax, float floor) {
   const float a = fmax_nan_ignoring(row_amax, floor);
   return floor == 0.0f && a < kMinFp32ScaleFloor ? 1.0f : div_rn(a, kNvfp4TokenDiv);
+}
+
+/// NVFP4 online's global scale from the tensor's NaN-ignoring max |x| (the per-token rule
+/// applied to the whole tensor): fl(max(amax, floor) / 2688); floor 0: 1 where amax is
+/// below kMinFp32ScaleFloor (an all-zero or all-NaN tensor included).
+/// Monotone non-decreasing in amax for a fixed positive floor, so the max of per-block
+/// candidates is the tensor's (the CUDA backend's atomicMax, online_candidate).
+MEGAMOE_HD float online_global_scale(float amax, float floor) { return per_token_scale(amax, floor); }
+
+/// A block's candidate for NVFP4 online's global scale from its part's max |x|, as the
+/// CUDA backend accumulates it (atomicMax of the bits, from 0): the global scale of the
+/// part, but 0 for floor 0 where the part's max is below kMinFp32ScaleFloor; the staging
+/// reads a total of 0 as the unit scale 1 (only when every part is such).
+MEGAMOE_HD float online_candidate(float amax, float floor) {
+  const float a = fmax_nan_ignoring(amax, floor);
+  return floor == 0.0f && a < kMinFp32ScaleFloor ? 0.0f : div_rn(a, kNvfp4TokenDiv);
 }
 
 }  // namespace core
