@@ -19,7 +19,7 @@
 ///  - **bf16 pass-through** (FlashInfer's Bf16InputStage; DeepGEMM's NVFP4 shared experts
 ///    read bf16): x_q is [T, H] bf16, no scales (x_sf empty or absent, group_k 0). bf16
 ///    input is copied bit for bit; fp16 and fp32 round to nearest even, every NaN to 0x7FC0
-///    (torch's CPU rule). Reads no floor. Preset bf16().
+///    (c10::BFloat16's scalar rule). Reads no floor. Preset bf16().
 ///  - **NVFP4 online**: NVFP4 static's groups under a global scale the call computes from
 ///    the whole tensor, gs = fl(max(amax, floor) / 2688) (amax: the NaN-ignoring max |x|
 ///    over all T x H elements; floor 0: gs = 1 where amax < 2^-100) and writes to

@@ -22,7 +22,7 @@
 //
 // bf16 is the row without scales (FlashInfer's Bf16InputStage; DeepGEMM's NVFP4 shared
 // experts read bf16): x_q is [T, H] bf16, bf16 input copied bit for bit, fp16 and fp32
-// rounded to nearest even with every NaN 0x7FC0 (torch's CPU rule, formats/bf16/codec.h),
+// rounded to nearest even with every NaN 0x7FC0 (c10::BFloat16's scalar rule, formats/bf16/codec.h),
 // x_sf empty; it reads no floor (any finite floor >= 0 is accepted and ignored, as NVFP4
 // static's) and has no group math: the backends' copy paths take it (passthrough()).
 #pragma once

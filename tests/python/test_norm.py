@@ -593,8 +593,8 @@ def test_op_schema_declares_every_output():
     schema = torch.ops.megamoe.rmsnorm_and_stage.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert mutated == set(NORM_AND_STAGE.mutates_args()) == {
-        "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "y", "residual_out", "x_scales",
-        "nonfinite_count"}  # fmt: skip
+        "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "y", "residual_out", "global_scale",
+        "x_scales", "nonfinite_count"}  # fmt: skip
     assert not schema.returns
 
 

@@ -737,7 +737,7 @@ def test_op_schema_declares_every_output():
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert mutated == set(ROUTE_AND_STAGE.mutates_args()) == {
         "topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf",
-        "expert_load_view", "logits_nonfinite_count", "x_scales", "nonfinite_count"}  # fmt: skip
+        "expert_load_view", "logits_nonfinite_count", "global_scale", "x_scales", "nonfinite_count"}  # fmt: skip
     assert not schema.returns
     r = torch.ops.megamoe.route.default._schema
     assert {a.name for a in r.arguments if a.alias_info is not None and a.alias_info.is_write} == {

@@ -450,14 +450,14 @@ def test_routing_op_and_opcheck():
     wi, ww = ref.topk(np_of(w), np_of(ids), np_of(pad), 2.0, rows=T + 4)
     assert_bitwise(np_of(idx), wi, "idx")
     assert_bitwise(np_of(wo), ww, "w")
-    values = [w, ids, idx, wo, pad, True, 2.0, None, False]
+    values = [w, ids, idx, wo, pad, True, 2.0, None, None, False]  # expert_scales None, stream None
     assert len(values) == len(ROUTING.names)
     op_args_r = tuple(ROUTING.op_values(values, None))
     idx.fill_(7)
     ROUTING_OP(*op_args_r)
     assert_bitwise(np_of(idx), wi, "idx through the op")
     torch.library.opcheck(ROUTING_OP, op_args_r)
-    torch.library.opcheck(ROUTING_OP, (w[:0], ids[:0], idx, wo, None, True, None, False))  # T = 0, full buffer
+    torch.library.opcheck(ROUTING_OP, (w[:0], ids[:0], idx, wo, None, True, None, None, False))  # T = 0, full buffer
     megamoe.stage_megamoe_routing(w[:0], ids[:0], "junk", None)  # T = 0: nothing else read
 
 

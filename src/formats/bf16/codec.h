@@ -4,10 +4,9 @@
 // (the carry of the rounding bias into the exponent gives the overflow to +-Inf and the
 // subnormals with no special case, and no hardware conversion with its NaN and flush
 // rules is involved); fp16 widens exactly (core::half_to_float) and rounds the same way.
-// Every NaN becomes 0x7FC0, the positive quiet NaN: torch's c10::BFloat16 rule on the host
-// (round_to_nearest_even), so `x.to(torch.bfloat16)` on the CPU gives these bits for every
-// fp32 and fp16 x. (torch on CUDA, sm_80+, converts with __float2bfloat16, whose NaN is the
-// canonical 0x7FFF; every non-NaN value is the same there.)
+// Every NaN becomes 0x7FC0, the positive quiet NaN: c10::BFloat16's scalar rule
+// (round_to_nearest_even). torch's vectorized CPU cast and its CUDA cast (__float2bfloat16,
+// 0x7FFF) give other NaN bits; every non-NaN value is the same (an H100 run compared them).
 #pragma once
 
 #include <cstdint>
