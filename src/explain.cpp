@@ -118,9 +118,11 @@ std::string describe(const RmsNormArgs& n, const StageArgs& s) {
   // Without y the rows go to dense stream-ordered scratch: the staging plan is that of a
   // dense [T, H] bf16 tensor (at a stand-in address; nothing is read).
   TensorRef rows = n.y ? *n.y : TensorRef(scratch_address({}), DType::kBFloat16, {p.T, p.H}, n.x.device);
+  StageArgs staged = detail::staged_args(rows, s);
+  staged.enable_pdl = false;  // stream-ordered after the norm kernel (cuda/launch/norm.cu)
   return "cuda backend: launch 1: " + cuda::explain_norm(p, s.enable_pdl, n.x.device.index) + " (" + sizes +
          (p.has_residual ? ", residual" : "") + (n.y ? ", rows to y" : ", rows to scratch") + "); launch 2: " +
-         describe(detail::staged_args(rows, s));
+         describe(staged);
 #else
   return "this build has no CUDA backend: x is on " + to_string(n.x.device) + " and rmsnorm_and_stage would throw (kUnsupported)";
 #endif

@@ -153,11 +153,14 @@ __device__ __forceinline__ void store_word_byte(const ParamsT<Idx>& p, Idx t, Id
 }
 
 /// The format's second-level scale as the group math takes it: the static gs (read once
-/// per thread from the device scalar, after the PDL wait), else unused.
+/// per thread from the device scalar, after the PDL wait, coherently), else unused.
 template <core::Format F, typename Idx>
 __device__ __forceinline__ float static_scale2(const ParamsT<Idx>& p) {
   if constexpr (F == core::Format::kNvfp4Static) {
-    const float gs = __ldg(p.gscale);
+    // Through L2 (ld.global.cg), not the non-coherent read-only path: NVFP4 online's amax
+    // launch writes gs just before this kernel, which PDL may start early; its wait makes
+    // the amax kernel's writes visible to coherent loads.
+    const float gs = __ldcg(p.gscale);
     if ((p.flags & kFlagUnitGs) == 0u) return gs;  // (a branch on the flags, not on gs)
     // NVFP4 online of floor 0: a total of 0 from the amax blocks means every element was
     // below 2^-100, whose global scale is the unit scale (a select: a branch on the loaded

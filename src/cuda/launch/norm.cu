@@ -1,7 +1,8 @@
 // norm.cu: rmsnorm_and_stage on CUDA: the norm kernel (kernels/norm.cuh) as norm_plan()
 // sizes it writes the normalized rows to y (or to stream-ordered scratch when the caller
 // asks for no y), then the staging launch stages them (prepare_inputs' own path, so the
-// staged bytes are those of prepare_inputs(y)). Two launches, PDL-chained when asked.
+// staged bytes are those of prepare_inputs(y)). Two launches: the norm kernel PDL-launched
+// when asked, the staging stream-ordered after it (see below).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -100,7 +101,12 @@ void norm_aligned(const RmsNormArgs& n, const StageArgs& s, const detail::NormPr
     cfg.numAttrs = np.pdl ? 1 : 0;
     check_cuda(cudaLaunchKernelEx(&cfg, rmsnorm_kernel, k), "cudaLaunchKernelEx(rmsnorm)");
   }
-  prepare_inputs(detail::staged_args(y, s), p.stage, stream);
+  // The staging launch is stream-ordered after the norm kernel, never PDL-chained to it:
+  // its vectorized loads of the rows take the non-coherent read-only path, which only a
+  // kernel boundary makes see the norm kernel's writes.
+  StageArgs staged = detail::staged_args(y, s);
+  staged.enable_pdl = false;
+  prepare_inputs(staged, p.stage, stream);
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ void online_go(const OnlinePlan& op, const OnlineParams& prm, cudaStream_t strea
 }  // namespace
 
 void launch_online_amax(const OnlinePlan& op, const StageArgs& a, const detail::Problem& p, cudaStream_t stream) {
-  // The trigger lets a PDL staging launch start early; its wait still sees gs complete.
-  const uint32_t flags = (op.pdl || (op.staging && op.stage.pdl) ? kOnlinePdl : 0u) | (op.memset ? kOnlineAtomic : 0u);
+  const uint32_t flags = (op.pdl ? kOnlinePdl : 0u) | (op.memset ? kOnlineAtomic : 0u);
   const TensorRef& hs = a.hidden_states;
   const OnlineParams prm{hs.data, hs.strides[0], hs.strides[1], p.T, p.H, op.row_units, p.floor,
                          static_cast<float*>(a.global_scale->data), flags};

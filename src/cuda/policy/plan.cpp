@@ -422,6 +422,10 @@ OnlinePlan online_plan(const detail::Problem& p, const StageArgs& a, const Devic
   if (op.staging) {
     op.stage = plan(q, a, dev);
     op.stage.unit_gs = op.unit;
+    // The staging reads gs, which the amax launch writes: stream-ordered after it, never
+    // PDL-started early (an H100 run under graph capture read gs before the amax kernel's
+    // store when the two were PDL-chained).
+    op.stage.pdl = false;
   }
   return op;
 }
