@@ -316,7 +316,7 @@ def rmsnorm_and_stage(x: object | None, residual: object | None, weight: object 
     RMSNorm (optional residual add) and stage the normalized rows in one call (see
     megamoe.rmsnorm_and_stage): y = the normalized x (written when given), then the staging
     of prepare_inputs with y as hidden_states. x without rows returns at once unless
-    full_buffer is set. CPU backend only for now (CUDA tensors: UnsupportedError).
+    full_buffer is set.
     """
 
 def explain_routing(topk_weights: object | None, topk_ids: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
@@ -335,6 +335,12 @@ def explain_route_and_stage(hidden_states: object | None, router_logits: object 
     """
     What route_and_stage would launch for these arguments, as text (validated, nothing run;
     stream is ignored).
+    """
+
+def explain_rmsnorm_and_stage(x: object | None, residual: object | None, weight: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., eps: float = 1e-06, y: object | None = None, residual_out: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What rmsnorm_and_stage would launch for these arguments, as text (validated, nothing
+    run; stream is ignored).
     """
 
 def set_cpu_threads(n: int) -> None:

@@ -7,8 +7,7 @@ with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
 logits to the top-k, and to the staged buffers in the same call). The RMSNorm producer
-(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call; CPU
-backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
+(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
 ``dsv4_topk_prepare_megamoe``, DeepGEMM's ``mega_moe_pre_dispatch`` /
 ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
@@ -38,6 +37,7 @@ from ._C import (
 from ._entry import (
     explain,
     explain_route,
+    explain_rmsnorm_and_stage,
     explain_route_and_stage,
     explain_routing,
     prepare_megamoe_inputs,
@@ -95,6 +95,7 @@ __all__ = [
     "explain_routing",
     "explain_route",
     "explain_route_and_stage",
+    "explain_rmsnorm_and_stage",
     "StagedInputs",
     "OutputShapes",
     "TensorSpec",

@@ -16,6 +16,7 @@ __all__ = [
     "route_and_stage",
     "explain_route_and_stage",
     "rmsnorm_and_stage",
+    "explain_rmsnorm_and_stage",
 ]
 
 _PREPARE_ARGS = """
@@ -278,8 +279,8 @@ _NORM_AND_STAGE_DOC = """RMSNorm (optional residual add) and stage the normalize
     mode, which fills the staged top-k tail then). Nothing is allocated, the host never
     synchronizes with the device; torch tensors under torch.compile go through
     ``torch.ops.megamoe.rmsnorm_and_stage``. Both backends run it (CUDA: a norm kernel,
-    then the staging launch; without ``y`` the rows go to stream-ordered scratch). There
-    is no Python explain twin yet (C++: ``megamoe::explain(RmsNormArgs, StageArgs)``).
+    then the staging launch; without ``y`` the rows go to stream-ordered scratch);
+    :func:`explain_rmsnorm_and_stage` prints what it would launch.
 
     Args:
         x: ``[T, H]`` bfloat16 rows (vLLM's ``input``), any strides, H % 128 == 0, H <= 2**24.
@@ -314,3 +315,6 @@ _NORM_AND_STAGE_DOC = """RMSNorm (optional residual add) and stage the normalize
     """
 
 rmsnorm_and_stage = NORM_AND_STAGE.make_function("rmsnorm_and_stage", _ops.rmsnorm_and_stage_impl, _NORM_AND_STAGE_DOC)
+explain_rmsnorm_and_stage = NORM_AND_STAGE.make_function(
+    "explain_rmsnorm_and_stage", _ops.explain_rmsnorm_and_stage_impl, _explain_doc("rmsnorm_and_stage", "x", True)
+)

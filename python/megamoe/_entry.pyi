@@ -226,3 +226,33 @@ def rmsnorm_and_stage(
     enable_pdl: bool = False,
 ) -> None:
     """RMSNorm (optional residual add) and stage the normalized rows in one call."""
+
+
+def explain_rmsnorm_and_stage(
+    x: Any,
+    residual: Optional[Any],
+    weight: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    x_fp8: Any,
+    x_sf: Optional[Any],
+    topk_idx_out: Any,
+    topk_weights_out: Any,
+    is_padding: Optional[Any] = None,
+    shared_x_sf: Optional[Any] = None,
+    shared_block_m: Optional[int] = None,
+    hidden_quant: Any = ...,
+    *,
+    eps: float = 1e-06,
+    y: Optional[Any] = None,
+    residual_out: Optional[Any] = None,
+    global_scale: Optional[Any] = None,
+    x_scales: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    full_buffer: bool = False,
+    routed_scaling_factor: Optional[float] = None,
+    expert_scales: Optional[Any] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> str:
+    """What rmsnorm_and_stage would launch for these arguments, as text."""

@@ -120,7 +120,11 @@ def route_and_stage_impl(*a: Any) -> None:
     _dispatch(a, 1, _RS_FULL, "route_and_stage", lambda v: _C.route_and_stage(*ROUTE_AND_STAGE.native_args(v, as_scheme)))
 
 
-def rmsnorm_and_stage_impl(*a: Any) -> None:  # T is x.shape[0]; no explain twin (the library has none)
+def explain_rmsnorm_and_stage_impl(*a: Any) -> str:
+    return _explain("explain_rmsnorm_and_stage", NORM_AND_STAGE, a, 0, _N_FULL, as_scheme)
+
+
+def rmsnorm_and_stage_impl(*a: Any) -> None:  # T is x.shape[0]
     _dispatch(a, 0, _N_FULL, "rmsnorm_and_stage",
               lambda v: _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
 

@@ -5,7 +5,7 @@ megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing, explain_routing,
 torch.ops.megamoe.stage_routing, megamoe._C.stage_routing), ``ROUTE`` (route,
 explain_route, torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE``
 (route_and_stage, explain_route_and_stage, torch.ops.megamoe.route_and_stage,
-megamoe._C.route_and_stage) and ``NORM_AND_STAGE`` (rmsnorm_and_stage,
+megamoe._C.route_and_stage) and ``NORM_AND_STAGE`` (rmsnorm_and_stage, explain_rmsnorm_and_stage,
 torch.ops.megamoe.rmsnorm_and_stage, megamoe._C.rmsnorm_and_stage) list each argument once:
 name, kind, default, whether the call writes it, whether it is keyword-only (the pieces
 several tables share are written once, as tuples spliced into them). Everything that
@@ -531,6 +531,7 @@ ENTRY_POINTS = (
     ("route_and_stage", ROUTE_AND_STAGE, "Route (DeepSeek-V4 router) and stage for DeepGEMM MegaMoE in one call."),
     ("explain_route_and_stage", ROUTE_AND_STAGE, "What route_and_stage would launch for these arguments, as text."),
     ("rmsnorm_and_stage", NORM_AND_STAGE, "RMSNorm (optional residual add) and stage the normalized rows in one call."),
+    ("explain_rmsnorm_and_stage", NORM_AND_STAGE, "What rmsnorm_and_stage would launch for these arguments, as text."),
 )
 
 

@@ -901,22 +901,35 @@ std::string explain_route_and_stage(const Handles& h) {
 /// rmsnorm_and_stage: the norm's arrays into RmsNormArgs, the staging's into StageArgs (its
 /// rows are the norm's: no hidden_states). A 2-D x without rows returns at once outside
 /// full-buffer mode (the library reads T from x and returns then; nothing else is read).
-void rmsnorm_and_stage(const Handles& h) {
-  Arrays arrays;
-  megamoe::RmsNormArgs n;
-  if (arrays.input(h.x, n.x, !h.full_buffer)) return;
+bool load_norm(Arrays& arrays, const Handles& h, megamoe::RmsNormArgs& n, megamoe::StageArgs& a) {
+  if (arrays.input(h.x, n.x, !h.full_buffer)) return false;
   arrays.input(h.residual, n.residual);
   arrays.input(h.weight, n.weight);
   n.eps = to_f32_arg(h.eps, "eps");
   arrays.output(h.y, n.y);
   arrays.output(h.residual_out, n.residual_out);
-  megamoe::StageArgs a;
   load_stage(arrays, h, a, false, true);
   if (!arrays.unrepresented().empty()) {
     raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_rmsnorm(n, a); });
   }
+  return true;
+}
+
+void rmsnorm_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::RmsNormArgs n;
+  megamoe::StageArgs a;
+  if (!load_norm(arrays, h, n, a)) return;
   nb::gil_scoped_release release;
   megamoe::rmsnorm_and_stage(n, a, stream_of(h));
+}
+
+std::string explain_rmsnorm_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::RmsNormArgs n;
+  megamoe::StageArgs a;
+  if (!load_norm(arrays, h, n, a)) return "nothing to do: x has no rows (T == 0)";
+  return megamoe::explain(n, a);
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -1187,7 +1200,7 @@ NB_MODULE(_C, m) {
             "RMSNorm (optional residual add) and stage the normalized rows in one call (see\n"
             "megamoe.rmsnorm_and_stage): y = the normalized x (written when given), then the staging\n"
             "of prepare_inputs with y as hidden_states. x without rows returns at once unless\n"
-            "full_buffer is set. CPU backend only for now (CUDA tensors: UnsupportedError).");
+            "full_buffer is set.");
   def_entry(m, "explain_routing", kRouting, &explain_routing,
             "What stage_routing would launch for these arguments, as text (validated, nothing run;\n"
             "stream is ignored).");
@@ -1197,6 +1210,9 @@ NB_MODULE(_C, m) {
   def_entry(m, "explain_route_and_stage", kRouteAndStage, &explain_route_and_stage,
             "What route_and_stage would launch for these arguments, as text (validated, nothing run;\n"
             "stream is ignored).");
+  def_entry(m, "explain_rmsnorm_and_stage", kNormAndStage, &explain_rmsnorm_and_stage,
+            "What rmsnorm_and_stage would launch for these arguments, as text (validated, nothing\n"
+            "run; stream is ignored).");
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");

@@ -495,7 +495,23 @@ def test_public_function():
     assert inspect.signature(fn).parameters["residual"].default is inspect.Parameter.empty
     assert inspect.signature(fn).parameters["eps"].default == 1e-6
     assert fn.__module__ == "megamoe" and "Raises:" in fn.__doc__ and "rmsnorm_and_stage" in megamoe.__all__
-    assert not hasattr(megamoe, "explain_rmsnorm_and_stage"), "no Python explain twin yet"
+    assert inspect.signature(megamoe.explain_rmsnorm_and_stage) == NORM_AND_STAGE.signature()
+
+
+def test_explain_names_the_norm_then_the_staging():
+    x, _, w, tw, ti = error_case_args()
+    T, H = x.shape
+    out = outputs(T, H, 6, megamoe.MXFP8)
+    before = {k: v.copy() for k, v in out.items()}
+    text = megamoe.explain_rmsnorm_and_stage(bf(x), None, w, tw, ti, **out)
+    assert text.startswith(f"cpu backend: rmsnorm T={T} H={H} over token rows"), text
+    assert "then cpu backend: mxfp8" in text, text
+    for k, v in before.items():  # nothing runs
+        assert_bitwise(out[k], v, k)
+    assert megamoe.explain_rmsnorm_and_stage(bf(x[:0]), None, w, tw[:0], ti[:0], **out) == (
+        "nothing to do: x has no rows (T == 0)")  # fmt: skip
+    with pytest.raises(ValueError, match="eps"):
+        megamoe.explain_rmsnorm_and_stage(bf(x), None, w, tw, ti, **out, eps=-1.0)
 
 
 # ---------------------------------------------------------------------------------------
