@@ -73,7 +73,7 @@ struct Call {
       std::memcpy(w.b.data() + i * 4, &wt[static_cast<size_t>(i)], 4);
     }
     for (int64_t t = 0; t < T; ++t) padv[static_cast<size_t>(t)] = t % 3 == 2 ? 1 : 0;
-    std::memcpy(pad.b.data(), padv.data(), padv.size());
+    if (!padv.empty()) std::memcpy(pad.b.data(), padv.data(), padv.size());
   }
   StageArgs args(bool with_pad = true) {
     StageArgs a;

@@ -129,8 +129,12 @@ struct Staged {
     return a;
   }
   bool operator==(const Staged& o) const {
-    return xq == o.xq && sf == o.sf && io == o.io && std::memcmp(wo.data(), o.wo.data(), wo.size() * 4) == 0 &&
-           std::memcmp(xs.data(), o.xs.data(), xs.size() * 4) == 0;
+    // Floats by their bits (NaN weights compare equal to themselves); empty vectors have no
+    // data pointer to compare.
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    };
+    return xq == o.xq && sf == o.sf && io == o.io && same(wo, o.wo) && same(xs, o.xs);
   }
 };
 
