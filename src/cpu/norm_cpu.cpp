@@ -8,11 +8,13 @@
 #include <cstring>
 #include <vector>
 
+#include "core/checked.h"
 #include "core/rmsnorm.h"
 #include "cpu/fp_env.h"
 #include "cpu/pool.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/cpu.h"
+#include "megamoe/error.h"
 #include "megamoe/norm.h"
 
 namespace megamoe {
@@ -83,8 +85,9 @@ void rmsnorm_and_stage(const RmsNormArgs& n, const StageArgs& s, const detail::N
   if (n.y) {
     y = *n.y;
   } else {
-    // T * H elements of x fit (the validator checked x), so their count fits size_t.
-    scratch.resize(static_cast<size_t>(p.T) * static_cast<size_t>(p.H));
+    const core::Checked count = core::Checked(p.T) * p.H;  // fits: x has that many elements
+    if (!count.ok()) throw Error(ErrorCode::kInternal, "megamoe: rmsnorm_and_stage: row count overflows");
+    scratch.resize(static_cast<size_t>(count.value()));
     y = TensorRef(scratch.data(), DType::kBFloat16, {p.T, p.H}, n.x.device);
   }
   if (p.T > 0 && p.H > 0) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "contract/validate.h"
+#include "core/checked.h"
 #include "cuda/kernels/norm.cuh"
 #include "cuda/launch/aligned.cuh"
 #include "cuda/launch/launch_util.cuh"
@@ -54,9 +55,9 @@ void norm_aligned(const RmsNormArgs& n, const StageArgs& s, const detail::NormPr
   if (n.y) {
     y = *n.y;
   } else if (p.T > 0 && p.H > 0) {
-    // T * H elements of x fit (validated), two bytes each.
-    y = TensorRef(scratch.get(static_cast<size_t>(p.T) * static_cast<size_t>(p.H) * 2), DType::kBFloat16, {p.T, p.H},
-                  n.x.device);
+    const core::Checked bytes = core::Checked(p.T) * p.H * 2;  // x's element count fits (validated)
+    if (!bytes.ok()) throw Error(ErrorCode::kInternal, "megamoe: rmsnorm_and_stage: scratch size overflows");
+    y = TensorRef(scratch.get(static_cast<size_t>(bytes.value())), DType::kBFloat16, {p.T, p.H}, n.x.device);
   } else {
     y = n.x;  // no rows to write: the staging reads none
   }
