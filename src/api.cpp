@@ -13,6 +13,7 @@
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
+#include "contract/target.h"
 #include "contract/validate.h"
 
 namespace megamoe {
@@ -184,6 +185,11 @@ void rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream s
 }
 void validate_rmsnorm(const RmsNormArgs& norm, const StageArgs& stage) {
   guarded("validate_rmsnorm", [&] { (void)detail::validate_norm(norm, stage); });
+}
+device::StageTarget device::stage_target(const StageArgs& args) {
+  device::StageTarget tg;
+  guarded("stage_target", [&] { tg = detail::stage_target(args); });
+  return tg;
 }
 void validate_router(const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });

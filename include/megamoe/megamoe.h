@@ -5,6 +5,7 @@
 
 #include "megamoe/buffers.h"
 #include "megamoe/cpu.h"
+#include "megamoe/device/target.h"
 #include "megamoe/error.h"
 #include "megamoe/norm.h"
 #include "megamoe/plan.h"

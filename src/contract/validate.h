@@ -42,7 +42,9 @@ struct Problem {
 
 /// Check everything the contract (docs/CONTRACT.md) requires; throws megamoe::Error before anything is written.
 /// Returns the resolved problem (T == 0 is valid and means "nothing to do").
-Problem validate_args(const StageArgs& args);
+/// @p rows_described: hidden_states only describes rows a producer holds (shape, dtype,
+/// device); its memory is neither required nor checked (device::stage_target).
+Problem validate_args(const StageArgs& args, bool rows_described = false);
 /// The same for a routing-only call.
 Problem validate_routing(const RoutingArgs& args);
 /// True when the call has work (T > 0, or a full-buffer tail to fill).

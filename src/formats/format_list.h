@@ -159,7 +159,7 @@ constexpr bool fast_group(Format f, int64_t G) {
   return (row_of(f).fast & bit) != 0u;
 }
 /// The row kernel (a whole row's amax before any group) is the per-token scale's.
-constexpr bool row_scaled(Format f) { return row_of(f).s2 == Scale2::kPerToken; }
+MEGAMOE_HD constexpr bool row_scaled(Format f) { return row_of(f).s2 == Scale2::kPerToken; }
 /// NVFP4 online (kNvfp4Online): a global scale from the whole tensor's amax, written to
 /// global_scale, after which every group is NVFP4 static's under it. Backends compute gs,
 /// then stage the call as staged_format(f) reading gs back from global_scale, so no

@@ -12,6 +12,7 @@
 #include "formats/recipe.h"
 #include "core/layout.h"
 #include "core/numerics.h"
+#include "megamoe/device/target.h"
 
 namespace megamoe {
 namespace cuda {
@@ -28,7 +29,15 @@ namespace {
 // kernels read (second-level scales, the non-finite counter, the general kernels' sizes).
 // kFlagExpertScales: kept weights of ids in [0, E) times escale[id]; kFlagUnitGs: NVFP4
 // static staging an NVFP4 online call of floor 0 (Plan::unit_gs).
-enum : uint32_t { kFlagPdl = 1u, kFlagIdsI64 = 2u, kFlagWBF16 = 4u, kFlagWF16 = 8u, kFlagAlpha = 16u, kFlagExpertScales = 32u, kFlagUnitGs = 64u };
+// The top-k bits are the device API's (megamoe/device/target.h), which producers share.
+using device::kFlagAlpha;
+using device::kFlagExpertScales;
+using device::kFlagIdsI64;
+using device::kFlagWBF16;
+using device::kFlagWF16;
+enum : uint32_t { kFlagPdl = 1u, kFlagUnitGs = 64u };
+static_assert(((kFlagPdl | kFlagUnitGs) & (kFlagIdsI64 | kFlagWBF16 | kFlagWF16 | kFlagAlpha | kFlagExpertScales)) == 0u,
+              "the kernels' own flags are apart from the top-k bits");
 
 template <typename Idx>
 struct ParamsT {
