@@ -18,6 +18,7 @@ std::string explain_plan(const StageArgs& a, const detail::Problem& p);
 std::string explain_routing(const RoutingArgs& a, const detail::Problem& p);
 std::string explain_router(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p);
 std::string explain_norm(const detail::NormProblem& p, bool enable_pdl, int device);
+bool norm_fuses(const detail::NormProblem& p);
 }  // namespace cuda
 #endif
 
@@ -115,6 +116,12 @@ std::string describe(const RmsNormArgs& n, const StageArgs& s) {
            " over token rows (worker threads for large problems), then " + describe(detail::staged_args(n.y ? *n.y : n.x, s));
   }
 #if MEGAMOE_WITH_CUDA
+  if (cuda::norm_fuses(p)) {
+    return "cuda backend: one launch: " + cuda::explain_norm(p, s.enable_pdl, n.x.device.index) + " (" + sizes +
+           (p.has_residual ? ", residual" : "") + (n.y ? ", rows to y" : ", no y") + "; " +
+           core::format_name(p.stage.fmt) + " staged by the same kernel through the device API" +
+           (p.stage.full_buffer ? ", full-buffer tail in its tail blocks" : "") + ")";
+  }
   // Without y the rows go to dense stream-ordered scratch: the staging plan is that of a
   // dense [T, H] bf16 tensor (at a stand-in address; nothing is read).
   TensorRef rows = n.y ? *n.y : TensorRef(scratch_address({}), DType::kBFloat16, {p.T, p.H}, n.x.device);

@@ -56,7 +56,7 @@ struct Case {
 struct Call {
   Case c;
   int64_t ld;
-  std::unique_ptr<Buf> x, res, w, y, ro, tw, ti, xq, sf, xs, io, wo;
+  std::unique_ptr<Buf> x, res, w, y, ro, tw, ti, xq, sf, xs, io, wo, gs, nf;
   megamoe::OutputShapes o;
   explicit Call(const Case& k, uint32_t seed) : c(k), ld(k.H * k.cs + 5) {
     std::mt19937 rng(seed);
@@ -108,8 +108,14 @@ struct Call {
     xs = std::make_unique<Buf>(static_cast<size_t>(c.M) * 4 + 4, 0xA5, c.skew);
     io = std::make_unique<Buf>(static_cast<size_t>(c.M * c.K) * 8 + 8, 0xA5, c.skew);
     wo = std::make_unique<Buf>(static_cast<size_t>(c.M * c.K) * 4 + 4, 0xA5, c.skew);
+    gs = std::make_unique<Buf>(4, 0, c.skew);  // NVFP4 static's input, online's output
+    const float g = 0.0125f;
+    std::memcpy(gs->host.data(), &g, 4);
+    nf = std::make_unique<Buf>(8, 0, c.skew);  // the non-finite counter, from 5
+    const int64_t five = 5;
+    std::memcpy(nf->host.data(), &five, 8);
   }
-  std::vector<Buf*> all() { return {x.get(), res.get(), w.get(), y.get(), ro.get(), tw.get(), ti.get(), xq.get(), sf.get(), xs.get(), io.get(), wo.get()}; }
+  std::vector<Buf*> all() { return {x.get(), res.get(), w.get(), y.get(), ro.get(), tw.get(), ti.get(), xq.get(), sf.get(), xs.get(), io.get(), wo.get(), gs.get(), nf.get()}; }
   void up() {
     for (Buf* b : all()) b->up();
   }
@@ -138,6 +144,8 @@ struct Call {
     if (o.x_scales) s.x_scales = TensorRef(at(*xs), DType::kFloat32, {c.M}, d);
     s.topk_idx_out = TensorRef(at(*io), DType::kInt64, {c.M, c.K}, d);
     s.topk_weights_out = TensorRef(at(*wo), DType::kFloat32, {c.M, c.K}, d);
+    if (o.global_scale) s.global_scale = TensorRef(at(*gs), DType::kFloat32, {1}, d);
+    s.nonfinite_count = TensorRef(at(*nf), DType::kInt64, {1}, d);
     s.hidden_quant = c.q;
     s.full_buffer = c.M != c.T;
   }
@@ -182,7 +190,7 @@ void check(const Case& c, bool graph, uint32_t seed) {
   cudaStreamDestroy(st);
   if (c.in_place && graph) return;  // a replay re-normalizes the normalized rows: the CPU ran once
   const char* names[] = {"x", "residual", "weight", "y", "residual_out", "topk_weights", "topk_ids",
-                         "x_q", "x_sf", "x_scales", "topk_idx_out", "topk_weights_out"};
+                         "x_q", "x_sf", "x_scales", "topk_idx_out", "topk_weights_out", "global_scale", "nonfinite_count"};
   std::vector<Buf*> bufs = call.all();
   for (size_t i = 0; i < bufs.size(); ++i) {
     const std::vector<uint8_t> got = bufs[i]->down();
@@ -192,8 +200,12 @@ void check(const Case& c, bool graph, uint32_t seed) {
 
 TEST(CudaNorm, EqualsTheCpuBackendEveryForm) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const QuantScheme qs[] = {QuantScheme::mxfp8(), QuantScheme::fp8_fp32_g128(), QuantScheme::nvfp4_per_token(),
-                            QuantScheme::mxfp4(), QuantScheme::mxfp8_e5m2()};
+  // The one-launch kernel stages every format but NVFP4 online (two launches and the
+  // staging kernel): both paths.
+  const QuantScheme qs[] = {QuantScheme::mxfp8(),         QuantScheme::fp8_fp32_g128(), QuantScheme::nvfp4_per_token(),
+                            QuantScheme::mxfp4(),         QuantScheme::mxfp8_e5m2(),    QuantScheme::nvfp4_static(),
+                            QuantScheme::nvfp4_online(),  QuantScheme::bf16(),          QuantScheme::fp8_ue8m0_g128()};
+  constexpr uint32_t kNq = sizeof(qs) / sizeof(qs[0]);
   uint32_t seed = 1;
   for (int64_t T : {1, 7, 300}) {
     for (int64_t H : {128, 2048, 7168}) {
@@ -207,7 +219,7 @@ TEST(CudaNorm, EqualsTheCpuBackendEveryForm) {
         c.want_y = form != 1;
         c.in_place = form == 2;
         c.cs = form == 1 ? 2 : 1;
-        c.q = qs[seed % 5];
+        c.q = qs[seed % kNq];
         check(c, false, seed++);
       }
     }
@@ -235,23 +247,32 @@ TEST(CudaNorm, GraphCaptureWithPdlAndMisalignedTensors) {
   }
 }
 
-TEST(CudaNorm, ExplainNamesBothLaunches) {
+TEST(CudaNorm, ExplainNamesTheLaunches) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Case c;
-  c.T = 4;
-  c.H = 7168;
-  c.M = 4;
-  c.residual = true;
-  c.wf32 = false;
-  c.want_y = false;
-  c.in_place = false;
-  Call call(c, 3u);
-  megamoe::RmsNormArgs n;
-  megamoe::StageArgs s;
-  call.args(true, n, s);
-  const std::string e = megamoe::explain(n, s);
-  EXPECT_NE(e.find("kernel=rmsnorm threads=256 grid=4 smem=14336 per_thread=2"), std::string::npos) << e;
-  EXPECT_NE(e.find("launch 2: cuda backend"), std::string::npos) << e;
+  for (const QuantScheme q : {QuantScheme::mxfp8(), QuantScheme::nvfp4_online()}) {
+    Case c;
+    c.T = 4;
+    c.H = 7168;
+    c.M = q == QuantScheme::mxfp8() ? 40 : 4;
+    c.residual = true;
+    c.wf32 = false;
+    c.want_y = false;
+    c.in_place = false;
+    c.q = q;
+    Call call(c, 3u);
+    megamoe::RmsNormArgs n;
+    megamoe::StageArgs s;
+    call.args(true, n, s);
+    const std::string e = megamoe::explain(n, s);
+    if (q == QuantScheme::mxfp8()) {  // one launch; 36 tail rows x 6 entries in one tail block
+      EXPECT_NE(e.find("one launch: kernel=rmsnorm_stage threads=256 grid=5 smem=14336 per_thread=2 tail_blocks=1"),
+                std::string::npos) << e;
+      EXPECT_EQ(e.find("launch 2"), std::string::npos) << e;
+    } else {
+      EXPECT_NE(e.find("kernel=rmsnorm threads=256 grid=4 smem=14336 per_thread=2"), std::string::npos) << e;
+      EXPECT_NE(e.find("launch 2: cuda backend"), std::string::npos) << e;
+    }
+  }
 }
 
 }  // namespace

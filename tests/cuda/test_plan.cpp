@@ -1033,6 +1033,27 @@ TEST(CudaPlan, NormPlanFollowsTheTreeWidth) {
   EXPECT_EQ(mc::to_string(mc::norm_plan(4, 7168, false, dev)), "kernel=rmsnorm threads=256 grid=4 smem=14336 per_thread=2 pdl=off");
 }
 
+// The fused norm kernel: the same row blocks, then ceil(tail entries / (threads * 4))
+// blocks marking the full-buffer tail; a grid past CUDA's limit is refused.
+TEST(CudaPlan, FusedNormPlanAddsTailBlocks) {
+  const mc::DeviceInfo dev{132, 90};
+  const mc::NormPlan np = mc::norm_plan(4, 7168, true, dev, true, 36 * 6);
+  EXPECT_TRUE(np.fused);
+  EXPECT_EQ(np.tail_blocks, 1);
+  EXPECT_EQ(np.grid, 5);
+  EXPECT_EQ(mc::to_string(np), "kernel=rmsnorm_stage threads=256 grid=5 smem=14336 per_thread=2 tail_blocks=1 pdl=on");
+  EXPECT_EQ(mc::norm_plan(4, 7168, false, dev, true, 0).tail_blocks, 0);
+  EXPECT_EQ(mc::norm_plan(4, 7168, false, dev, true, 1025).tail_blocks, 2);  // 1024 entries a block
+  // A whole warp at least (the lanes stage groups together): 128 entries a tail block.
+  const mc::NormPlan narrow = mc::norm_plan(4, 128, false, dev, true, 129);
+  EXPECT_EQ(narrow.threads, 32);
+  EXPECT_EQ(narrow.per_thread, 1);
+  EXPECT_EQ(narrow.tail_blocks, 2);
+  EXPECT_EQ(mc::norm_plan(4, 128, false, dev, false, 0).threads, 8);  // the unfused kernel: the tree's width
+  EXPECT_EQ(mc::norm_plan(4, 7168, false, dev, false, 5000).tail_blocks, 0);  // the unfused kernel has none
+  EXPECT_THROW(mc::norm_plan(mc::kMaxGridBlocks, 7168, false, dev, true, 1), megamoe::Error);
+}
+
 // The GPU tests' expected images come from the reference; here they are built for every
 // format and several layouts from host mirrors alone (no device needed) and compared with
 // what the CPU backend writes into the same poisoned buffers: equal images mean the

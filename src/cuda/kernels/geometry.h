@@ -47,6 +47,9 @@ constexpr int kRowWideMaxThreads = 128;
 /// call is most of its top-k entries (M * K against T * K), and four per thread keep its
 /// blocks within one wave where one per thread took four.
 constexpr int kTailEntriesPerThread = 4;
+/// Full-buffer tail entries per thread of the fused norm kernel's tail blocks (the same
+/// reason as kTailEntriesPerThread).
+constexpr int kNormTailEntriesPerThread = kTailEntriesPerThread;
 /// Top-k blocks of a split-topk or tile plan: one entry of rows 0..T-1 per thread, then
 /// (fused tail) kTailEntriesPerThread entries of rows T..M-1 per thread.
 inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads, bool fused_tail) {

@@ -26,30 +26,60 @@ struct NormParams {
   int64_t x_s0, x_s1, r_s0, r_s1, w_s0, y_s0, y_s1, ro_s0, ro_s1;
   int64_t H;
   float eps;
-  int per_thread;        // N / blockDim.x chunk slots a thread folds
+  int per_thread;        // N / blockDim.x chunk slots a thread folds (at least 1)
   bool w_f32;
   bool pdl;
+  // 16-byte accesses (the host checks contiguity and alignment): x and residual (and
+  // residual_out) rows; the weight; y's rows.
+  bool rows_vec, w_vec, y_vec;
 };
+
+/// 8 bf16 values from 16 bytes.
+__device__ __forceinline__ void unpack8(const uint4& q, uint16_t (&b)[8]) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    b[2 * i] = static_cast<uint16_t>(w[i] & 0xFFFFu);
+    b[2 * i + 1] = static_cast<uint16_t>(w[i] >> 16);
+  }
+}
+__device__ __forceinline__ uint4 pack8(const uint16_t (&b)[8]) {
+  return make_uint4(b[0] | (uint32_t{b[1]} << 16), b[2] | (uint32_t{b[3]} << 16), b[4] | (uint32_t{b[5]} << 16),
+                    b[6] | (uint32_t{b[7]} << 16));
+}
 
 constexpr int kNormMaxPerThread = 16;  // kNormMaxH / 16 / kNormMaxThreads
 
-__global__ void __launch_bounds__(256) rmsnorm_kernel(const NormParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
-#endif
-  extern __shared__ uint16_t z_s[];  // the row's z, H values
-  __shared__ float red[256];
-  const int64_t t = blockIdx.x;
+/// The row's z into z_s (the residual added, residual_out written) and its scale s, by the
+/// contract's tree: every thread of the block calls it and gets s; z_s is complete for
+/// every thread when it returns. red: the block's P floats of shared memory.
+__device__ __forceinline__ float norm_row(const NormParams& p, int64_t t, uint16_t* z_s, float* red) {
   const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int64_t n = p.H / core::kNormChunk;
   float v[kNormMaxPerThread];
   for (int k = 0; k < p.per_thread; ++k) {
     const int64_t j = tid + static_cast<int64_t>(k) * P;
     float c = 0.0f;
-    if (j < n) {
+    if (j < n && p.rows_vec) {  // two 16-byte halves of the chunk
+      float z[core::kNormChunk];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t h = j * core::kNormChunk + 8 * half;
+        uint16_t b[8];
+        unpack8(*reinterpret_cast<const uint4*>(p.x + t * p.x_s0 + h), b);
+        if (p.res != nullptr) {
+          uint16_t r[8];
+          unpack8(*reinterpret_cast<const uint4*>(p.res + t * p.r_s0 + h), r);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) b[i] = core::norm_add(b[i], r[i]);
+          if (p.res_out != nullptr) *reinterpret_cast<uint4*>(p.res_out + t * p.ro_s0 + h) = pack8(b);
+        }
+        *reinterpret_cast<uint4*>(z_s + h) = pack8(b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) z[8 * half + i] = core::bf16_to_float(b[i]);
+      }
+      c = core::norm_chunk_sumsq(z);
+    } else if (j < n) {
       float z[core::kNormChunk];
       for (int i = 0; i < core::kNormChunk; ++i) {
         const int64_t h = j * core::kNormChunk + i;
@@ -75,11 +105,29 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const NormParams p) {
     if (tid < h) red[tid] = core::add_rn(red[tid], red[tid + h]);
     __syncthreads();
   }
-  const float s = core::norm_scale(red[0], p.H, p.eps);
+  return core::norm_scale(red[0], p.H, p.eps);
+}
+
+/// The row's weight w[h] as fp32.
+__device__ __forceinline__ float norm_weight(const NormParams& p, int64_t h) {
+  return p.w_f32 ? static_cast<const float*>(p.w)[h * p.w_s0]
+                 : core::bf16_to_float(static_cast<const uint16_t*>(p.w)[h * p.w_s0]);
+}
+
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const NormParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+  extern __shared__ __align__(16) uint16_t z_s[];  // the row's z, H values
+  __shared__ float red[256];
+  const int64_t t = blockIdx.x;
+  const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const float s = norm_row(p, t, z_s, red);
   for (int64_t h = tid; h < p.H; h += P) {
-    const float w = p.w_f32 ? static_cast<const float*>(p.w)[h * p.w_s0]
-                            : core::bf16_to_float(static_cast<const uint16_t*>(p.w)[h * p.w_s0]);
-    p.y[t * p.y_s0 + h * p.y_s1] = core::norm_element(core::bf16_to_float(z_s[h]), s, w);
+    p.y[t * p.y_s0 + h * p.y_s1] = core::norm_element(core::bf16_to_float(z_s[h]), s, norm_weight(p, h));
   }
 }
 

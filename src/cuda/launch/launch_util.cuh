@@ -49,6 +49,25 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
+/// Launch @p kernel(args...) on @p grid blocks of @p threads with @p smem bytes of dynamic
+/// shared memory, PDL-chained to the previous launch when @p pdl. Throws Error(kCuda)
+/// naming @p what when the launch fails.
+template <typename Kernel, typename... Args>
+void launch_ex(Kernel kernel, int64_t grid, int threads, int64_t smem, bool pdl, cudaStream_t stream, const char* what,
+               const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+}
+
 /// Launch @p kernel with the plan's grid, block and PDL choice. A launch that fails (a bad
 /// configuration, or a sticky error left by an earlier fault in this context) throws
 /// Error(kCuda); faults inside the kernel surface later, asynchronously.

@@ -53,16 +53,8 @@ void routing_aligned(const RoutingArgs& a, const detail::Problem& pr, Stream str
   if (pr.M * pr.K == 0) return;
   const DeviceGuard guard(a.topk_ids.device.index);
   const RoutingPlan plan = routing_plan(pr.M, pr.K, a.enable_pdl, device_info(a.topk_ids.device.index));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(plan.threads));
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = a.enable_pdl ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, routing_kernel, p), "cudaLaunchKernelEx(routing)");
+  launch_ex(routing_kernel, plan.grid, plan.threads, 0, a.enable_pdl, static_cast<cudaStream_t>(stream),
+            "cudaLaunchKernelEx(routing)", p);
 }
 
 }  // namespace

@@ -475,22 +475,34 @@ std::string to_string(const RoutingPlan& rp) {
          (rp.pdl ? " pdl=on" : " pdl=off");
 }
 
-NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev) {
+NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev, bool fused, int64_t tail_entries) {
   NormPlan np;
   if (T == 0 || H == 0) return np;
   int64_t width = 1;  // N: the power of two >= H / 16
   while (width < H / 16) width *= 2;
   np.threads = static_cast<int>(std::min<int64_t>(width, kNormMaxThreads));
-  np.per_thread = static_cast<int>(width / np.threads);
-  np.grid = T;
+  // The fused kernel's lanes stage groups together (whole warps): at least 32 threads, the
+  // ones past the tree's width adding +0 partial sums (exact: the sums are >= +0).
+  if (fused) np.threads = std::max(np.threads, 32);
+  np.per_thread = static_cast<int>(std::max<int64_t>(1, width / np.threads));
+  np.fused = fused;
+  if (fused) np.tail_blocks = ceil_div(tail_entries, np.threads * kNormTailEntriesPerThread);
+  np.grid = T + np.tail_blocks;
+  if (np.grid > kMaxGridBlocks) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: rmsnorm_and_stage: " + std::to_string(np.grid) +
+                                             " blocks (one a row), more than a CUDA grid holds (" +
+                                             std::to_string(kMaxGridBlocks) + ")");
+  }
   np.smem = H * 2;
   np.pdl = enable_pdl && dev.arch >= 90;
   return np;
 }
 
 std::string to_string(const NormPlan& np) {
-  return "kernel=rmsnorm threads=" + std::to_string(np.threads) + " grid=" + std::to_string(np.grid) +
-         " smem=" + std::to_string(np.smem) + " per_thread=" + std::to_string(np.per_thread) +
+  return std::string(np.fused ? "kernel=rmsnorm_stage" : "kernel=rmsnorm") + " threads=" + std::to_string(np.threads) +
+         " grid=" + std::to_string(np.grid) + " smem=" + std::to_string(np.smem) +
+         " per_thread=" + std::to_string(np.per_thread) +
+         (np.fused ? " tail_blocks=" + std::to_string(np.tail_blocks) : std::string()) +
          (np.pdl ? " pdl=on" : " pdl=off");
 }
 

@@ -210,21 +210,27 @@ constexpr int64_t kRoutingMaxBlocks = 65536;
 RoutingPlan routing_plan(int64_t M, int64_t K, bool enable_pdl, const DeviceInfo& dev);
 std::string to_string(const RoutingPlan& plan);
 
-/// The RMSNorm kernel of rmsnorm_and_stage (kernels/norm.cuh): one block per row of
-/// `threads` = min(N, kNormMaxThreads) threads, N the power of two >= H / 16 (the contract's
-/// tree width: thread t folds chunks t, t + threads, ... in the tree's order), the row's
-/// values in `smem` bytes of dynamic shared memory; the staging launch follows.
+/// The RMSNorm kernel of rmsnorm_and_stage: one block per row of `threads` =
+/// min(N, kNormMaxThreads) threads, N the power of two >= H / 16 (the contract's tree
+/// width: thread t folds chunks t, t + threads, ... in the tree's order), the row's values
+/// in `smem` bytes of dynamic shared memory. Fused (kernels/norm_stage.cuh, every format but
+/// NVFP4 online): the same kernel stages its rows, and `tail_blocks` blocks after the T row
+/// blocks mark the full-buffer tail; otherwise (kernels/norm.cuh) the staging launch follows.
 struct NormPlan {
   int threads = 0;
-  int64_t grid = 0;   ///< blocks (rows); 0: nothing to launch
+  int64_t grid = 0;   ///< blocks (rows, then tail blocks); 0: nothing to launch
   int64_t smem = 0;   ///< dynamic shared memory bytes (the row's bf16 values)
   int per_thread = 0; ///< chunks a thread folds in its registers (N / threads)
+  bool fused = false;       ///< norm and staging in one launch
+  int64_t tail_blocks = 0;  ///< fused: blocks marking full-buffer tail entries
   bool pdl = false;
 };
 constexpr int kNormMaxThreads = 256;
 /// The largest row the norm kernel holds (its values in shared memory, 128 KiB).
 constexpr int64_t kNormMaxH = 65536;
-NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev);
+/// @p fused: the norm_stage kernel, @p tail_entries the (M - T) * K tail entries it marks.
+NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev, bool fused = false,
+                   int64_t tail_entries = 0);
 std::string to_string(const NormPlan& plan);
 
 /// What a router call launches.
