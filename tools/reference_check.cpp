@@ -222,9 +222,8 @@ NormRef reference_norm(const StageInputs& in, const NormRun& norm) {
   if (norm.residual != nullptr) r.z = Tensor("BF16", {T, H}, "reference 'residual_out'");
   const std::vector<float> w = to_float(*norm.weight);
   for (int64_t t = 0; t < (H > 0 ? T : 0); ++t) {
-    const megamoe_ref::norm::Row row = megamoe_ref::norm::row(
-        as<uint16_t>(in.hidden_states) + t * H, norm.residual != nullptr ? as<uint16_t>(*norm.residual) + t * H : nullptr,
-        w, norm.eps);
+    const uint16_t* res = norm.residual != nullptr ? as<uint16_t>(*norm.residual) + t * H : nullptr;
+    const megamoe_ref::norm::Row row = megamoe_ref::norm::row(as<uint16_t>(in.hidden_states) + t * H, res, w, norm.eps);
     std::memcpy(r.y.data.data() + t * H * 2, row.y.data(), static_cast<size_t>(H) * 2);
     if (norm.residual != nullptr) std::memcpy(r.z.data.data() + t * H * 2, row.z.data(), static_cast<size_t>(H) * 2);
   }

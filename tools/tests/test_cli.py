@@ -1102,8 +1102,8 @@ def case_norm():
         n = j["norm"]
         check(n["call"] == "rmsnorm_and_stage" and n["weight"] == {"source": "generated (random)", "dtype": "bfloat16",
                                                                       "shape": [512]}, n)
-        check(n["residual"]["shape"] == [96, 512] and n["eps"] == f32(1e-6) and n["write_y"] and n["write_residual_out"],
-              n)
+        check(n["residual"]["shape"] == [96, 512] and n["eps"] == f32(1e-6) and n["write_y"] and
+              n["write_residual_out"], n)
         check(n["stage_check"]["match"] is True and n["reference"]["match"] is True and j["reference"]["match"], j)
         base = 96 * 512 * 3 + 96 * 4 * 4 + 96 * 8 * 20 + 96
         check(j["timing"]["bytes"] == base + 96 * 512 * 2 * 3 + 512 * 2, j["timing"])
@@ -1194,11 +1194,13 @@ def case_norm_errors():
              ["--rmsnorm-weight nope: neither a tensor of --input", "nor a file"]),
             (["--input", inp, "--iters", "1", "--rmsnorm-weight", "residual"],
              ["--rmsnorm-weight: --input tensor 'residual'", "expected shape [256]", "got [10, 256]"]),
-            (gen + ["--rmsnorm-weight", wrong + ":w16"], [f"{wrong} tensor 'w16'", "expected dtype BF16 or F32, got F16"]),
+            (gen + ["--rmsnorm-weight", wrong + ":w16"],
+             [f"{wrong} tensor 'w16'", "expected dtype BF16 or F32, got F16"]),
             (gen + ["--rmsnorm-weight", wrong + ":w128"], ["tensor 'w128'", "expected shape [256]", "got [128]"]),
             (gen + ["--rmsnorm-weight", wrong + ":none"], [f"--rmsnorm-weight {wrong}: no tensor 'none' in the file"]),
             (gen + ["--rmsnorm-weight", wrong], ["has 4 tensors and none named 'rmsnorm_weight'", ":TENSOR"]),
-            (gen + ["--rmsnorm-weight", "ones", "--residual", wrong + ":r32"], ["--residual", "expected dtype BF16, got F32"]),
+            (gen + ["--rmsnorm-weight", "ones", "--residual", wrong + ":r32"],
+             ["--residual", "expected dtype BF16, got F32"]),
             (gen + ["--rmsnorm-weight", "ones", "--residual", wrong + ":r9"],
              ["tensor 'r9'", "expected shape [10, 256] (that of hidden_states), got [9, 256]"]),
             (["--input", f32_in, "--iters", "1", "--rmsnorm-weight", "rmsnorm_weight"],
