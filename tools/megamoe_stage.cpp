@@ -158,13 +158,13 @@ then writes them as y and residual_out [T, H] BF16 beside the staged outputs, an
 --save-inputs writes the weight and residual as rmsnorm_weight and residual.
 Reported in addition: "norm" (weight, residual, eps, the outputs the call writes);
 "stage check" = every staged output compared bitwise with megamoe::prepare_inputs (CPU
-backend) applied to the call's y (without --write-y, the y of one more call that writes it; exit 1
-on a difference, in every build); "norm reference" = y and residual_out compared bitwise
-with tests/reference/norm_reference.h; "reference" then checks the staged outputs against
-the staging reference of the norm reference's y. SNR and max relative error compare with
-y; bytes add the residual, the weight, y and residual_out. nvfp4-static needs
---global-scale here (its default reads the staged rows, which the call computes).
---rmsnorm-weight excludes --router.
+backend) applied to the call's y (without --write-y, the y of one more call that writes
+it; exit 1 on a difference, in every build); "norm reference" = y and residual_out
+compared bitwise with tests/reference/norm_reference.h; "reference" then checks the staged
+outputs against the staging reference of the norm reference's y. SNR and max relative
+error compare with y; bytes add the residual, the weight, y and residual_out.
+nvfp4-static needs --global-scale here (its default reads the staged rows, which the call
+computes). --rmsnorm-weight excludes --router.
 
 Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
 error (the message names the file, tensor, what was expected and what was got).)";
@@ -1007,8 +1007,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "megamoe-stage: run MegaMoE input staging (fp8 quantization of the hidden states, top-k\n"
       "repack, padding mask, shared-expert scales) on generated DeepSeek-V4-shaped inputs or on\n"
-      "a safetensors file; report time, bandwidth, quantization quality and a bitwise check\n"
-      "against the independent reference.",
+      "a safetensors file (--rmsnorm-weight: RMSNorm then staging, in one call); report time,\n"
+      "bandwidth, quantization quality and a bitwise check against the independent reference.",
       "megamoe-stage"};
   app.set_version_flag("--version", megamoe::version());
   app.footer(std::string(kFooter) + (reference_compiled() ? "" : kNoReferenceFooter));
