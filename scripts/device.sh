@@ -149,7 +149,7 @@ box() {
     info) echo 30 ;; build) echo 420 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
-    bench-router) echo 150 ;; bench-op) echo 40 ;; bench-norm) echo 200 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
+    bench-router) echo 150 ;; bench-op) echo 40 ;; bench-norm) echo 240 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
     pybench) echo 200 ;; ab-router) echo 200 ;; ab-routing) echo 120 ;; ab-formats) echo "${AB_FORMATS_BOX:-200}" ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
   esac
 }

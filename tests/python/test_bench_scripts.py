@@ -95,7 +95,7 @@ def test_device_sh_plans_both_calls_within_the_deadline():
     assert rc == 2 and "no-such-step" in err
     rc, out, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "--list", "info", "build", "bench-norm"])
     assert rc == 0 and [ln.split() for ln in out.splitlines()[:-1]] == [["info", "30"], ["build", "420"],
-                                                                        ["bench-norm", "200"]], out + err
+                                                                        ["bench-norm", "240"]], out + err
 
 
 def test_device_sh_bench_norm_command():
