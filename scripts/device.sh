@@ -21,6 +21,10 @@
 #   nonfinite      bench/bench_formats.py part nonfinite: counter on/off A/B (#15)
 #   bench-router   bench/bench_router.py (C++ fallback build-dev/megamoe_bench_router) (#12)
 #   bench-op       bench/bench_op_overhead.py (#16)
+#   bench-norm     bench/bench_norm.py $BENCH_NORM_ARGS (default --quick): rms_norm then staging
+#                  against rmsnorm_and_stage with and without y, staging alone and the same-run
+#                  copies of the fused call's bytes (#46); rows in bench-norm.jsonl, the table
+#                  in bench-norm.log
 #   ab             bench/bench_stage.py --only megamoe: this build, base, this, base; then
 #                  bench/ab_compare.py (#10). Needs AB_BASE (a .tar/.tar.gz of the base tree
 #                  from scripts/ab_prepare.sh, or a commit when git works here)
@@ -69,7 +73,7 @@
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
-# PYTEST_FILES, BENCH_ARGS, NCU_ARGS, NCU_SECTIONS, NCU_KERNELS, NCU_COUNT, NCU_BIN (a build-dev binary, default
+# PYTEST_FILES, BENCH_ARGS, BENCH_NORM_ARGS (--quick), NCU_ARGS, NCU_SECTIONS, NCU_KERNELS, NCU_COUNT, NCU_BIN (a build-dev binary, default
 # megamoe_bench_kernel; e.g. megamoe_bench_router), NCU_EXTRA (more ncu arguments, e.g. --page
 # source --print-source sass for stall samples by instruction), SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py),
@@ -134,7 +138,7 @@ for a in "${ARGS[@]}"; do
     bench) STEPS+=(bench-kernel) ;;
     python) STEPS+=(pytest); PYTEST_FILES=${PYTEST_FILES:-.} ;;
     info | build | sanitize | suite | suite-wait | ctest-cpu | pytest | sanitize-wait | bench-formats | nonfinite | bench-router | \
-      bench-op | ab | ab-router | ab-routing | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu | trace) STEPS+=("$a") ;;
+      bench-op | bench-norm | ab | ab-router | ab-routing | ab-formats | bench-kernel | ncu | ncu-ab | sass | pybench | multigpu | trace) STEPS+=("$a") ;;
     *) echo "device.sh: unknown step '$a'" >&2; exit 2 ;;
   esac
 done
@@ -145,7 +149,7 @@ box() {
     info) echo 30 ;; build) echo 420 ;; sanitize) echo 10 ;; suite) echo 300 ;; suite-wait) echo 300 ;;
     ctest-cpu) echo 120 ;;
     pytest) echo 240 ;; sanitize-wait) echo 480 ;; bench-formats) echo 150 ;; nonfinite) echo 75 ;;
-    bench-router) echo 150 ;; bench-op) echo 40 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
+    bench-router) echo 150 ;; bench-op) echo 40 ;; bench-norm) echo 240 ;; ab) echo 160 ;; bench-kernel) echo 120 ;; ncu) echo 120 ;; ncu-ab) echo 120 ;;
     pybench) echo 200 ;; ab-router) echo 200 ;; ab-routing) echo 120 ;; ab-formats) echo "${AB_FORMATS_BOX:-200}" ;; multigpu) echo 300 ;; trace) echo 330 ;; *) echo 60 ;;
   esac
 }
@@ -476,6 +480,8 @@ step_bench_formats() { pybench bench-formats bench/bench_formats.py --parts form
 step_nonfinite() { pybench nonfinite bench/bench_formats.py --parts nonfinite $QUICK_FLAG; }
 step_bench_router() { pybench bench-router bench/bench_router.py --cpp-bin build-dev/megamoe_bench_router $QUICK_FLAG; }
 step_bench_op() { pybench bench-op bench/bench_op_overhead.py; }
+# shellcheck disable=SC2086  # BENCH_NORM_ARGS is a list of arguments ("" for the full grid)
+step_bench_norm() { pybench bench-norm bench/bench_norm.py ${BENCH_NORM_ARGS---quick}; }
 
 ab_wait() {  # the base build started by `build`, while time is left
   [ -f "$WORK/ab_build.pid" ] || return 0

@@ -115,9 +115,9 @@ struct Copies {
 };
 
 /// The staging tensors of @p h, moved to the device in @p d (the top-k inputs only when
-/// @p topk_inputs).
-void move_stage(Copies& c, megamoe::StageArgs& h, megamoe::StageArgs& d, bool topk_inputs) {
-  c.move(h.hidden_states, d.hidden_states);
+/// @p topk_inputs, hidden_states only when @p hidden: the norm form leaves it empty).
+void move_stage(Copies& c, megamoe::StageArgs& h, megamoe::StageArgs& d, bool topk_inputs, bool hidden = true) {
+  if (hidden) c.move(h.hidden_states, d.hidden_states);
   if (topk_inputs) {
     c.move(h.topk_weights, d.topk_weights);
     c.move(h.topk_ids, d.topk_ids);
@@ -161,6 +161,24 @@ RouterTimes run_cuda_router(const megamoe::RouterArgs& router, const megamoe::St
   t.route = time_calls(iters, [&](cudaStream_t s) { megamoe::route(alone, s); });
   c.copy_back();
   return t;
+}
+
+std::vector<double> run_cuda_norm(const megamoe::RmsNormArgs& norm, const megamoe::StageArgs& stage, int dev,
+                                  int iters) {
+  check(cudaSetDevice(dev), "cudaSetDevice");
+  megamoe::StageArgs h = stage, d = stage;
+  megamoe::RmsNormArgs hn = norm, dn = norm;
+  Copies c{dev, {}};
+  move_stage(c, h, d, true, false);
+  c.move(hn.x, dn.x);
+  c.move(hn.residual, dn.residual);
+  c.move(hn.weight, dn.weight);
+  c.move(hn.y, dn.y);
+  c.move(hn.residual_out, dn.residual_out);
+  const std::vector<double> times =
+      time_calls(iters, [&](cudaStream_t s) { megamoe::rmsnorm_and_stage(dn, d, s); });
+  c.copy_back();
+  return times;
 }
 
 }  // namespace megamoe_cli

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
 #include "safetensors.h"
@@ -30,6 +31,11 @@ struct RouterTimes {
 /// empty), then as many calls of megamoe::route(@p router) alone; the outputs of the last
 /// route_and_stage (and routes, which write the same) are copied back.
 RouterTimes run_cuda_router(const megamoe::RouterArgs& router, const megamoe::StageArgs& stage, int dev, int iters);
+/// As run_cuda for megamoe::rmsnorm_and_stage(@p norm, @p stage) (the stage's hidden_states
+/// empty: the normalized rows take their place); y and residual_out come back with the
+/// staged outputs.
+std::vector<double> run_cuda_norm(const megamoe::RmsNormArgs& norm, const megamoe::StageArgs& stage, int dev,
+                                  int iters);
 #else
 inline int cuda_device_count(std::string* why) {
   if (why != nullptr) *why = "this megamoe-stage was built without CUDA support";
@@ -43,6 +49,9 @@ struct RouterTimes {
   std::vector<double> fused, route;
 };
 inline RouterTimes run_cuda_router(const megamoe::RouterArgs&, const megamoe::StageArgs&, int, int) {
+  throw CliError("this megamoe-stage was built without CUDA support");
+}
+inline std::vector<double> run_cuda_norm(const megamoe::RmsNormArgs&, const megamoe::StageArgs&, int, int) {
   throw CliError("this megamoe-stage was built without CUDA support");
 }
 #endif

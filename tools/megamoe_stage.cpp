@@ -1,5 +1,6 @@
 // megamoe_stage.cpp: the megamoe-stage CLI. Stages DeepSeek-V4-shaped (or file-provided)
-// inputs with megamoe::prepare_inputs on the CPU or a CUDA device, times it, measures the
+// inputs with megamoe::prepare_inputs on the CPU or a CUDA device (or, with --rmsnorm-weight,
+// normalizes and stages them with megamoe::rmsnorm_and_stage), times it, measures the
 // quantization quality and compares every output bitwise with the independent reference
 // (reference_check.h; in builds with MEGAMOE_CLI_REFERENCE). Public API only.
 //
@@ -30,6 +31,7 @@
 #include "megamoe/megamoe.h"
 #include "megamoe/cpu.h"
 #include "megamoe/plan.h"
+#include "norm_inputs.h"
 #include "reference_check.h"
 #include "stage_check.h"
 #include "stage_inputs.h"
@@ -58,6 +60,13 @@ struct Options {
   bool router = false;  // --router: the fused DeepSeek-V4 router
   float routed_scaling_factor = 1.5f;
   std::string logits_dtype = "bf16";
+  // The norm form (--rmsnorm-weight): megamoe::rmsnorm_and_stage in place of prepare_inputs.
+  std::string rmsnorm_weight;       // --rmsnorm-weight: its spec (norm_inputs.h); empty: not the norm form
+  std::string residual;             // --residual: its spec; empty: no residual
+  float eps = 1e-6f;                // --eps
+  bool write_y = false;             // --write-y
+  bool write_residual_out = false;  // --write-residual-out
+  bool norm() const { return !rmsnorm_weight.empty(); }
 };
 
 const std::map<std::string, megamoe::QuantScheme>& schemes() {
@@ -134,6 +143,28 @@ reference" = topk_ids / topk_weights compared bitwise with
 tests/reference/router_reference.h; "reference" then checks the staged outputs against
 the staging reference fed with the router reference's ids and weights. --output also
 writes topk_ids and topk_weights. --router excludes --input and --save-inputs.
+
+With --rmsnorm-weight (the norm form, megamoe::rmsnorm_and_stage in place of prepare_inputs):
+hidden_states (BF16) is the norm's x; the call adds --residual when given (z = bf16(x +
+residual), else z = x), normalizes every row (y = bf16(bf16(z * s) * weight), s = 1 /
+sqrt(mean(z^2) + --eps); every rounding point in docs/CONTRACT.md "RMSNorm and stage") and
+stages y in place of hidden_states, with every scheme and option above. A weight or a
+residual is: ones (weight only) or random (generated: weight bf16 of uniform [0.5, 1.5),
+residual bf16(randn * 17), std::mt19937 seeded with --seed + 2 and --seed + 3), the name of
+a tensor of the --input file, a safetensors FILE (its only tensor, or the one named
+rmsnorm_weight / residual) or FILE:TENSOR; weight [H] BF16/F32, residual [T, H] BF16.
+--write-y and --write-residual-out make the call write y and the new residual z; --output
+then writes them as y and residual_out [T, H] BF16 beside the staged outputs, and
+--save-inputs writes the weight and residual as rmsnorm_weight and residual.
+Reported in addition: "norm" (weight, residual, eps, the outputs the call writes);
+"stage check" = every staged output compared bitwise with megamoe::prepare_inputs (CPU
+backend) applied to the call's y (without --write-y, the y of one more call that writes
+it; exit 1 on a difference, in every build); "norm reference" = y and residual_out
+compared bitwise with tests/reference/norm_reference.h; "reference" then checks the staged
+outputs against the staging reference of the norm reference's y. SNR and max relative
+error compare with y; bytes add the residual, the weight, y and residual_out.
+nvfp4-static needs --global-scale here (its default reads the staged rows, which the call
+computes). --rmsnorm-weight excludes --router.
 
 Exit status: 0 bit-exact match, 1 mismatch with the reference, 2 usage, input or runtime
 error (the message names the file, tensor, what was expected and what was got).)";
@@ -333,6 +364,66 @@ int64_t bytes_per_call(const StageInputs& in, const StageOutputs& out) {
   return checked_value(b, "the byte count per call");
 }
 
+/// Point @p a's outputs at @p out's buffers (the global scale stays @p a's).
+void point_outputs(megamoe::StageArgs& a, StageOutputs& out) {
+  a.x_q = out.x_fp8.ref();
+  a.x_sf = out.x_sf.ref();
+  a.topk_idx_out = out.topk_idx_out.ref();
+  a.topk_weights_out = out.topk_weights_out.ref();
+  if (out.shared_x_sf) a.shared_x_sf = out.shared_x_sf->ref();
+  if (out.x_scales) a.x_scales = out.x_scales->ref();
+}
+
+/// Compare @p got and @p want (same dtype and shape) element by element, bitwise.
+void compare_bytes(RefCheck& r, const std::string& name, const Tensor& got, const Tensor& want) {
+  const size_t esize = static_cast<size_t>(st_dtype_size(got.dtype));
+  const int64_t cols = got.shape.size() == 2 ? got.shape[1] : 1;
+  auto hex = [&](const Tensor& t, size_t at) {
+    uint64_t v = 0;
+    std::memcpy(&v, t.data.data() + at, esize);  // little-endian host, as the files
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%0*llx", static_cast<int>(2 * esize), static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  for (size_t at = 0; esize > 0 && at < got.data.size(); at += esize) {
+    if (std::memcmp(got.data.data() + at, want.data.data() + at, esize) == 0) continue;
+    const auto e = static_cast<int64_t>(at / esize);
+    if (!r.first) r.first = Mismatch{name, e / cols, e % cols, e, hex(got, at), hex(want, at)};
+    ++r.mismatches;
+  }
+}
+
+/// The norm form's stage check: every staged output in @p out against megamoe::prepare_inputs
+/// (host tensors: the CPU backend) applied to @p y with @p args' other inputs and options,
+/// into fresh outputs of the same shapes.
+RefCheck check_staged_equals_prepare(const Tensor& y, const megamoe::StageArgs& args, const StageInputs& in,
+                                     const StageOutputs& out, const megamoe::QuantScheme& q, const Options& o) {
+  Tensor rows = y;  // a view of it goes to the call
+  StageOutputs want = make_outputs(in, q, o);
+  megamoe::StageArgs a = args;
+  a.hidden_states = rows.ref();
+  point_outputs(a, want);
+  Tensor gs;
+  if (q.scale2 == megamoe::Scale2::kOnline) {
+    gs = Tensor("F32", {1}, "output 'global_scale'");
+    a.global_scale = gs.ref();
+  }
+  megamoe::prepare_inputs(a);
+  RefCheck r;
+  compare_bytes(r, q.elem == megamoe::QuantElem::kFloat4E2M1 ? "x_q" : "x_fp8", out.x_fp8, want.x_fp8);
+  compare_bytes(r, "x_sf", out.x_sf, want.x_sf);
+  if (out.x_scales) compare_bytes(r, "x_scales", *out.x_scales, *want.x_scales);
+  if (q.scale2 == megamoe::Scale2::kOnline && in.T() > 0) {
+    Tensor got("F32", {1}, "output 'global_scale'");
+    std::memcpy(got.data.data(), &out.global_scale, 4);
+    compare_bytes(r, "global_scale", got, gs);
+  }
+  compare_bytes(r, "topk_idx_out", out.topk_idx_out, want.topk_idx_out);
+  compare_bytes(r, "topk_weights_out", out.topk_weights_out, want.topk_weights_out);
+  if (out.shared_x_sf) compare_bytes(r, "shared_x_sf", *out.shared_x_sf, *want.shared_x_sf);
+  return r;
+}
+
 /// Whether @p a and @p b name one file: the same file when both exist (another spelling, a
 /// symlink or a hard link), else the same normalized absolute path when neither does yet.
 bool same_file(const std::string& a, const std::string& b) {
@@ -369,6 +460,22 @@ void check_distinct_files(const Options& o) {
   }
 }
 
+/// The norm form's files (--rmsnorm-weight, --residual FILE[:TENSOR]) against the files
+/// written, as check_distinct_files does for the others.
+void check_norm_files(const Options& o, const StageInputs& in) {
+  const std::pair<const char*, std::string> read[] = {{"--rmsnorm-weight", norm_spec_file(o.rmsnorm_weight, in)},
+                                                      {"--residual", norm_spec_file(o.residual, in)}};
+  const std::pair<const char*, const std::string*> written[] = {{"--output", &o.output},
+                                                                {"--save-inputs", &o.save_inputs}};
+  for (const auto& [reader, file] : read) {
+    for (const auto& [writer, path] : written) {
+      if (file.empty() || path->empty() || !same_file(*path, file)) continue;
+      throw CliError(std::string(writer) + " " + *path + ": the same file as " + reader + " " + file +
+                     " (writing it would overwrite an input); name another file");
+    }
+  }
+}
+
 int run(const Options& o) {
   check_distinct_files(o);
   const auto sit = schemes().find(o.scheme);
@@ -381,6 +488,11 @@ int run(const Options& o) {
   }
   if (o.amax_floor && q.scale2 == megamoe::Scale2::kStatic) {
     throw CliError("--amax-floor: nvfp4-static has no amax floor (its scales come from --global-scale)");
+  }
+  if (o.norm() && q.scale2 == megamoe::Scale2::kStatic && !o.global_scale) {
+    // The default, max|x| / 2688, would read the rows staged: y, which the call computes.
+    throw CliError("--scheme nvfp4-static with --rmsnorm-weight: give --global-scale (the default reads the "
+                   "staged rows, which the norm computes)");
   }
   if (o.router && (o.gen.experts > kRouterMaxExperts || o.gen.topk > kRouterMaxTopk)) {
     // Refused before the [T, E] logits are generated (the library would refuse them after).
@@ -412,7 +524,11 @@ int run(const Options& o) {
 
   // Inputs.
   StageInputs in = o.input.empty() ? generate_inputs(o.gen) : load_inputs(o.input);
-  if (!o.save_inputs.empty()) save_inputs(o.save_inputs, in, format_metadata(q, o));
+  std::optional<NormInputs> nin;  // the norm form's weight and residual
+  if (o.norm()) {
+    check_norm_files(o, in);
+    nin = load_norm_inputs(o.rmsnorm_weight, o.residual, in, o.input, o.gen.seed);
+  }
   const int64_t T = in.T(), H = in.H(), K = in.K();
   StageOutputs out = make_outputs(in, q, o);
 
@@ -474,6 +590,38 @@ int run(const Options& o) {
     megamoe::validate_router(rargs, &checked);  // megamoe::Error, printed as-is, before anything runs
   }
 
+  // The norm form: x, residual and weight in, y and residual_out out when asked for; the
+  // staging's hidden_states stays empty (y takes its place). Checked before anything is
+  // written, --save-inputs included.
+  Tensor y_out, ro_out;
+  megamoe::RmsNormArgs nargs;
+  if (o.norm()) {
+    nargs.x = in.hidden_states.ref();
+    if (nin->residual) nargs.residual = nin->residual->ref();
+    nargs.weight = nin->weight.ref();
+    nargs.eps = o.eps;
+    if (o.write_y) {
+      y_out = Tensor("BF16", {T, H}, "output 'y'");
+      nargs.y = y_out.ref();
+    }
+    if (o.write_residual_out) {
+      ro_out = Tensor("BF16", {T, H}, "output 'residual_out'");
+      nargs.residual_out = ro_out.ref();
+    }
+    args.hidden_states = megamoe::TensorRef();
+    megamoe::StageArgs checked = args;
+    checked.hidden_quant = q;
+    megamoe::validate_rmsnorm(nargs, checked);  // megamoe::Error, printed as-is
+  }
+  if (!o.save_inputs.empty()) {
+    std::vector<std::pair<std::string, const Tensor*>> extra;
+    if (nin) {
+      extra.emplace_back(kSavedWeightName, &nin->weight);
+      if (nin->residual) extra.emplace_back(kSavedResidualName, &*nin->residual);
+    }
+    save_inputs(o.save_inputs, in, format_metadata(q, o), extra);
+  }
+
   // The plan is that of the staging call these arguments make (the scheme set on a copy:
   // the fields below are filled in the order the call takes them).
   std::string plan_text;  // --explain; with --json it goes into the object
@@ -484,7 +632,7 @@ int run(const Options& o) {
       plan.topk_ids = rargs.topk_ids;
       plan.topk_weights = rargs.topk_weights;
     }
-    plan_text = megamoe::explain(plan);
+    plan_text = o.norm() ? megamoe::explain(nargs, plan) : megamoe::explain(plan);
     // The plan of the staging part; route_and_stage runs the router in the same launch
     // (fast plans: its blocks before these) or, for the other kernels, just before it.
     if (o.router) plan_text += " [--router: route_and_stage adds the router to this]";
@@ -498,7 +646,7 @@ int run(const Options& o) {
   }
   progress.step("staging (1 warmup + " + std::to_string(iters) + " timed calls)");
   args.hidden_quant = q;
-  if (!o.router) megamoe::validate(args);
+  if (!o.router && !o.norm()) megamoe::validate(args);
 
   // Run and time.
   std::vector<double> times, route_times;
@@ -519,6 +667,8 @@ int run(const Options& o) {
       RouterTimes rt = run_cuda_router(rargs, args, 0, iters);
       times = std::move(rt.fused);
       route_times = std::move(rt.route);
+    } else if (o.norm()) {
+      times = run_cuda_norm(nargs, args, 0, iters);
     } else {
       times = run_cuda(args, 0, iters);
     }
@@ -530,6 +680,8 @@ int run(const Options& o) {
       megamoe::RouterArgs alone = rargs;
       alone.is_padding = args.is_padding;
       route_times = host_times([&] { megamoe::route(alone); });
+    } else if (o.norm()) {
+      times = host_times([&] { megamoe::rmsnorm_and_stage(nargs, args); });
     } else {
       times = host_times([&] { megamoe::prepare_inputs(args); });
     }
@@ -539,13 +691,48 @@ int run(const Options& o) {
   const double t_med = median(times);
   if (q.scale2 == megamoe::Scale2::kOnline && T > 0) std::memcpy(&out.global_scale, gs_tensor.data.data(), 4);
 
+  // The norm form's y for the checks: the timed calls' (--write-y), else that of one more
+  // call on the same backend that writes it, into outputs of its own (so that the timed
+  // calls' staged bytes are the ones checked); then the staged outputs against
+  // prepare_inputs(y).
+  Tensor y_more;
+  const Tensor* y_rows = o.write_y ? &y_out : nullptr;
+  std::optional<RefCheck> stage_check;
+  if (o.norm()) {
+    progress.step("checking the staged rows against prepare_inputs(y)");
+    if (!o.write_y) {
+      y_more = Tensor("BF16", {T, H}, "output 'y'");
+      StageOutputs more = make_outputs(in, q, o);
+      megamoe::StageArgs sa = args;
+      point_outputs(sa, more);
+      Tensor gs_more;
+      if (q.scale2 == megamoe::Scale2::kOnline) {
+        gs_more = Tensor("F32", {1}, "output 'global_scale'");
+        sa.global_scale = gs_more.ref();
+      }
+      megamoe::RmsNormArgs na = nargs;
+      na.y = y_more.ref();
+      na.residual_out.reset();
+      if (cuda) {
+        run_cuda_norm(na, sa, 0, 1);
+      } else {
+        megamoe::rmsnorm_and_stage(na, sa);
+      }
+      y_rows = &y_more;
+    }
+    stage_check = check_staged_equals_prepare(*y_rows, args, in, out, q, o);
+  }
+
   // Quality and reference.
   progress.step(reference_compiled() ? "checking against the reference" : "measuring the quality");
   const int64_t G = q.group_k;
-  const std::vector<float> hidden = to_float(in.hidden_states);
+  const std::vector<float> hidden = to_float(o.norm() ? *y_rows : in.hidden_states);  // what was quantized
   const Quality qual = measure_quality(hidden, T, H, out, G, q.ue8m0());
   const RouterRun router_run{&rin.logits, &rin.bias, K, o.routed_scaling_factor, &r_ids, &r_weights};
-  const std::optional<RefChecks> checks = check_reference(in, hidden, out, o.router ? &router_run : nullptr);
+  const NormRun norm_run{nin ? &nin->weight : nullptr, nin && nin->residual ? &*nin->residual : nullptr, o.eps,
+                         y_rows, o.write_residual_out ? &ro_out : nullptr};
+  const std::optional<RefChecks> checks =
+      check_reference(in, hidden, out, o.router ? &router_run : nullptr, o.norm() ? &norm_run : nullptr);
 
   if (!o.output.empty()) {
     std::vector<std::pair<std::string, const Tensor*>> ts = {
@@ -557,7 +744,13 @@ int run(const Options& o) {
       ts.emplace_back("topk_weights", &r_weights);
     }
     if (out.x_scales) ts.emplace_back("x_scales", &*out.x_scales);
+    if (o.write_y) ts.emplace_back("y", &y_out);
+    if (o.write_residual_out) ts.emplace_back("residual_out", &ro_out);
     std::map<std::string, std::string> md = format_metadata(q, o);
+    if (o.norm()) {
+      md["call"] = "rmsnorm_and_stage";
+      md["rmsnorm_eps"] = fmt("%.9g", o.eps);
+    }
     if (q.scale2 == megamoe::Scale2::kStatic || q.scale2 == megamoe::Scale2::kOnline) {
       md["global_scale"] = fmt("%.9g", out.global_scale);
     }
@@ -583,6 +776,12 @@ int run(const Options& o) {
                                                      static_cast<int64_t>(r_ids.data.size()) +
                                                      static_cast<int64_t>(r_weights.data.size()),
                                                  "the byte count per call")
+                 : o.norm() ? checked_value(Checked(bytes_per_call(in, out)) +
+                                                (nin->residual ? static_cast<int64_t>(nin->residual->data.size()) : 0) +
+                                                static_cast<int64_t>(nin->weight.data.size()) +
+                                                static_cast<int64_t>(y_out.data.size()) +
+                                                static_cast<int64_t>(ro_out.data.size()),
+                                            "the byte count per call")
                                  : bytes_per_call(in, out);
   const bool has_rate = !empty && bytes > 0 && t_med > 0;
   const double gbps = has_rate ? static_cast<double>(bytes) / t_med * 1e-9 : 0;
@@ -590,7 +789,10 @@ int run(const Options& o) {
   if (in.is_padding) {
     for (uint8_t b : in.is_padding->data) padded += b != 0;
   }
-  const int rc = checks && (checks->staging.first || checks->router.first) ? 1 : 0;
+  const int rc = (checks && (checks->staging.first || checks->router.first || checks->norm.first)) ||
+                         (stage_check && stage_check->first)
+                     ? 1
+                     : 0;
   // A check the build does not have (null): null in JSON, "not compiled in" in text.
   const RefCheck* staging_check = checks ? &checks->staging : nullptr;
   const RefCheck* router_check = checks ? &checks->router : nullptr;
@@ -686,6 +888,22 @@ int run(const Options& o) {
     } else {
       j["router"] = nullptr;
     }
+    if (o.norm()) {
+      auto tensor_json = [](const Tensor& t, const std::string& source) {
+        return ojson{{"source", source}, {"dtype", dtype_label(t.dtype)}, {"shape", t.shape}};
+      };
+      j["norm"] = {{"call", "rmsnorm_and_stage"},
+                   {"weight", tensor_json(nin->weight, nin->weight_source)},
+                   {"residual", nin->residual ? tensor_json(*nin->residual, nin->residual_source) : ojson()},
+                   {"eps", o.eps},
+                   {"write_y", o.write_y},
+                   {"write_residual_out", o.write_residual_out},
+                   {"checked_y", o.write_y ? "timed calls" : "one more call"},
+                   {"stage_check", mismatch_json(&*stage_check)},
+                   {"reference", checks ? mismatch_json(&checks->norm) : ojson()}};
+    } else {
+      j["norm"] = nullptr;
+    }
     j["plan"] = o.explain ? ojson(plan_text) : ojson();
     j["output"] = o.output.empty() ? ojson() : ojson(o.output);
     j["exit_code"] = rc;
@@ -729,6 +947,13 @@ int run(const Options& o) {
   }
   if (out.full_buffer_rows > 0) std::cout << "; full buffer of " << out.full_buffer_rows << " rows";
   std::cout << "\n";
+  if (o.norm()) {
+    std::cout << "norm: rmsnorm_and_stage, weight " << nin->weight_source << " (" << dtype_label(nin->weight.dtype)
+              << " " << nin->weight.shape_str() << "), residual "
+              << (nin->residual ? nin->residual_source : std::string("none")) << ", eps " << fmt("%g", o.eps)
+              << "; writes " << (o.write_y ? "y" : "no y")
+              << (o.write_residual_out ? ", residual_out" : "") << "\n";
+  }
   std::cout << "time: " << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3))
             << " per call (median of " << iters
             << " after 1 warmup)\n";
@@ -763,6 +988,11 @@ int run(const Options& o) {
               << (t_med < 1e-3 ? fmt("%.2f us", t_med * 1e6) : fmt("%.3f ms", t_med * 1e3)) << "\n";
     std::cout << "router reference: " << mismatch_text(router_check) << "\n";
   }
+  if (o.norm()) {
+    std::cout << "stage check: " << mismatch_text(&*stage_check) << " (staged outputs against prepare_inputs of "
+              << (o.write_y ? "the y written" : "the y of one more call") << ")\n";
+    std::cout << "norm reference: " << mismatch_text(checks ? &checks->norm : nullptr) << "\n";
+  }
   std::cout << "reference: " << mismatch_text(staging_check) << "\n";
   if (!o.output.empty()) std::cout << "output: " << o.output << "\n";
   return rc;
@@ -777,8 +1007,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "megamoe-stage: run MegaMoE input staging (fp8 quantization of the hidden states, top-k\n"
       "repack, padding mask, shared-expert scales) on generated DeepSeek-V4-shaped inputs or on\n"
-      "a safetensors file; report time, bandwidth, quantization quality and a bitwise check\n"
-      "against the independent reference.",
+      "a safetensors file (--rmsnorm-weight: RMSNorm then staging, in one call); report time,\n"
+      "bandwidth, quantization quality and a bitwise check against the independent reference.",
       "megamoe-stage"};
   app.set_version_flag("--version", megamoe::version());
   app.footer(std::string(kFooter) + (reference_compiled() ? "" : kNoReferenceFooter));
@@ -870,6 +1100,34 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->needs(router);
+  auto* norm = app.add_option("--rmsnorm-weight", o.rmsnorm_weight,
+                              "the norm form: RMSNorm the rows with this [H] BF16/F32 weight (ones, random, a "
+                              "tensor of the --input file, FILE or FILE:TENSOR) and stage them with "
+                              "megamoe::rmsnorm_and_stage (see below)")
+                   ->excludes(router);
+  auto* residual = app.add_option("--residual", o.residual,
+                                  "--rmsnorm-weight: add this [T, H] BF16 residual first (random, a tensor of "
+                                  "the --input file, FILE or FILE:TENSOR)")
+                       ->needs(norm);
+  app.add_option("--eps", o.eps, "--rmsnorm-weight: the epsilon added to the mean of squares")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            char* end = nullptr;
+            const float v = std::strtof(s.c_str(), &end);
+            return end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0.0f
+                       ? std::string()
+                       : "expected a finite non-negative value, got " + s;
+          },
+          "NON-NEGATIVE", "finite non-negative"))
+      ->needs(norm);
+  app.add_flag("--write-y", o.write_y,
+               "--rmsnorm-weight: the call also writes the normalized rows y (--output: y [T, H] BF16)")
+      ->needs(norm);
+  app.add_flag("--write-residual-out", o.write_residual_out,
+               "--residual: the call also writes the new residual x + residual (--output: residual_out "
+               "[T, H] BF16)")
+      ->needs(residual);
 
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "megamoe_reference.h"
+#include "norm_reference.h"
 #include "router_reference.h"
 
 namespace megamoe_cli {
@@ -207,13 +208,56 @@ RefCheck compare_with_reference(const StageInputs& in, const std::vector<float>&
   return r;
 }
 
+/// The norm reference's rows of @p norm over x = in.hidden_states: y, and z (the new
+/// residual) when there is a residual.
+struct NormRef {
+  Tensor y;  ///< BF16 [T, H]
+  Tensor z;  ///< BF16 [T, H], or empty without a residual
+};
+
+NormRef reference_norm(const StageInputs& in, const NormRun& norm) {
+  const int64_t T = in.T(), H = in.H();
+  NormRef r;
+  r.y = Tensor("BF16", {T, H}, "reference 'y'");
+  if (norm.residual != nullptr) r.z = Tensor("BF16", {T, H}, "reference 'residual_out'");
+  const std::vector<float> w = to_float(*norm.weight);
+  for (int64_t t = 0; t < (H > 0 ? T : 0); ++t) {
+    const uint16_t* res = norm.residual != nullptr ? as<uint16_t>(*norm.residual) + t * H : nullptr;
+    const megamoe_ref::norm::Row row = megamoe_ref::norm::row(as<uint16_t>(in.hidden_states) + t * H, res, w, norm.eps);
+    std::memcpy(r.y.data.data() + t * H * 2, row.y.data(), static_cast<size_t>(H) * 2);
+    if (norm.residual != nullptr) std::memcpy(r.z.data.data() + t * H * 2, row.z.data(), static_cast<size_t>(H) * 2);
+  }
+  return r;
+}
+
 }  // namespace
 
 bool reference_compiled() { return true; }
 
 std::optional<RefChecks> check_reference(StageInputs& in, const std::vector<float>& hidden, const StageOutputs& out,
-                                         const RouterRun* router) {
+                                         const RouterRun* router, const NormRun* norm) {
   RefChecks c;
+  if (norm != nullptr) {
+    // y and residual_out against the norm reference; the staging reference then stages the
+    // norm reference's y (swapped into in for the comparison only).
+    NormRef nref = reference_norm(in, *norm);
+    const int64_t H = in.H();
+    auto bits = [](uint16_t v) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "0x%04x", v);
+      return std::string(buf);
+    };
+    compare(c.norm, "y", as<uint16_t>(*norm->y), as<uint16_t>(nref.y), nref.y.numel(), H, bits);
+    if (norm->residual_out != nullptr) {
+      compare(c.norm, "residual_out", as<uint16_t>(*norm->residual_out), as<uint16_t>(nref.z), nref.z.numel(), H,
+              bits);
+    }
+    const std::vector<float> y = to_float(nref.y);
+    std::swap(in.hidden_states, nref.y);
+    c.staging = compare_with_reference(in, y, out);
+    std::swap(in.hidden_states, nref.y);
+    return c;
+  }
   if (router == nullptr) {
     c.staging = compare_with_reference(in, hidden, out);
     return c;

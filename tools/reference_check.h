@@ -42,10 +42,20 @@ struct RouterRun {
   const Tensor* weights = nullptr;
 };
 
+/// The norm form (--rmsnorm-weight): its inputs and the rows it wrote.
+struct NormRun {
+  const Tensor* weight = nullptr;        ///< BF16 or F32 [H]
+  const Tensor* residual = nullptr;      ///< BF16 [T, H]; null without a residual
+  float eps = 0;
+  const Tensor* y = nullptr;             ///< BF16 [T, H]: the normalized rows the call wrote
+  const Tensor* residual_out = nullptr;  ///< BF16 [T, H]; null when not written
+};
+
 /// What the reference found.
 struct RefChecks {
   RefCheck staging;  ///< every staged output (shared_x_sf rows through megamoe_ref::shared_row)
   RefCheck router;   ///< with --router: topk_ids and topk_weights
+  RefCheck norm;     ///< with the norm form: y and residual_out
 };
 
 /// Whether this build compares with the reference (MEGAMOE_CLI_REFERENCE).
@@ -54,9 +64,12 @@ bool reference_compiled();
 /// Compare @p out, staged from @p in (@p hidden: to_float(in.hidden_states)), bitwise with
 /// the staging reference; with @p router, also the router's outputs with the router
 /// reference's, and the staging reference then takes the router reference's ids and
-/// weights as its top-k inputs (swapped into @p in for the comparison only). Empty when the
+/// weights as its top-k inputs (swapped into @p in for the comparison only). With @p norm
+/// (the norm form: in.hidden_states is x), y and residual_out are compared with the norm
+/// reference (tests/reference/norm_reference.h) and the staging reference stages the norm
+/// reference's y (swapped in the same way; @p hidden is then unused). Empty when the
 /// reference is not compiled in.
 std::optional<RefChecks> check_reference(StageInputs& in, const std::vector<float>& hidden, const StageOutputs& out,
-                                         const RouterRun* router);
+                                         const RouterRun* router, const NormRun* norm = nullptr);
 
 }  // namespace megamoe_cli

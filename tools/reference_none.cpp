@@ -7,7 +7,7 @@ namespace megamoe_cli {
 bool reference_compiled() { return false; }
 
 std::optional<RefChecks> check_reference(StageInputs&, const std::vector<float>&, const StageOutputs&,
-                                         const RouterRun*) {
+                                         const RouterRun*, const NormRun*) {
   return std::nullopt;
 }
 

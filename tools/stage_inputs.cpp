@@ -7,15 +7,14 @@
 #include <random>
 
 namespace megamoe_cli {
-namespace {
-
-/// fp32 -> bf16 bits, round to nearest even (inputs here are finite).
 uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   u += 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
+
+namespace {
 
 std::string join(std::initializer_list<const char*> names) {
   std::string s;
@@ -124,6 +123,11 @@ StageInputs load_inputs(const std::string& path) {
   in.topk_ids = *take(m, path, "topk_ids", {"I32", "I64"}, 2, "[T, K]", true);
   in.topk_weights = *take(m, path, "topk_weights", {"F32", "BF16", "F16"}, 2, "[T, K]", true);
   in.is_padding = take(m, path, "is_padding", {"BOOL", "U8"}, 1, "[T]", false);
+  for (auto& [name, t] : m) {
+    if (name != "hidden_states" && name != "topk_ids" && name != "topk_weights" && name != "is_padding") {
+      in.others.emplace(name, std::move(t));
+    }
+  }
 
   const int64_t T = in.T();
   auto rows = [&](const Tensor& t, const char* name) {
@@ -143,11 +147,13 @@ StageInputs load_inputs(const std::string& path) {
   return in;
 }
 
-void save_inputs(const std::string& path, const StageInputs& in, const std::map<std::string, std::string>& metadata) {
+void save_inputs(const std::string& path, const StageInputs& in, const std::map<std::string, std::string>& metadata,
+                 const std::vector<std::pair<std::string, const Tensor*>>& extra) {
   std::vector<std::pair<std::string, const Tensor*>> ts = {{"hidden_states", &in.hidden_states},
                                                            {"topk_ids", &in.topk_ids},
                                                            {"topk_weights", &in.topk_weights}};
   if (in.is_padding) ts.emplace_back("is_padding", &*in.is_padding);
+  ts.insert(ts.end(), extra.begin(), extra.end());
   std::map<std::string, std::string> md = metadata;
   md["producer"] = "megamoe-stage --save-inputs";
   write_safetensors(path, ts, md);

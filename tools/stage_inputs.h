@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "safetensors.h"
 
@@ -18,11 +20,17 @@ struct StageInputs {
   Tensor topk_weights;
   std::optional<Tensor> is_padding;
   std::map<std::string, std::string> metadata;  ///< the file's __metadata__ (--input), else empty
+  /// The file's other tensors (--input), by name: the norm form's --rmsnorm-weight and
+  /// --residual may name one of them.
+  std::map<std::string, Tensor> others;
 
   int64_t T() const { return hidden_states.shape[0]; }
   int64_t H() const { return hidden_states.shape[1]; }
   int64_t K() const { return topk_ids.shape[1]; }
 };
+
+/// fp32 -> bf16 bits, round to nearest even (for the generated values, which are finite).
+uint16_t float_to_bf16(float f);
 
 /// What to generate.
 struct GenOptions {
@@ -56,9 +64,11 @@ struct RouterInputs {
 /// with seed + 1 (the staging inputs use seed itself), row-major order, logits first.
 RouterInputs generate_router_inputs(const GenOptions& o, bool bf16_logits);
 
-/// Write the inputs to @p path in the layout load_inputs reads.
+/// Write the inputs to @p path in the layout load_inputs reads, then the tensors of
+/// @p extra (the norm form's weight and residual, under the names its options take).
 /// @p metadata goes to the file's __metadata__.
 void save_inputs(const std::string& path, const StageInputs& in,
-                 const std::map<std::string, std::string>& metadata = {});
+                 const std::map<std::string, std::string>& metadata = {},
+                 const std::vector<std::pair<std::string, const Tensor*>>& extra = {});
 
 }  // namespace megamoe_cli

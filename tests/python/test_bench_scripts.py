@@ -19,7 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-SCRIPTS = ("bench_formats.py", "bench_stage.py", "bench_router.py", "bench_op_overhead.py")
+SCRIPTS = ("bench_formats.py", "bench_stage.py", "bench_router.py", "bench_op_overhead.py", "bench_norm.py")
 
 
 def _module(name):
@@ -93,6 +93,125 @@ def test_device_sh_plans_both_calls_within_the_deadline():
         assert int(lines[-1].split()[1]) < 600
     rc, _, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "no-such-step"])
     assert rc == 2 and "no-such-step" in err
+    rc, out, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "--list", "info", "build", "bench-norm"])
+    assert rc == 0 and [ln.split() for ln in out.splitlines()[:-1]] == [["info", "30"], ["build", "420"],
+                                                                        ["bench-norm", "240"]], out + err
+
+
+def test_device_sh_bench_norm_command():
+    """The bench-norm step runs bench/bench_norm.py --quick through pybench (--out its
+    directory, joined into bench-norm.jsonl); BENCH_NORM_ARGS replaces --quick."""
+    fn = ("eval \"$(sed -n '/^step_bench_norm() {/p' scripts/device.sh)\"; "
+          "pybench() { echo \"$@\"; }; step_bench_norm")
+    rc, out, _ = _run(["bash", "-c", fn])
+    assert rc == 0 and out.split() == ["bench-norm", "bench/bench_norm.py", "--quick"], out
+    rc, out, _ = _run(["bash", "-c", fn], env={"BENCH_NORM_ARGS": "--T 1,64 --residual off"})
+    assert out.split() == ["bench-norm", "bench/bench_norm.py", "--T", "1,64", "--residual", "off"], out
+    rc, out, _ = _run(["bash", "-c", fn], env={"BENCH_NORM_ARGS": ""})
+    assert out.split() == ["bench-norm", "bench/bench_norm.py"], out
+
+
+def _norm_dry(*args):
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_norm.py"), "--dry-run", *args])
+    assert rc == 0, out + err
+    return [json.loads(line) for line in out.splitlines()], err
+
+
+def test_bench_norm_grid_is_the_issue_grid():
+    rows, err = _norm_dry()
+    assert {(r["H"], r["scheme"], r["residual"]) for r in rows} == {
+        (H, s, res) for H in (4096, 7168) for s in ("mxfp8", "fp8_fp32_g128") for res in (False, True)}
+    assert sorted({r["T"] for r in rows}) == [1, 16, 64, 256, 1024, 4096, 16384, 65536]
+    assert len(rows) == 64 and '"out": "./norm.jsonl"' in err
+    rows, _ = _norm_dry("--quick", "--residual", "off", "--out", "/tmp/x/bench_norm.jsonl")
+    assert sorted({r["T"] for r in rows}) == [1, 64, 4096, 16384] and not any(r["residual"] for r in rows)
+    rows, err = _norm_dry("--T", "3,5", "--H", "7168", "--schemes", "mxfp8", "--residual", "on", "--out", "d")
+    assert [(r["H"], r["scheme"], r["residual"], r["T"]) for r in rows] == [(7168, "mxfp8", True, 3),
+                                                                           (7168, "mxfp8", True, 5)]
+    assert '"out": "d/norm.jsonl"' in err
+
+
+@pytest.mark.parametrize("args,needle", [(["--T", "0"], "--T"), (["--T", "x"], "--T"), (["--H", "100"], "--H"),
+                                         (["--schemes", "mxfp4"], "mxfp4"), (["--residual", "maybe"], "--residual")])
+def test_bench_norm_bad_arguments(args, needle):
+    rc, _, err = _run([sys.executable, str(BENCH / "bench_norm.py"), "--dry-run", *args])
+    assert rc == 2 and needle in err
+
+
+def test_bench_norm_bytes_and_ratios():
+    bn = _module("bench_norm")
+    assert [bn.elem_bytes(res, y) for res in (False, True) for y in (True, False)] == [5, 3, 9, 7]
+    # T = 16384, H = 7168, MXFP8 with y: 5 bytes an element, the weight, a scale byte per 32,
+    # the top-k (K = 8: 4 + 4 in, 8 + 4 out) and the padding mask.
+    T, H = 16384, 7168
+    assert bn.fused_bytes(T, H, "mxfp8", False, True) == T * H * 5 + H * 2 + T * H // 32 + T * 8 * 20 + T
+    assert bn.fused_bytes(T, H, "fp8_fp32_g128", True, False) == T * H * 7 + H * 2 + T * 56 * 4 + T * 8 * 20 + T
+    r = bn.finish(dict(unfused_us=345.0, fused_y_us=230.0, fused_us=138.0, stage_us=119.0, copy_y_us=207.0,
+                       copy_us=124.2, bytes_y=4600, bytes=2760))
+    assert r["unfused_over_fused_y"] == 1.5 and r["unfused_over_fused"] == 2.5
+    assert r["copy_y_over_fused_y"] == 0.9 and abs(r["copy_over_fused"] - 0.9) < 1e-12
+    assert r["fused_y_minus_stage_us"] == 111.0 and r["fused_minus_stage_us"] == 19.0
+    assert r["fused_y_TBps"] == 4600 / 230.0 * 1e-6
+
+
+def _norm_rows():
+    card = dict(card="NVIDIA H100 80GB HBM3", torch="2.9.0", commit="abc1234")
+    base = dict(kind="norm", H=7168, scheme="mxfp8", residual=False, eps=1e-6, bytes_y=10, bytes=6, unfused_us=8.4,
+                fused_y_us=2.0, fused_us=1.9, stage_us=1.7, copy_y_us=1.5, copy_us=1.2, staged_equal=True,
+                residual_out_equal=None, **card)
+    bn = _module("bench_norm")
+    return [dict(kind="header", device="x"), bn.finish(dict(base, T=64)),
+            bn.finish(dict(base, T=16384, residual=True, unfused_us=345.0, fused_y_us=200.0, fused_us=120.0,
+                           stage_us=119.0, copy_y_us=194.0, copy_us=117.0, staged_equal=False,
+                           residual_out_equal=True)), dict(kind="summary", rows=2, rows_failing_checks=1)]
+
+
+def test_bench_norm_table_from_rows(tmp_path):
+    bn = _module("bench_norm")
+    md = bn.markdown(_norm_rows()).splitlines()
+    assert md[0] == "NVIDIA H100 80GB HBM3, torch 2.9.0, megamoe abc1234" and md[1] == ""
+    head, rule, a, b = md[2:]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert cols[:5] == ["H", "scheme", "residual", "T", "unfused us"] and len(cols) == len(bn.COLUMNS)
+    assert rule.count("|") == len(cols) + 1 and rule.startswith("|---:|---|---|---:|")
+    cells = dict(zip(cols, (c.strip() for c in a.strip("|").split("|"))))
+    assert cells["T"] == "64" and cells["unfused us"] == "8.40" and cells["unfused / fused+y"] == "4.20x"
+    assert cells["copy+y / fused+y"] == "75%" and cells["fused+y - stage us"] == "+0.30"
+    assert cells["bytes equal"] == "yes" and cells["residual"] == "no"
+    cells = dict(zip(cols, (c.strip() for c in b.strip("|").split("|"))))
+    assert cells["unfused / fused+y"] == "1.73x" and cells["copy / fused"] == "98%" and cells["bytes equal"] == "NO"
+    assert cells["residual"] == "yes"
+    assert bn.markdown([dict(kind="header")]) == "(no rows)"
+    # --table renders a run's JSONL file the same way.
+    f = tmp_path / "bench_norm.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in _norm_rows()))
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_norm.py"), "--table", str(f)])
+    assert rc == 0 and out.splitlines() == md, out + err
+
+
+def test_bench_norm_without_cuda_exits_cleanly(tmp_path, monkeypatch, capsys):
+    """No torch, or torch without a CUDA device: a message, exit 0, nothing written."""
+    import types
+
+    bn = _module("bench_norm")
+    out = tmp_path / "bench_norm.jsonl"
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(is_available=lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert bn.main(["--quick", "--out", str(out)]) == 0
+    assert "no CUDA device" in capsys.readouterr().err and not out.exists()
+    if not HAS_TORCH:
+        rc, stdout, err = _run([sys.executable, str(BENCH / "bench_norm.py"), "--quick", "--out", str(out)])
+        assert rc == 0 and "torch is not installed" in err and "nothing measured" in err and not out.exists()
+
+
+def test_bench_norm_commit(monkeypatch):
+    bn = _module("bench_norm")
+    monkeypatch.setenv("MEGAMOE_COMMIT", "feedbee")
+    assert bn.commit() == "feedbee"
+    monkeypatch.delenv("MEGAMOE_COMMIT")
+    c = bn.commit()
+    assert c is None or len(c) == 40
 
 
 def _bench_json(path, us):

@@ -970,6 +970,265 @@ def case_e5m2():
 
 
 
+
+# ---- the norm form (--rmsnorm-weight: megamoe::rmsnorm_and_stage) ---------------------------
+
+def f32(v):
+    """@p v (a Python float) rounded once to fp32 (round to nearest even)."""
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+def bf16_bits(v):
+    """The bf16 bits nearest fp32 value @p v (ties to even; NaN -> 0x7FC0)."""
+    if v != v:
+        return 0x7FC0
+    (u,) = struct.unpack("<I", struct.pack("<f", v))
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def bf16_val(b):
+    return struct.unpack("<f", struct.pack("<I", b << 16))[0]
+
+
+def norm_rows(x, residual, w, H, eps):
+    """docs/CONTRACT.md "RMSNorm and stage" written out in Python: x, residual (or None) bf16
+    bits, w the weight's values; -> (y bits, z bits). Every fp32 operation is formed in
+    double and rounded once (exact for +, *, / and sqrt of two floats)."""
+    ys, zs = [], []
+    eps = f32(eps)
+    for t in range(len(x) // H):
+        row = x[t * H:(t + 1) * H]
+        if residual is not None:
+            zb = [bf16_bits(f32(bf16_val(a) + bf16_val(b))) for a, b in zip(row, residual[t * H:(t + 1) * H])]
+        else:
+            zb = list(row)
+        z = [bf16_val(b) for b in zb]
+        n = H // 16
+        N = 1
+        while N < n:
+            N *= 2
+        c = [0.0] * N
+        for k in range(n):
+            acc = f32(z[16 * k] * z[16 * k])
+            for i in range(1, 16):
+                acc = f32(acc + f32(z[16 * k + i] * z[16 * k + i]))
+            c[k] = acc
+        h = N // 2
+        while h >= 1:
+            for j in range(h):
+                c[j] = f32(c[j] + c[j + h])
+            h //= 2
+        s = f32(1.0 / f32(f32(f32(c[0] / H) + eps) ** 0.5))
+        ys += [bf16_bits(f32(bf16_val(bf16_bits(f32(zj * s))) * wj)) for zj, wj in zip(z, w)]
+        zs += zb
+    return ys, zs
+
+
+def u16s(b):
+    return list(struct.unpack(f"<{len(b) // 2}H", b))
+
+
+def norm_file(d, name="in.st", T=96, H=512, seed="0"):
+    """Inputs with a random weight and residual, saved by the norm form's --save-inputs."""
+    path = os.path.join(d, name)
+    run("-T", str(T), "-H", str(H), "--iters", "1", "--seed", seed, "--rmsnorm-weight", "random", "--residual",
+        "random", "--save-inputs", path, expect_rc=0)
+    return path
+
+
+NORM = ["--rmsnorm-weight", "random", "--residual", "random"]
+STAGED = ("x_fp8", "x_q", "x_sf", "x_scales", "topk_idx_out", "topk_weights_out", "shared_x_sf")
+
+
+def staged(ts):
+    return {k: v for k, v in ts.items() if k in STAGED}
+
+
+def case_norm():
+    """The norm form end to end on the CPU backend: y and residual_out equal the contract's
+    norm written out here; the staged bytes equal those of a direct prepare_inputs call on y
+    (megamoe-stage's staging form run on a file of y); without --write-y the same bytes;
+    the saved inputs give the same output file; the report, JSON and --help."""
+    with tempfile.TemporaryDirectory() as d:
+        inp, out, out2, yfile, ystage = (os.path.join(d, n) for n in ["in.st", "out.st", "o2.st", "y.st", "ys.st"])
+        p = expect_pass(SMALL + NORM + ["--device", "cpu", "--write-y", "--write-residual-out", "--save-inputs", inp,
+                                        "--output", out])
+        for line in ["norm: rmsnorm_and_stage, weight generated (random) (bfloat16 [512]), residual generated "
+                     "(random), eps 1e-06; writes y, residual_out",
+                     "stage check: bit-exact match (staged outputs against prepare_inputs of the y written)",
+                     "norm reference: bit-exact match", "backend: cpu"]:
+            check(line in p.stdout, f"no {line!r} in\n{p.stdout}")
+        ins, ts = tensors(inp), tensors(out)
+        check(ins["rmsnorm_weight"][:2] == ("BF16", [512]) and ins["residual"][:2] == ("BF16", [96, 512]), ins.keys())
+        check(ts["y"][:2] == ("BF16", [96, 512]) and ts["residual_out"][:2] == ("BF16", [96, 512]), ts.keys())
+        md = read_st(out)[0]["__metadata__"]
+        check(md["call"] == "rmsnorm_and_stage" and md["rmsnorm_eps"] == "9.99999997e-07", md)
+        x, r = u16s(ins["hidden_states"][2]), u16s(ins["residual"][2])
+        w = [bf16_val(b) for b in u16s(ins["rmsnorm_weight"][2])]
+        y, z = norm_rows(x, r, w, 512, 1e-6)
+        check(u16s(ts["y"][2]) == y, "y differs from the contract's norm")
+        check(u16s(ts["residual_out"][2]) == z, "residual_out differs from bf16(x + residual)")
+        # The staged bytes are prepare_inputs(y): the staging form on a file of y.
+        write_st(yfile, {"hidden_states": ts["y"], "topk_ids": ins["topk_ids"], "topk_weights": ins["topk_weights"],
+                         "is_padding": ins["is_padding"]})
+        expect_pass(["--input", yfile, "--iters", "1", "--output", ystage])
+        check(tensors(ystage) == staged(ts), "the norm form's staged bytes differ from prepare_inputs(y)")
+        # Without --write-y / --write-residual-out: the same staged bytes, no y in the file.
+        p = expect_pass(["--input", inp, "--rmsnorm-weight", "rmsnorm_weight", "--residual", "residual", "--iters", "1",
+                         "--output", out2])
+        check("writes no y" in p.stdout and "prepare_inputs of the y of one more call" in p.stdout, p.stdout)
+        t2 = tensors(out2)
+        check("y" not in t2 and "residual_out" not in t2 and t2 == staged(ts), "staged bytes without y differ")
+        # The same inputs read back give the same file; a weight given as F32 the same rows.
+        expect_pass(["--input", inp, "--rmsnorm-weight", "rmsnorm_weight", "--residual", "residual", "--iters", "1",
+                     "--write-y", "--write-residual-out", "--output", out2])
+        check(open(out2, "rb").read() == open(out, "rb").read(), "--input run of the saved inputs differs")
+        wfile = os.path.join(d, "w.st")
+        wb = ins["rmsnorm_weight"]
+        write_st(wfile, {"other": ("U8", [1], b"\0"), "gamma": ("F32", [512], bf16_to_f32_bytes(wb[2]))})
+        p = expect_pass(["--input", inp, "--rmsnorm-weight", wfile + ":gamma", "--residual", inp, "--iters", "1",
+                         "--write-y", "--output", out2])
+        check(f"weight {wfile} tensor 'gamma' (float32 [512])" in p.stdout and
+              f"residual {inp} tensor 'residual'" in p.stdout, p.stdout)
+        check(tensors(out2)["y"] == ts["y"] and staged(tensors(out2)) == staged(ts), "an F32 weight gives other rows")
+        # No residual, another eps, the ones weight: y = the contract's norm of x.
+        p = expect_pass(["--input", inp, "--rmsnorm-weight", "ones", "--eps", "0.5", "--iters", "1", "--write-y",
+                         "--output", out2])
+        check("residual none, eps 0.5; writes y" in p.stdout, p.stdout)
+        y1, _ = norm_rows(x, None, [1.0] * 512, 512, 0.5)
+        check(u16s(tensors(out2)["y"][2]) == y1, "y (eps 0.5, no residual) differs from the contract's norm")
+        # JSON: the norm object and the bytes (staging + residual + weight + y + residual_out).
+        j = json.loads(run(*SMALL, *NORM, "--write-y", "--write-residual-out", "--json", expect_rc=0).stdout)
+        n = j["norm"]
+        check(n["call"] == "rmsnorm_and_stage" and n["weight"] == {"source": "generated (random)", "dtype": "bfloat16",
+                                                                      "shape": [512]}, n)
+        check(n["residual"]["shape"] == [96, 512] and n["eps"] == f32(1e-6) and n["write_y"] and
+              n["write_residual_out"], n)
+        check(n["stage_check"]["match"] is True and n["reference"]["match"] is True and j["reference"]["match"], j)
+        base = 96 * 512 * 3 + 96 * 4 * 4 + 96 * 8 * 20 + 96
+        check(j["timing"]["bytes"] == base + 96 * 512 * 2 * 3 + 512 * 2, j["timing"])
+        check(j["quality"]["snr_db"] > 30, j["quality"])
+        check(json.loads(run(*SMALL, "--json", expect_rc=0).stdout)["norm"] is None, "norm without --rmsnorm-weight")
+        # T = 0: nothing to do, every check passes.
+        p = run("-T", "0", "-H", "512", "--iters", "1", *NORM, "--write-y", "--output", out2, expect_rc=0)
+        check("stage check: bit-exact match" in p.stdout and tensors(out2)["y"] == ("BF16", [0, 512], b""), p.stdout)
+    p = run("--help", expect_rc=0)
+    for word in ["--rmsnorm-weight", "--residual", "--eps", "--write-y", "--write-residual-out", "rmsnorm_and_stage",
+                 "stage check", "norm reference", "FILE:TENSOR", "residual_out"]:
+        check(word in p.stdout, f"--help lacks {word!r}")
+
+
+NORM_FORMATS = ["mxfp8", "ue8m0-g128", "fp32-g128", "fp32-g128-sm90", "fp32-g32", "mxfp8-e5m2", "mxfp4", "mxfp4-rne",
+                "nvfp4-per-token", "nvfp4-online", "bf16"]
+
+
+def case_norm_formats():
+    """The norm form in every --scheme and with every staging option (full buffer, shared
+    copy, amax floors, the nvfp4-static global scale, threads, explain): bit-exact against
+    prepare_inputs(y) and the references, the staged bytes equal those of the staging form
+    on a file of y."""
+    with tempfile.TemporaryDirectory() as d:
+        out, yfile, ystage = (os.path.join(d, n) for n in ["out.st", "y.st", "ys.st"])
+        inp = norm_file(d)
+        ins = tensors(inp)
+        for s in NORM_FORMATS + ["nvfp4-static"]:
+            extra = ["--global-scale", "0.002"] if s == "nvfp4-static" else []
+            for opts in [[], ["--full-buffer", "--max-tokens", "128"], ["--amax-floor", "0"]]:
+                if s in ("nvfp4-static", "bf16") and opts and opts[0] == "--amax-floor":
+                    continue
+                args = ["--input", inp, "--rmsnorm-weight", "rmsnorm_weight", "--residual", "residual", "--iters", "1",
+                        "--scheme", s, "--write-y", "--output", out, *extra, *opts]
+                if s == "bf16":  # the rows themselves: an infinite SNR
+                    p = run(*args, expect_rc=0)
+                    check("SNR: inf dB" in p.stdout and "reference: bit-exact match" in p.stdout, p.stdout)
+                else:
+                    p = expect_pass(args, min_snr=12)
+                check("stage check: bit-exact match" in p.stdout and "norm reference: bit-exact match" in p.stdout,
+                      f"{s} {opts}:\n{p.stdout}")
+                ts = tensors(out)
+                write_st(yfile, {"hidden_states": ts["y"], "topk_ids": ins["topk_ids"],
+                                 "topk_weights": ins["topk_weights"], "is_padding": ins["is_padding"]})
+                run("--input", yfile, "--iters", "1", "--scheme", s, "--output", ystage, *extra, *opts, expect_rc=0)
+                check(tensors(ystage) == staged(ts), f"{s} {opts}: staged bytes differ from the staging form's")
+        for s in ["mxfp8", "mxfp8-e5m2", "mxfp4"]:  # the shared copy (UE8M0 schemes)
+            p = expect_pass(SMALL + NORM + ["--scheme", s, "--shared-block-m", "64", "--output", out], min_snr=15)
+            check("shared_x_sf [256, 4]" in p.stdout and "stage check: bit-exact match" in p.stdout, p.stdout)
+        p = expect_pass(SMALL + NORM + ["--threads", "1", "--device", "cpu"])
+        check("1 staging threads" in p.stdout, p.stdout)
+        p = run("-T", "96", "-H", "512", *NORM, "--explain", expect_rc=0)
+        check(p.stdout.startswith("plan: cpu backend: rmsnorm T=96 H=512") and "time:" not in p.stdout, p.stdout)
+        j = json.loads(run(*SMALL, *NORM, "--explain", "--json", expect_rc=0).stdout)
+        check("rmsnorm" in j["plan"] and j["norm"]["stage_check"]["match"] is True, j)
+        p = run(*SMALL, *NORM, "--device", "cuda")
+        if p.returncode == 0:
+            check("backend: cuda" in p.stdout and "stage check: bit-exact match" in p.stdout, p.stdout)
+        else:
+            check(p.returncode == 2 and "--device cuda" in p.stderr, f"rc {p.returncode}: {p.stderr}")
+
+
+def case_norm_errors():
+    """Bad norm-form command lines and inputs: exit 2 with a message naming the option, file
+    and tensor, and no --output or --save-inputs file written."""
+    with tempfile.TemporaryDirectory() as d:
+        inp = norm_file(d, T=10, H=256)
+        ins = tensors(inp)
+        bad = os.path.join(d, "bad.st")
+        wrong = os.path.join(d, "wrong.st")
+        write_st(wrong, {"w16": ("F16", [256], b"\0" * 512), "w128": ("BF16", [128], b"\0" * 256),
+                         "r32": ("F32", [10, 256], b"\0" * 10240), "r9": ("BF16", [9, 256], b"\0" * 4608)})
+        f32_in = os.path.join(d, "f32.st")
+        write_st(f32_in, {**ins, "hidden_states": ("F32", [10, 256], bf16_to_f32_bytes(ins["hidden_states"][2]))})
+        gen = ["-T", "10", "-H", "256", "--iters", "1"]
+        cases = [
+            (gen + ["--residual", "random"], ["--residual requires --rmsnorm-weight"]),
+            (gen + ["--eps", "0.1"], ["--eps requires --rmsnorm-weight"]),
+            (gen + ["--write-y"], ["--write-y requires --rmsnorm-weight"]),
+            (gen + ["--rmsnorm-weight", "ones", "--write-residual-out"], ["--write-residual-out requires --residual"]),
+            (gen + ["--rmsnorm-weight", "ones", "--router"], ["excludes"]),
+            (gen + ["--rmsnorm-weight", "ones", "--eps", "-1"], ["--eps", "finite non-negative value, got -1"]),
+            (gen + ["--rmsnorm-weight", "ones", "--eps", "nan"], ["--eps", "finite non-negative"]),
+            (gen + ["--rmsnorm-weight", "ones", "--eps", "1e-5x"], ["--eps", "finite non-negative"]),
+            (gen + ["--rmsnorm-weight", "nope"], ["--rmsnorm-weight nope: no such file"]),
+            (gen + ["--rmsnorm-weight", "ones", "--residual", "ones"], ["--residual ones: no such file"]),
+            (["--input", inp, "--iters", "1", "--rmsnorm-weight", "nope"],
+             ["--rmsnorm-weight nope: neither a tensor of --input", "nor a file"]),
+            (["--input", inp, "--iters", "1", "--rmsnorm-weight", "residual"],
+             ["--rmsnorm-weight: --input tensor 'residual'", "expected shape [256]", "got [10, 256]"]),
+            (gen + ["--rmsnorm-weight", wrong + ":w16"],
+             [f"{wrong} tensor 'w16'", "expected dtype BF16 or F32, got F16"]),
+            (gen + ["--rmsnorm-weight", wrong + ":w128"], ["tensor 'w128'", "expected shape [256]", "got [128]"]),
+            (gen + ["--rmsnorm-weight", wrong + ":none"], [f"--rmsnorm-weight {wrong}: no tensor 'none' in the file"]),
+            (gen + ["--rmsnorm-weight", wrong], ["has 4 tensors and none named 'rmsnorm_weight'", ":TENSOR"]),
+            (gen + ["--rmsnorm-weight", "ones", "--residual", wrong + ":r32"],
+             ["--residual", "expected dtype BF16, got F32"]),
+            (gen + ["--rmsnorm-weight", "ones", "--residual", wrong + ":r9"],
+             ["tensor 'r9'", "expected shape [10, 256] (that of hidden_states), got [9, 256]"]),
+            (["--input", f32_in, "--iters", "1", "--rmsnorm-weight", "rmsnorm_weight"],
+             ["hidden_states F32 (expected BF16)"]),
+            (gen + ["--rmsnorm-weight", "ones", "--scheme", "nvfp4-static"], ["nvfp4-static", "--global-scale"]),
+            (gen + ["--rmsnorm-weight", "ones", "--scheme", "fp32-g128", "--shared-block-m", "64"], ["UE8M0"]),
+            (["-T", "10", "-H", "384", "--iters", "1", "--rmsnorm-weight", "ones", "--scheme", "ue8m0-g128"],
+             ["megamoe-stage: error: megamoe: x:", "multiple of 4"]),
+            (gen + ["--rmsnorm-weight", "ones", "--full-buffer", "--max-tokens", "5"], ["megamoe-stage: error:"]),
+            (gen + ["--rmsnorm-weight", inp, "--output", inp], ["--output", "the same file as --rmsnorm-weight"]),
+            (gen + ["--rmsnorm-weight", "ones", "--residual", inp + ":residual", "--save-inputs", inp],
+             ["--save-inputs", "the same file as --residual"]),
+        ]
+        before = open(inp, "rb").read()
+        for args, needles in cases:
+            for n, p in enumerate(["out.st", "saved.st"]):
+                path = os.path.join(d, p)
+                flag = "--output" if n == 0 else "--save-inputs"
+                extra = [] if flag in args else [flag, path]
+                expect_error(args + extra, *needles)
+                check(not os.path.exists(path), f"{' '.join(args)}: {flag} {p} was written")
+        check(open(inp, "rb").read() == before, "an input file changed")
+        j = json.loads(run(*gen, "--rmsnorm-weight", "nope", "--json", expect_rc=2).stdout)
+        check(j["exit_code"] == 2 and "--rmsnorm-weight nope" in j["error"], j)
+        j = json.loads(run(*gen, "--write-y", "--json", expect_rc=2).stdout)
+        check(j["exit_code"] == 2 and j["error"].startswith("megamoe-stage: error: "), j)
+
+
 def case_no_reference():
     """A CLI built without the reference check (MEGAMOE_CLI_REFERENCE off) stages, measures
     and reports as always, says the check is not compiled in, and exits 0."""
@@ -984,6 +1243,12 @@ def case_no_reference():
     p = run("--help", expect_rc=0)
     check("MEGAMOE_CLI_REFERENCE" in p.stdout and "not compiled in" in p.stdout, p.stdout)
     expect_error(SMALL + ["--scheme", "nope"], "--scheme")
+    # The norm form: the stage check is the CLI's own, in every build.
+    p = run(*SMALL, "--rmsnorm-weight", "random", "--residual", "random", expect_rc=0)
+    check("stage check: bit-exact match" in p.stdout and "norm reference: not compiled in" in p.stdout and
+          "\nreference: not compiled in" in p.stdout, p.stdout)
+    j = json.loads(run(*SMALL, "--rmsnorm-weight", "ones", "--json", expect_rc=0).stdout)
+    check(j["norm"]["stage_check"]["match"] is True and j["norm"]["reference"] is None, j["norm"])
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
