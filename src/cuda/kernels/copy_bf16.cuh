@@ -63,11 +63,15 @@ __global__ void __launch_bounds__(kCopyThreads, kCopyBlocksPerSm) stage_copy_ker
   uint16_t* const xq = reinterpret_cast<uint16_t*>(p.xq);
   uint32_t nf = 0;
   if constexpr (kVec) {
+    // Two chunks a thread an iteration, both loaded before either is stored: the stores of
+    // one chunk cannot be moved above the next chunk's loads (they may alias), so one chunk
+    // an iteration keeps a single chunk's loads in flight per thread.
     const bool div32 = p.n_chunks <= int64_t{UINT32_MAX};
-    for (int64_t c = first; c < p.n_chunks; c += step) {
-      const int64_t t = div32 ? int64_t{core::fastdiv(static_cast<uint32_t>(c), p.cpr_div)} : c / p.cpr;
-      const int64_t h = (c - t * p.cpr) * 16;
-      uint4 o0, o1;
+    auto at = [&](int64_t c, int64_t& t, int64_t& h) {
+      t = div32 ? int64_t{core::fastdiv(static_cast<uint32_t>(c), p.cpr_div)} : c / p.cpr;
+      h = (c - t * p.cpr) * 16;
+    };
+    auto load = [&](int64_t t, int64_t h, uint4& o0, uint4& o1) {
       if constexpr (In == kInF32) {
         const uint4* src = reinterpret_cast<const uint4*>(static_cast<const float*>(p.hs) + t * p.hs_s0 + h);
         const uint4 a = src[0], b = src[1], d = src[2], f = src[3];
@@ -83,9 +87,29 @@ __global__ void __launch_bounds__(kCopyThreads, kCopyBlocksPerSm) stage_copy_ker
         o1 = make_uint4(pair16<In, kCount>(b.x, nf), pair16<In, kCount>(b.y, nf), pair16<In, kCount>(b.z, nf),
                         pair16<In, kCount>(b.w, nf));
       }
+    };
+    auto store = [&](int64_t t, int64_t h, const uint4& o0, const uint4& o1) {
       uint4* dst = reinterpret_cast<uint4*>(xq + t * p.xq_s0 + h);
       dst[0] = o0;
       dst[1] = o1;
+    };
+    int64_t c = first;
+    for (; c + step < p.n_chunks; c += 2 * step) {
+      int64_t t0, h0, t1, h1;
+      at(c, t0, h0);
+      at(c + step, t1, h1);
+      uint4 a0, a1, b0, b1;
+      load(t0, h0, a0, a1);
+      load(t1, h1, b0, b1);
+      store(t0, h0, a0, a1);
+      store(t1, h1, b0, b1);
+    }
+    if (c < p.n_chunks) {
+      int64_t t, h;
+      at(c, t, h);
+      uint4 o0, o1;
+      load(t, h, o0, o1);
+      store(t, h, o0, o1);
     }
   } else {
     using Bits = typename std::conditional<In == kInF32, uint32_t, uint16_t>::type;
