@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "cpu/fp_env.h"
+#include "cpu/gate_cpu.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
 #include "megamoe/gate.h"
@@ -33,8 +34,6 @@ bool has_cuda_backend() noexcept { return false; }
 
 namespace cpu {
 void route(const RouterArgs& r, const detail::RouterProblem& p, const TensorRef* pad);
-/// The gate's logits of a validated call into @p logits ([T, E] fp32, any strides; gate_cpu.cpp).
-void gate_logits(const GateArgs& g, const detail::GateProblem& p, const TensorRef& logits);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include <xmmintrin.h>
 
 #include "core/gate.h"
+#include "cpu/gate_cpu.h"
 #include "gate_reference.h"
 #include "megamoe/megamoe.h"
 #include "router_cases.h"
@@ -327,6 +329,23 @@ TEST(GateRouteAndStage, RandomDecodeShapes) {
     ++cases;
   }
   EXPECT_EQ(cases, 20);
+}
+
+TEST(GateRouteAndStage, PortableChainsGiveTheSameBits) {
+  // The portable chains (core::gate_step one lane at a time), where this CPU would take the
+  // vector path: the same logits, bit for bit, as the reference (partial token groups,
+  // partial expert tiles, a partial last chunk).
+  megamoe::cpu::gate_portable_only(true);
+  for (auto [T, E, H] : {std::array<int64_t, 3>{7, 144, 2048}, {1, 64, 4096}, {5, 23, 333}}) {
+    GateCase c;
+    c.T = T;
+    c.E = E;
+    c.H = H;
+    c.w_f32 = H % 2 == 1;
+    c.seed = static_cast<uint32_t>(T * E);
+    check_gate(c, router_spec(c, {}, 12), StageCase{});
+  }
+  megamoe::cpu::gate_portable_only(false);
 }
 
 TEST(GateRouteAndStage, EveryExpertCountAndTopK) {
