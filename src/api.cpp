@@ -226,7 +226,8 @@ void gate_route_and_stage(const GateArgs& gate, const RouterArgs& router, const 
           [&] { dispatch_gate(gate, router, &stage, detail::validate_gate(gate, router, &stage), stream); });
 }
 void gate_and_route(const GateArgs& gate, const RouterArgs& router, Stream stream) {
-  guarded("gate_and_route", [&] { dispatch_gate(gate, router, nullptr, detail::validate_gate(gate, router, nullptr), stream); });
+  guarded("gate_and_route",
+          [&] { dispatch_gate(gate, router, nullptr, detail::validate_gate(gate, router, nullptr), stream); });
 }
 void validate_gate(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_gate", [&] { (void)detail::validate_gate(gate, router, stage); });

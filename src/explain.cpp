@@ -143,7 +143,8 @@ std::string describe(const GateArgs& g, const RouterArgs& r, const StageArgs* st
     const TensorRef logits = g.logits_out ? *g.logits_out
                                           : TensorRef(reinterpret_cast<void*>(uintptr_t{1} << 40), DType::kFloat32,
                                                       {p.T, p.E}, g.y.device);
-    return "cpu backend: " + gate + " (tiles of 16 experts by 32 tokens, worker threads for large calls); then " +
+    return "cpu backend: " + gate +
+           " (tiles of 16 experts over blocks of 64 tokens, worker threads for large calls); then " +
            describe(detail::gated_router_args(r, logits), stage);
   }
   return "cuda backend: " + gate + ": not run on CUDA yet (the call throws kUnsupported; compute the logits with a "

@@ -57,7 +57,8 @@ TEST(GateNumerics, HostFmaIsCorrectlyRounded) {
     ++checked;
     if (same_bits_or_nan(got, want)) return;
     if (wrong++ == 0) {
-      first = hex(u32(a)) + " * " + hex(u32(b)) + " + " + hex(u32(c)) + ": " + hex(u32(got)) + " want " + hex(u32(want));
+      first = hex(u32(a)) + " * " + hex(u32(b)) + " + " + hex(u32(c)) + ": " + hex(u32(got)) + " want " +
+              hex(u32(want));
     }
   };
   for (int i = 0; i < 2000000; ++i) {
@@ -427,7 +428,8 @@ TEST(GateRouteAndStage, YIsTheHiddenStates) {
   megamoe::gate_route_and_stage(g->args, rb->args, sb->args);
   expect_logits(c, g->logits, want_logits, 0xCD);
   expect_router_outputs(s, *rb, want);
-  expect_same_staging(*sb, *stage_with_topk(sc, c.T, c.K, nullptr, kStagePoisons[0], want.ids, want.weights, &g->y.ref));
+  expect_same_staging(*sb,
+                      *stage_with_topk(sc, c.T, c.K, nullptr, kStagePoisons[0], want.ids, want.weights, &g->y.ref));
 }
 
 TEST(GateRouteAndStage, NanAndInfInputs) {
