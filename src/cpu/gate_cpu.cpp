@@ -46,6 +46,25 @@ float load_real(const TensorRef& t, int64_t i, int64_t j) {
   return core::bits_float(static_cast<uint32_t>(v) << 16);
 }
 
+/// Row @p i of a rank-2 bf16 or fp32 tensor, H elements widened exactly, to out[h * step]
+/// (rows with unit column stride, the usual layout, without a multiply per element).
+void widen_row(const TensorRef& t, int64_t i, int64_t H, float* out, int64_t step) {
+  if (t.strides[1] != 1) {
+    for (int64_t h = 0; h < H; ++h) out[h * step] = load_real(t, i, h);
+    return;
+  }
+  const char* row = static_cast<const char*>(t.data) + i * t.strides[0] * dtype_size(t.dtype);
+  for (int64_t h = 0; h < H; ++h) {
+    if (t.dtype == DType::kFloat32) {
+      std::memcpy(&out[h * step], row + h * 4, 4);
+    } else {
+      uint16_t v;
+      std::memcpy(&v, row + h * 2, 2);
+      out[h * step] = core::bits_float(static_cast<uint32_t>(v) << 16);
+    }
+  }
+}
+
 void store_real(const TensorRef& t, int64_t i, int64_t j, float v) {
   std::memcpy(static_cast<char*>(t.data) + (i * t.strides[0] + j * t.strides[1]) * 4, &v, 4);
 }
@@ -177,16 +196,14 @@ void gate_logits(const GateArgs& g, const detail::GateProblem& p, const TensorRe
   each(tiles, [&](int64_t et) {
     float* w = v.w.data() + et * v.Hp * kLanes;
     for (int64_t l = 0; l < std::min<int64_t>(kLanes, p.E - et * kLanes); ++l) {
-      for (int64_t h = 0; h < p.H; ++h) w[h * kLanes + l] = load_real(g.weight, et * kLanes + l, h);
+      widen_row(g.weight, et * kLanes + l, p.H, w + l, kLanes);
     }
   });
   // Blocks of tokens: their y rows widened, then every expert tile over them.
   for (int64_t t0 = 0; t0 < p.T; t0 += kTileTokens) {
     const int64_t rows = std::min(kTileTokens, p.T - t0);
     v.y.assign(static_cast<size_t>(rows * v.Hp), 0.0f);
-    for (int64_t t = 0; t < rows; ++t) {
-      for (int64_t h = 0; h < p.H; ++h) v.y[static_cast<size_t>(t * v.Hp + h)] = load_real(g.y, t0 + t, h);
-    }
+    for (int64_t t = 0; t < rows; ++t) widen_row(g.y, t0 + t, p.H, v.y.data() + t * v.Hp, 1);
     each(tiles, [&](int64_t et) { tile(p, v, logits, t0, rows, et); });
   }
 }
