@@ -358,6 +358,19 @@ def explain_gate_route_and_stage(hidden_states: object | None, weight: object | 
     run; stream is ignored).
     """
 
+def gate_and_route(y: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, is_padding: object | None = None, top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, logits_out: object | None = None, nonfinite_count: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    Gate and route in one call (see megamoe.gate_and_route): the logits of
+    gate_route_and_stage, then route on them; nothing is staged. y without rows returns at
+    once. CPU backend only for now (CUDA tensors: UnsupportedError).
+    """
+
+def explain_gate_and_route(y: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, is_padding: object | None = None, top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, logits_out: object | None = None, nonfinite_count: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What gate_and_route would run for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
 def set_cpu_threads(n: int) -> None:
     """
     Threads one CPU staging call may use, the caller included (0 = one per CPU).

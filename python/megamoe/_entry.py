@@ -4,7 +4,7 @@ written down there once; _entry.pyi, generated from the same table, gives their 
 from __future__ import annotations
 
 from . import _ops
-from ._signature import GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
+from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 __all__ = [
     "prepare_megamoe_inputs",
@@ -19,6 +19,8 @@ __all__ = [
     "explain_rmsnorm_and_stage",
     "gate_route_and_stage",
     "explain_gate_route_and_stage",
+    "gate_and_route",
+    "explain_gate_and_route",
 ]
 
 _PREPARE_ARGS = """
@@ -365,4 +367,31 @@ explain_gate_route_and_stage = GATE_ROUTE_AND_STAGE.make_function(
     "explain_gate_route_and_stage",
     _ops.explain_gate_route_and_stage_impl,
     _explain_doc("gate_route_and_stage", "hidden_states", True),
+)
+
+_GATE_AND_ROUTE_DOC = (
+    """Gate and route in one call: :func:`route` with the logits computed here.
+
+    The logits are those of :func:`gate_route_and_stage` (the contract's fixed fp32 order,
+    docs/CONTRACT.md "Gate, route and stage"); the router is then :func:`route`'s on them,
+    byte for byte, and nothing is staged. T is ``y.shape[0]``; without rows the call returns
+    at once. The CPU backend runs it; CUDA tensors raise :class:`UnsupportedError`. Torch
+    tensors under torch.compile go through ``torch.ops.megamoe.gate_and_route``.
+
+    Args:
+        y: ``[T, H]`` bfloat16 gate input rows, any strides.
+        weight: ``[E, H]`` bfloat16 / float32 gate weight, any strides, 1 <= E <= 512.
+        e_score_correction_bias, topk_weights, topk_ids, is_padding: as for :func:`route`."""
+    + _ROUTER_OPTIONS
+    + """        logits_out: optional out ``[T, E]`` float32: the logits the router used.
+        nonfinite_count: optional in/out one-element int64: NaN / +-Inf logits (all T x E,
+            padded tokens included) are added to it.
+        stream, enable_pdl: as for :func:`route`.
+"""
+    + _ROUTER_RAISES
+)
+
+gate_and_route = GATE_AND_ROUTE.make_function("gate_and_route", _ops.gate_and_route_impl, _GATE_AND_ROUTE_DOC)
+explain_gate_and_route = GATE_AND_ROUTE.make_function(
+    "explain_gate_and_route", _ops.explain_gate_and_route_impl, _explain_doc("gate_and_route", "y", False)
 )

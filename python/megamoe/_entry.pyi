@@ -328,3 +328,51 @@ def explain_gate_route_and_stage(
     enable_pdl: bool = False,
 ) -> str:
     """What gate_route_and_stage would run for these arguments, as text."""
+
+
+def gate_and_route(
+    y: Any,
+    weight: Any,
+    e_score_correction_bias: Optional[Any],
+    topk_weights: Any,
+    topk_ids: Any,
+    is_padding: Optional[Any] = None,
+    *,
+    top_k: Optional[int] = None,
+    routed_scaling_factor: Optional[float] = None,
+    tid2eid: Optional[Any] = None,
+    input_ids: Optional[Any] = None,
+    logical_to_physical_map: Optional[Any] = None,
+    logical_replica_count: Optional[Any] = None,
+    expert_load_view: Optional[Any] = None,
+    record_enabled: Optional[Any] = None,
+    logits_out: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> None:
+    """Gate (logits in a fixed fp32 order) and route in one call, without staging."""
+
+
+def explain_gate_and_route(
+    y: Any,
+    weight: Any,
+    e_score_correction_bias: Optional[Any],
+    topk_weights: Any,
+    topk_ids: Any,
+    is_padding: Optional[Any] = None,
+    *,
+    top_k: Optional[int] = None,
+    routed_scaling_factor: Optional[float] = None,
+    tid2eid: Optional[Any] = None,
+    input_ids: Optional[Any] = None,
+    logical_to_physical_map: Optional[Any] = None,
+    logical_replica_count: Optional[Any] = None,
+    expert_load_view: Optional[Any] = None,
+    record_enabled: Optional[Any] = None,
+    logits_out: Optional[Any] = None,
+    nonfinite_count: Optional[Any] = None,
+    stream: Optional[int] = None,
+    enable_pdl: bool = False,
+) -> str:
+    """What gate_and_route would run for these arguments, as text."""

@@ -724,6 +724,14 @@ constexpr auto kGateRouteAndStage = std::tuple_cat(
                     MEGAMOE_ARG(logits_nonfinite_count).library_name(kRouterCounter)),
     kStageOptions, kLaunch);
 
+// route's arguments with the gate's y and weight in place of router_logits; logits_out
+// keyword-only in Python.
+constexpr auto kGateAndRoute = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(y), MEGAMOE_REQUIRED_ARG(weight), MEGAMOE_REQUIRED_ARG(e_score_correction_bias),
+                    MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids), MEGAMOE_ARG(is_padding)),
+    kRouterOptions,
+    std::make_tuple(MEGAMOE_ARG(logits_out), MEGAMOE_ARG(nonfinite_count).library_name(kRouterCounter)), kLaunch);
+
 #undef MEGAMOE_ARG
 #undef MEGAMOE_REQUIRED_ARG
 
@@ -993,6 +1001,38 @@ std::string explain_gate_route_and_stage(const Handles& h) {
   megamoe::StageArgs a;
   if (!load_gate(arrays, h, g, r, a)) return "nothing to do: hidden_states has no rows (T == 0)";
   return megamoe::explain(g, r, &a);
+}
+
+/// gate_and_route: the gate's arrays into GateArgs, the router's but its logits into
+/// RouterArgs (with route's padding mask and PDL flag). A 2-D y without rows returns at once.
+bool load_gate_route(Arrays& arrays, const Handles& h, megamoe::GateArgs& g, megamoe::RouterArgs& r) {
+  if (arrays.input(h.y, g.y, true)) return false;
+  arrays.input(h.weight, g.weight);
+  arrays.output(h.logits_out, g.logits_out);
+  load_router_options(arrays, h, r, h.nonfinite_count);
+  arrays.input(h.is_padding, r.is_padding);
+  r.enable_pdl = h.enable_pdl;
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_gate(g, r); });
+  }
+  return true;
+}
+
+void gate_and_route(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  if (!load_gate_route(arrays, h, g, r)) return;
+  nb::gil_scoped_release release;
+  megamoe::gate_and_route(g, r, stream_of(h));
+}
+
+std::string explain_gate_and_route(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  if (!load_gate_route(arrays, h, g, r)) return "nothing to do: y has no rows (T == 0)";
+  return megamoe::explain(g, r);
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -1282,6 +1322,13 @@ NB_MODULE(_C, m) {
   def_entry(m, "explain_gate_route_and_stage", kGateRouteAndStage, &explain_gate_route_and_stage,
             "What gate_route_and_stage would run for these arguments, as text (validated, nothing\n"
             "run; stream is ignored).");
+  def_entry(m, "gate_and_route", kGateAndRoute, &gate_and_route,
+            "Gate and route in one call (see megamoe.gate_and_route): the logits of\n"
+            "gate_route_and_stage, then route on them; nothing is staged. y without rows returns at\n"
+            "once. CPU backend only for now (CUDA tensors: UnsupportedError).");
+  def_entry(m, "explain_gate_and_route", kGateAndRoute, &explain_gate_and_route,
+            "What gate_and_route would run for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
   def_entry(m, "explain_rmsnorm_and_stage", kNormAndStage, &explain_rmsnorm_and_stage,
             "What rmsnorm_and_stage would launch for these arguments, as text (validated, nothing\n"
             "run; stream is ignored).");

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import megamoe
-from megamoe._signature import GATE_ROUTE_AND_STAGE
+from megamoe._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE
 from megamoe_testutil import (
     assert_bitwise,
     assert_fake_writes_nothing,
@@ -297,6 +297,37 @@ def test_zero_tokens():
     assert np.all(out["topk_idx_out"] == -1) and np.all(out["topk_weights_out"] == 0)
 
 
+@pytest.mark.parametrize("wdtype", ["bf16", "fp32"])
+def test_gate_and_route_is_route_on_the_logits(wdtype):
+    """Without staging: the logits, then route() on them (padding, counter, EPLB load)."""
+    rng = np.random.default_rng(11)
+    T, E, H, K, R = 12, 144, 300, 8, 2
+    y, w, bias = case(rng, T, E, H, K, wdtype)
+    y[3, 7] = 0x7F80  # +Inf: a row of non-finite logits
+    want = gate_logits(f32_of_bf16(y), as_f32(w))
+    pad = rng.random(T) < 0.25
+    l2p = rng.permutation(E * R).reshape(E, R).astype(np.int32)
+    counts = rng.integers(1, R + 1, E).astype(np.int32)
+    eplb = dict(logical_to_physical_map=l2p, logical_replica_count=counts, record_enabled=np.ones(1, np.int32))
+    gw, gi = topk_out(T, K)
+    logits = np.full((T, E), POISON32, np.int32).view(F32)
+    counter, load = np.zeros(1, np.int64), np.zeros(E * R, np.int64)
+    megamoe.gate_and_route(bf(y), bf(w) if wdtype == "bf16" else w, bias, gw, gi, pad, routed_scaling_factor=1.5,
+                           logits_out=logits, nonfinite_count=counter, expert_load_view=load, **eplb)  # fmt: skip
+    pw, pi = topk_out(T, K)
+    counter2, load2 = np.zeros(1, np.int64), np.zeros(E * R, np.int64)
+    megamoe.route(want, bias, pw, pi, pad, routed_scaling_factor=1.5, nonfinite_count=counter2, expert_load_view=load2,
+                  **eplb)  # fmt: skip
+    assert_bitwise(logits, want, "logits_out")
+    assert_bitwise(gi, pi, "topk_ids")
+    assert_bitwise(gw, pw, "topk_weights")
+    assert_bitwise(load, load2, "expert_load_view")
+    assert counter[0] == counter2[0] == np.count_nonzero(~np.isfinite(want)) > 0
+    text = megamoe.explain_gate_and_route(bf(y), bf(w) if wdtype == "bf16" else w, bias, gw, gi, pad)
+    assert text.startswith("cpu backend: gate_and_route: the logits are computed in the call"), text
+    assert megamoe.explain_gate_and_route(bf(y[:0]), w, bias, gw[:0], gi[:0]) == "nothing to do: y has no rows (T == 0)"
+
+
 # ---------------------------------------------------------------------------------------
 # Errors, refusals, explain
 
@@ -380,6 +411,9 @@ def test_public_function():
     assert inspect.signature(fn) == GATE_ROUTE_AND_STAGE.signature()
     assert fn.__module__ == "megamoe" and "Raises:" in fn.__doc__ and "gate_route_and_stage" in megamoe.__all__
     assert "explain_gate_route_and_stage" in megamoe.__all__
+    assert inspect.signature(megamoe.gate_and_route) == GATE_AND_ROUTE.signature()
+    assert megamoe.gate_and_route.__module__ == "megamoe" and "Raises:" in megamoe.gate_and_route.__doc__
+    assert {"gate_and_route", "explain_gate_and_route"} <= set(megamoe.__all__)
 
 
 # ---------------------------------------------------------------------------------------
@@ -430,6 +464,22 @@ def test_torch_direct_op_and_numpy_agree(wdtype):
 def test_opcheck(option):
     a = torch_args(full=option == "full_buffer", wdtype="bf16" if option == "bf16_weight" else "fp32")
     torch.library.opcheck(torch.ops.megamoe.gate_route_and_stage.default, op_values(a))
+
+
+@needs_torch
+def test_torch_gate_and_route_op_and_direct_agree():
+    a = torch_args(seed=8)
+    r = dict(y=a["hidden_states"], weight=a["weight"], e_score_correction_bias=a["e_score_correction_bias"],
+             topk_weights=a["topk_weights"], topk_ids=a["topk_ids"], routed_scaling_factor=1.5,
+             logits_out=a["logits_out"], nonfinite_count=a["logits_nonfinite_count"])  # fmt: skip
+    b = clone_args(r)
+    megamoe.gate_and_route(**r)
+    torch.ops.megamoe.gate_and_route(*spec_op_values(GATE_AND_ROUTE, b))
+    same_mutated(GATE_AND_ROUTE, r, b, "op vs direct")
+    want = gate_logits(f32_of_bf16(tbits(b["y"]).view(np.uint16)), b["weight"].numpy())
+    assert_bitwise(r["logits_out"].numpy(), want, "logits_out")
+    if hasattr(torch.library, "opcheck"):
+        torch.library.opcheck(torch.ops.megamoe.gate_and_route.default, spec_op_values(GATE_AND_ROUTE, clone_args(r)))
 
 
 @needs_torch
