@@ -4,9 +4,9 @@
 // tokens at once (vectors of fused multiply-adds where the CPU has AVX2 and FMA); blocks of
 // up to kTileTokens tokens are widened in turn and the expert tiles over them spread over
 // the CPU backend's worker pool; each logit's chunk sums are then folded by the contract's
-// tree. Each logit is its own chain:
-// the tiling changes which thread computes it, never its bits. The arithmetic runs in the
-// default IEEE environment whatever the caller's thread has set, as the router does.
+// tree. Each logit is its own chain: the tiling changes which thread computes it, never its
+// bits. The arithmetic runs in the default IEEE environment whatever the caller's thread has
+// set, as the router does.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
