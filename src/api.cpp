@@ -3,13 +3,16 @@
 // exception type: std::bad_alloc from a scratch buffer or std::system_error from a thread
 // start become Error too).
 #include <new>
+#include <vector>
 #include <string>
 #include <system_error>
 
 #include "check.h"
 #include "cpu/fp_env.h"
+#include "cpu/gate_cpu.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/gate.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -106,6 +109,32 @@ void dispatch_norm(const RmsNormArgs& n, const StageArgs& s, const detail::NormP
 #endif
 }
 
+/// gate_route_and_stage / gate_and_route (stage non-null or not) on the tensors' device:
+/// the logits into logits_out or scratch, then the router call of those logits, by the
+/// router's own dispatch (its rules, its staging).
+void dispatch_gate(const GateArgs& g, const RouterArgs& r, const StageArgs* stage, const detail::GateProblem& p,
+                   Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (g.y.device.type != Device::Type::kCPU) {
+    // The one-launch gate kernel is not in this build yet: a clear refusal before anything
+    // is written, never a partial result.
+    throw Error(ErrorCode::kUnsupported,
+                "megamoe: y: expected a CPU tensor (the CUDA backend does not run the gate yet: compute the "
+                "logits with a GEMM and call route_and_stage), got device " + to_string(g.y.device));
+  }
+  std::vector<float> scratch;
+  TensorRef logits;
+  if (g.logits_out) {
+    logits = *g.logits_out;
+  } else {
+    // validate_gate proved that T * E * 4 bytes fit.
+    scratch.resize(static_cast<size_t>(p.T * p.E));
+    logits = TensorRef(scratch.data(), DType::kFloat32, {p.T, p.E}, g.y.device);
+  }
+  if (p.T > 0) cpu::gate_logits(g, p, logits);
+  dispatch_router(detail::gated_router_args(r, logits), stage, p.router, stream);
+}
+
 }  // namespace
 
 const char* to_string(ErrorCode code) noexcept {
@@ -156,6 +185,13 @@ Status try_route_and_stage(const RouterArgs& router, const StageArgs& stage, Str
 Status try_rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream stream) noexcept {
   return status_of([&] { rmsnorm_and_stage(norm, stage, stream); });
 }
+Status try_gate_route_and_stage(const GateArgs& gate, const RouterArgs& router, const StageArgs& stage,
+                                Stream stream) noexcept {
+  return status_of([&] { gate_route_and_stage(gate, router, stage, stream); });
+}
+Status try_gate_and_route(const GateArgs& gate, const RouterArgs& router, Stream stream) noexcept {
+  return status_of([&] { gate_and_route(gate, router, stream); });
+}
 Status try_route(const RouterArgs& router, Stream stream) noexcept {
   return status_of([&] { route(router, stream); });
 }
@@ -190,6 +226,17 @@ device::StageTarget device::stage_target(const StageArgs& args) {
   device::StageTarget tg;
   guarded("stage_target", [&] { tg = detail::stage_target(args); });
   return tg;
+}
+void gate_route_and_stage(const GateArgs& gate, const RouterArgs& router, const StageArgs& stage, Stream stream) {
+  guarded("gate_route_and_stage",
+          [&] { dispatch_gate(gate, router, &stage, detail::validate_gate(gate, router, &stage), stream); });
+}
+void gate_and_route(const GateArgs& gate, const RouterArgs& router, Stream stream) {
+  guarded("gate_and_route",
+          [&] { dispatch_gate(gate, router, nullptr, detail::validate_gate(gate, router, nullptr), stream); });
+}
+void validate_gate(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage) {
+  guarded("validate_gate", [&] { (void)detail::validate_gate(gate, router, stage); });
 }
 void validate_router(const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });

@@ -135,7 +135,34 @@ std::string describe(const RmsNormArgs& n, const StageArgs& s) {
 #endif
 }
 
+std::string describe(const GateArgs& g, const RouterArgs& r, const StageArgs* stage) {
+  const detail::GateProblem p = detail::validate_gate(g, r, stage);
+  const bool cpu = g.y.device.type == Device::Type::kCPU;
+  const char* what = stage != nullptr ? "gate_route_and_stage" : "gate_and_route";
+  if (!detail::has_work(p)) return std::string(cpu ? "cpu" : "cuda") + " backend: nothing to do (T == 0)";
+  const std::string gate = std::string(what) + ": the logits are computed in the call from y [" + std::to_string(p.T) +
+                           ", " + std::to_string(p.H) + "] and weight [" + std::to_string(p.E) + ", " +
+                           std::to_string(p.H) + "] (" + (p.weight_f32 ? "fp32" : "bf16") +
+                           "), fp32 fused multiply-add chains of 16 columns folded in the contract's tree" +
+                           (g.logits_out ? ", written to logits_out" : "");
+  if (cpu) {
+    // The router's text for logits_out, or a stand-in of the scratch (an address nothing reads).
+    const TensorRef logits = g.logits_out ? *g.logits_out
+                                          : TensorRef(reinterpret_cast<void*>(uintptr_t{1} << 40), DType::kFloat32,
+                                                      {p.T, p.E}, g.y.device);
+    return "cpu backend: " + gate +
+           " (tiles of 16 experts over blocks of 64 tokens, worker threads for large calls); then " +
+           describe(detail::gated_router_args(r, logits), stage);
+  }
+  return "cuda backend: " + gate + ": not run on CUDA yet (the call throws kUnsupported; compute the logits with a "
+         "GEMM and call route_and_stage)";
+}
+
 }  // namespace
+
+std::string explain(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage) {
+  return detail::guarded("explain", [&] { return describe(gate, router, stage); });
+}
 
 std::string explain(const RmsNormArgs& norm, const StageArgs& stage) {
   return detail::guarded("explain", [&] { return describe(norm, stage); });

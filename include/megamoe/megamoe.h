@@ -7,6 +7,7 @@
 #include "megamoe/cpu.h"
 #include "megamoe/device/target.h"
 #include "megamoe/error.h"
+#include "megamoe/gate.h"
 #include "megamoe/norm.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megamoe/gate.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -39,5 +40,10 @@ std::string explain(const RouterArgs& router, const StageArgs& stage);
 /// threads=... grid=... smem=... per_thread=... pdl=... (rows to y | rows to scratch);
 /// launch 2: <the staging plan of the normalized rows>".
 std::string explain(const RmsNormArgs& norm, const StageArgs& stage);
+
+/// @brief The same for gate_route_and_stage() (@p stage non-null) or gate_and_route(): the
+/// logits computed in the call (their fixed order, over which tiles), then the router call
+/// on them. CUDA tensors: the gate is not run on CUDA yet, and the text says so.
+std::string explain(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage = nullptr);
 
 }  // namespace megamoe

@@ -343,6 +343,34 @@ def explain_rmsnorm_and_stage(x: object | None, residual: object | None, weight:
     run; stream is ignored).
     """
 
+def gate_route_and_stage(hidden_states: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, y: object | None = None, logits_out: object | None = None, logits_nonfinite_count: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    Gate, route and stage in one call (see megamoe.gate_route_and_stage): the router logits
+    computed from y (None: hidden_states) and the gate weight in the contract's fixed fp32
+    order (written to logits_out when given), then route_and_stage on them. y without rows
+    returns at once unless full_buffer is set. CPU backend only for now (CUDA tensors:
+    UnsupportedError).
+    """
+
+def explain_gate_route_and_stage(hidden_states: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, y: object | None = None, logits_out: object | None = None, logits_nonfinite_count: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What gate_route_and_stage would run for these arguments, as text (validated, nothing
+    run; stream is ignored).
+    """
+
+def gate_and_route(y: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, is_padding: object | None = None, top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, logits_out: object | None = None, nonfinite_count: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    Gate and route in one call (see megamoe.gate_and_route): the logits of
+    gate_route_and_stage, then route on them; nothing is staged. y without rows returns at
+    once. CPU backend only for now (CUDA tensors: UnsupportedError).
+    """
+
+def explain_gate_and_route(y: object | None, weight: object | None, e_score_correction_bias: object | None, topk_weights: object | None, topk_ids: object | None, is_padding: object | None = None, top_k: int | None = None, routed_scaling_factor: float | None = None, tid2eid: object | None = None, input_ids: object | None = None, logical_to_physical_map: object | None = None, logical_replica_count: object | None = None, expert_load_view: object | None = None, record_enabled: object | None = None, logits_out: object | None = None, nonfinite_count: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What gate_and_route would run for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
 def set_cpu_threads(n: int) -> None:
     """
     Threads one CPU staging call may use, the caller included (0 = one per CPU).

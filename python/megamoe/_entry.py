@@ -4,7 +4,7 @@ written down there once; _entry.pyi, generated from the same table, gives their 
 from __future__ import annotations
 
 from . import _ops
-from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
+from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 __all__ = [
     "prepare_megamoe_inputs",
@@ -17,6 +17,10 @@ __all__ = [
     "explain_route_and_stage",
     "rmsnorm_and_stage",
     "explain_rmsnorm_and_stage",
+    "gate_route_and_stage",
+    "explain_gate_route_and_stage",
+    "gate_and_route",
+    "explain_gate_and_route",
 ]
 
 _PREPARE_ARGS = """
@@ -317,4 +321,77 @@ _NORM_AND_STAGE_DOC = """RMSNorm (optional residual add) and stage the normalize
 rmsnorm_and_stage = NORM_AND_STAGE.make_function("rmsnorm_and_stage", _ops.rmsnorm_and_stage_impl, _NORM_AND_STAGE_DOC)
 explain_rmsnorm_and_stage = NORM_AND_STAGE.make_function(
     "explain_rmsnorm_and_stage", _ops.explain_rmsnorm_and_stage_impl, _explain_doc("rmsnorm_and_stage", "x", True)
+)
+
+_GATE_ROUTE_AND_STAGE_DOC = (
+    """Gate, route and stage in one call: :func:`route_and_stage` with the logits computed here.
+
+    logit[t, e] is the fp32 dot product of ``y[t, :]`` and ``weight[e, :]`` in one fixed
+    order (docs/CONTRACT.md, "Gate, route and stage"): the row in 16-column chunks, each a
+    chain of fused multiply-adds from +0 in column order (the last chunk may be short), the
+    chunk sums folded by halves, highest first (c_j = fl(c_j + c_j+N/2), N the power of two
+    >= the chunk count, and so on down to c_0). Every backend and any split of the work gives
+    the same bits; a NaN logit is written to ``logits_out`` as 0x7FC00000. The router and the
+    staging are then those of :func:`route_and_stage` on these logits, byte for byte. T is
+    ``hidden_states.shape[0]`` (``y`` must have as many rows); without rows the call returns
+    at once (except in full-buffer mode). The CPU backend runs it; CUDA tensors raise
+    :class:`UnsupportedError` (the one-launch kernel is not in this version: on a GPU compute
+    the logits with a GEMM and call :func:`route_and_stage`). Torch tensors under
+    torch.compile go through ``torch.ops.megamoe.gate_route_and_stage``.
+
+    Args:
+        hidden_states: ``[T, H]`` activations, as for :func:`prepare_megamoe_inputs`.
+        weight: ``[E, H]`` bfloat16 / float32 gate weight (vLLM's ``gate.weight``), any
+            strides, 1 <= E <= 512, H = ``y.shape[1]``.
+        e_score_correction_bias, topk_weights, topk_ids: as for :func:`route`."""
+    + """
+        x_fp8, x_sf, topk_idx_out, topk_weights_out, is_padding, shared_x_sf,
+            shared_block_m, hidden_quant: as for :func:`route_and_stage`."""
+    + _ROUTER_OPTIONS
+    + """        y: optional ``[T, H]`` bfloat16 gate input rows, any strides; None: ``hidden_states``
+            (which must then be bfloat16), the usual call.
+        logits_out: optional out ``[T, E]`` float32: the logits the router used (for EPLB
+            statistics or debugging).
+        logits_nonfinite_count: optional in/out one-element int64: NaN / +-Inf logits (all
+            T x E, padded tokens included) are added to it.
+        global_scale, x_scales, nonfinite_count, full_buffer, stream, enable_pdl: as for
+            :func:`route_and_stage`.
+"""
+    + _ROUTER_RAISES
+)
+
+gate_route_and_stage = GATE_ROUTE_AND_STAGE.make_function(
+    "gate_route_and_stage", _ops.gate_route_and_stage_impl, _GATE_ROUTE_AND_STAGE_DOC
+)
+explain_gate_route_and_stage = GATE_ROUTE_AND_STAGE.make_function(
+    "explain_gate_route_and_stage",
+    _ops.explain_gate_route_and_stage_impl,
+    _explain_doc("gate_route_and_stage", "hidden_states", True),
+)
+
+_GATE_AND_ROUTE_DOC = (
+    """Gate and route in one call: :func:`route` with the logits computed here.
+
+    The logits are those of :func:`gate_route_and_stage` (the contract's fixed fp32 order,
+    docs/CONTRACT.md "Gate, route and stage"); the router is then :func:`route`'s on them,
+    byte for byte, and nothing is staged. T is ``y.shape[0]``; without rows the call returns
+    at once. The CPU backend runs it; CUDA tensors raise :class:`UnsupportedError`. Torch
+    tensors under torch.compile go through ``torch.ops.megamoe.gate_and_route``.
+
+    Args:
+        y: ``[T, H]`` bfloat16 gate input rows, any strides.
+        weight: ``[E, H]`` bfloat16 / float32 gate weight, any strides, 1 <= E <= 512.
+        e_score_correction_bias, topk_weights, topk_ids, is_padding: as for :func:`route`."""
+    + _ROUTER_OPTIONS
+    + """        logits_out: optional out ``[T, E]`` float32: the logits the router used.
+        nonfinite_count: optional in/out one-element int64: NaN / +-Inf logits (all T x E,
+            padded tokens included) are added to it.
+        stream, enable_pdl: as for :func:`route`.
+"""
+    + _ROUTER_RAISES
+)
+
+gate_and_route = GATE_AND_ROUTE.make_function("gate_and_route", _ops.gate_and_route_impl, _GATE_AND_ROUTE_DOC)
+explain_gate_and_route = GATE_AND_ROUTE.make_function(
+    "explain_gate_and_route", _ops.explain_gate_and_route_impl, _explain_doc("gate_and_route", "y", False)
 )

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 from . import _C, _dequant
 from ._args import allocate, no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
+from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
 
 __all__ = [
     "output_shapes",
@@ -29,6 +29,7 @@ _P_FULL = PREPARE.index("full_buffer")
 _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _N_FULL = NORM_AND_STAGE.index("full_buffer")
+_G_FULL = GATE_ROUTE_AND_STAGE.index("full_buffer")
 
 
 def _torch_for(x: Any) -> Any:
@@ -127,6 +128,23 @@ def explain_rmsnorm_and_stage_impl(*a: Any) -> str:
 def rmsnorm_and_stage_impl(*a: Any) -> None:  # T is x.shape[0]
     _dispatch(a, 0, _N_FULL, "rmsnorm_and_stage",
               lambda v: _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
+
+
+def explain_gate_route_and_stage_impl(*a: Any) -> str:  # T is hidden_states.shape[0]
+    return _explain("explain_gate_route_and_stage", GATE_ROUTE_AND_STAGE, a, 0, _G_FULL, as_scheme)
+
+
+def gate_route_and_stage_impl(*a: Any) -> None:  # T is hidden_states.shape[0] (y must match)
+    _dispatch(a, 0, _G_FULL, "gate_route_and_stage",
+              lambda v: _C.gate_route_and_stage(*GATE_ROUTE_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
+
+
+def explain_gate_and_route_impl(*a: Any) -> str:  # T is y.shape[0]
+    return _explain("explain_gate_and_route", GATE_AND_ROUTE, a, 0, None, None)
+
+
+def gate_and_route_impl(*a: Any) -> None:  # T is y.shape[0]
+    _dispatch(a, 0, None, "gate_and_route", lambda v: _C.gate_and_route(*GATE_AND_ROUTE.native_args(v, None)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@ megamoe._C.prepare_inputs), ``ROUTING`` (stage_megamoe_routing, explain_routing,
 torch.ops.megamoe.stage_routing, megamoe._C.stage_routing), ``ROUTE`` (route,
 explain_route, torch.ops.megamoe.route, megamoe._C.route) and ``ROUTE_AND_STAGE``
 (route_and_stage, explain_route_and_stage, torch.ops.megamoe.route_and_stage,
-megamoe._C.route_and_stage) and ``NORM_AND_STAGE`` (rmsnorm_and_stage, explain_rmsnorm_and_stage,
-torch.ops.megamoe.rmsnorm_and_stage, megamoe._C.rmsnorm_and_stage) list each argument once:
+megamoe._C.route_and_stage), ``NORM_AND_STAGE`` (rmsnorm_and_stage, explain_rmsnorm_and_stage,
+torch.ops.megamoe.rmsnorm_and_stage, megamoe._C.rmsnorm_and_stage) and ``GATE_ROUTE_AND_STAGE``
+(gate_route_and_stage, explain_gate_route_and_stage, torch.ops.megamoe.gate_route_and_stage,
+megamoe._C.gate_route_and_stage) and ``GATE_AND_ROUTE`` (gate_and_route, explain_gate_and_route,
+torch.ops.megamoe.gate_and_route, megamoe._C.gate_and_route) list each argument once:
 name, kind, default, whether the call writes it, whether it is keyword-only (the pieces
 several tables share are written once, as tuples spliced into them). Everything that
 spells an argument list is derived from them here:
@@ -32,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 __all__ = [
-    "Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "NORM_AND_STAGE", "SCHEME_FIELDS", "stub_text",
+    "Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "NORM_AND_STAGE", "GATE_ROUTE_AND_STAGE",
+    "GATE_AND_ROUTE", "SCHEME_FIELDS", "stub_text",
 ]  # fmt: skip
 
 
@@ -520,6 +524,42 @@ NORM_AND_STAGE = Spec(
     ],
 )
 
+# Gate, route and stage (include/megamoe/gate.h): route_and_stage's arguments with the gate
+# weight (vLLM's gate.weight, [E, H]) in place of router_logits: the logits are computed in
+# the call. y, the gate's input rows, is keyword-only and defaults to hidden_states (None);
+# logits_out optionally receives the logits.
+GATE_ROUTE_AND_STAGE = Spec(
+    "gate_route_and_stage",
+    [
+        Param("hidden_states", "tensor"),
+        Param("weight", "tensor"),
+        *_ROUTER_HEAD[1:],
+        *_STAGED,
+        *_ROUTER_OPTIONS,
+        Param("y", "tensor?", None, keyword_only=True),
+        Param("logits_out", "tensor?", None, mutable=True, keyword_only=True),
+        Param("logits_nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),
+        *_STAGE_OPTIONS,
+        *_LAUNCH,
+    ],
+)
+
+# The gate and the router without staging: route's arguments with the gate's input rows y
+# and weight in place of router_logits; logits_out keyword-only.
+GATE_AND_ROUTE = Spec(
+    "gate_and_route",
+    [
+        Param("y", "tensor"),
+        Param("weight", "tensor"),
+        *_ROUTER_HEAD[1:],
+        Param("is_padding", "tensor?", None),
+        *_ROUTER_OPTIONS,
+        Param("logits_out", "tensor?", None, mutable=True, keyword_only=True),
+        Param("nonfinite_count", "tensor?", None, mutable=True, keyword_only=True),  # of the logits
+        *_LAUNCH,
+    ],
+)
+
 # (public name, spec, one-line doc) of the generated functions; _entry.pyi describes them.
 ENTRY_POINTS = (
     ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
@@ -532,6 +572,10 @@ ENTRY_POINTS = (
     ("explain_route_and_stage", ROUTE_AND_STAGE, "What route_and_stage would launch for these arguments, as text."),
     ("rmsnorm_and_stage", NORM_AND_STAGE, "RMSNorm (optional residual add) and stage the normalized rows in one call."),
     ("explain_rmsnorm_and_stage", NORM_AND_STAGE, "What rmsnorm_and_stage would launch for these arguments, as text."),
+    ("gate_route_and_stage", GATE_ROUTE_AND_STAGE, "Gate (logits in a fixed fp32 order), route and stage in one call."),
+    ("explain_gate_route_and_stage", GATE_ROUTE_AND_STAGE, "What gate_route_and_stage would run for these arguments, as text."),
+    ("gate_and_route", GATE_AND_ROUTE, "Gate (logits in a fixed fp32 order) and route in one call, without staging."),
+    ("explain_gate_and_route", GATE_AND_ROUTE, "What gate_and_route would run for these arguments, as text."),
 )
 
 

@@ -30,7 +30,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
-from ._signature import NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
+from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
 
 __all__ = [
     "prepare",
@@ -61,6 +61,7 @@ _P_STREAM = PREPARE.index("stream")
 _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _N_FULL = NORM_AND_STAGE.index("full_buffer")
+_G_FULL = GATE_ROUTE_AND_STAGE.index("full_buffer")
 
 
 def _exports_through_dlpack(dtype: Any) -> bool:
@@ -186,6 +187,18 @@ def _run_rmsnorm_and_stage(a: Sequence[Any]) -> None:
     _C.rmsnorm_and_stage(*NORM_AND_STAGE.native_args(a, as_scheme, _cap))
 
 
+def _run_gate_route_and_stage(a: Sequence[Any]) -> None:
+    if not _as_bool(a[_G_FULL], "full_buffer") and _no_tokens(a[0]):
+        return
+    _C.gate_route_and_stage(*GATE_ROUTE_AND_STAGE.native_args(a, as_scheme, _cap))
+
+
+def _run_gate_and_route(a: Sequence[Any]) -> None:
+    if _no_tokens(a[0]):
+        return
+    _C.gate_and_route(*GATE_AND_ROUTE.native_args(a, None, _cap))
+
+
 def _with_stream(a: Sequence[Any], i: int, device_of: Any) -> list:
     a = list(a)
     if a[i] is None:
@@ -264,6 +277,18 @@ def rmsnorm_and_stage(a: Sequence[Any]) -> None:
         _direct_or_op(NORM_AND_STAGE, a, a[0], _run_rmsnorm_and_stage, "rmsnorm_and_stage")
 
 
+def gate_route_and_stage(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.gate_route_and_stage (``a``: its arguments in table order)."""
+    if _as_bool(a[_G_FULL], "full_buffer") or not _no_tokens(a[0]):
+        _direct_or_op(GATE_ROUTE_AND_STAGE, a, a[0], _run_gate_route_and_stage, "gate_route_and_stage")
+
+
+def gate_and_route(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.gate_and_route (``a``: its arguments in table order)."""
+    if not _no_tokens(a[0]):
+        _direct_or_op(GATE_AND_ROUTE, a, a[0], _run_gate_and_route, "gate_and_route")
+
+
 # ---------------------------------------------------------------------------------------
 # The custom ops: schema, mutated arguments, kernel and fake from the one table
 
@@ -304,6 +329,14 @@ def _rmsnorm_and_stage_kernel(*op_args: Any) -> None:
     _run_rmsnorm_and_stage(NORM_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[0])))
 
 
+def _gate_route_and_stage_kernel(*op_args: Any) -> None:
+    _run_gate_route_and_stage(GATE_ROUTE_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[0])))
+
+
+def _gate_and_route_kernel(*op_args: Any) -> None:
+    _run_gate_and_route(GATE_AND_ROUTE.from_op_values(op_args, None, _stream_of(op_args[0])))
+
+
 def _fake(*op_args: Any) -> None:
     """Nothing to compute: the ops only write their (already allocated) outputs, whose
     shapes, dtypes and devices do not change; argument errors surface when the op runs."""
@@ -330,6 +363,15 @@ _NORM_AND_STAGE_DOC = """``torch.ops.megamoe.rmsnorm_and_stage``: RMSNorm and st
 PyTorch op (the arguments of :func:`megamoe.rmsnorm_and_stage` but the stream; the scheme
 spelled out as for prepare_inputs). ``y`` may be ``x`` and ``residual_out`` ``residual``
 (in place); both are declared mutated, as every staging output."""
+
+
+_GATE_ROUTE_AND_STAGE_DOC = """``torch.ops.megamoe.gate_route_and_stage``: gate, route and stage in one
+call as a PyTorch op (the arguments of :func:`megamoe.gate_route_and_stage` but the stream;
+the scheme spelled out as for prepare_inputs). ``logits_out`` is declared mutated, as every
+output."""
+
+_GATE_AND_ROUTE_DOC = """``torch.ops.megamoe.gate_and_route``: gate and route in one call as a PyTorch
+op (the arguments of :func:`megamoe.gate_and_route` but the stream)."""
 
 
 # What the ops are registered with: the dispatch keys of their kernel (the backends the
@@ -368,6 +410,10 @@ stage_routing_op = _define(_LIB, ROUTING, "stage_routing", _routing_kernel, _ROU
 route_op = _define(_LIB, ROUTE, "route", _route_kernel, _ROUTE_DOC)
 route_and_stage_op = _define(_LIB, ROUTE_AND_STAGE, "route_and_stage", _route_and_stage_kernel, _ROUTE_AND_STAGE_DOC)
 rmsnorm_and_stage_op = _define(_LIB, NORM_AND_STAGE, "rmsnorm_and_stage", _rmsnorm_and_stage_kernel, _NORM_AND_STAGE_DOC)
+gate_route_and_stage_op = _define(
+    _LIB, GATE_ROUTE_AND_STAGE, "gate_route_and_stage", _gate_route_and_stage_kernel, _GATE_ROUTE_AND_STAGE_DOC
+)
+gate_and_route_op = _define(_LIB, GATE_AND_ROUTE, "gate_and_route", _gate_and_route_kernel, _GATE_AND_ROUTE_DOC)
 
 
 # ---------------------------------------------------------------------------------------

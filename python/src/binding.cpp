@@ -541,6 +541,9 @@ struct Handles {
   // fp32 with to_f32_arg.
   PyArray x, residual, weight, y, residual_out;
   double eps = 1e-6;
+  // gate_route_and_stage's gate (GateArgs): weight and y as above (y an input there, None:
+  // hidden_states), and the logits it may write.
+  PyArray logits_out;
 };
 
 megamoe::Stream stream_of(const Handles& h) { return reinterpret_cast<megamoe::Stream>(h.stream); }
@@ -710,6 +713,25 @@ constexpr auto kNormAndStage = std::tuple_cat(
     kStaged, std::make_tuple(MEGAMOE_ARG(eps), MEGAMOE_ARG(y), MEGAMOE_ARG(residual_out)), kStageOptions,
     std::make_tuple(MEGAMOE_ARG(routed_scaling_factor), MEGAMOE_ARG(expert_scales)), kLaunch);
 
+// route_and_stage's arguments with the gate weight in place of router_logits; y (None:
+// hidden_states), logits_out and the logits' counter keyword-only in Python.
+constexpr auto kGateRouteAndStage = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(hidden_states), MEGAMOE_REQUIRED_ARG(weight),
+                    MEGAMOE_REQUIRED_ARG(e_score_correction_bias), MEGAMOE_REQUIRED_ARG(topk_weights),
+                    MEGAMOE_REQUIRED_ARG(topk_ids)),
+    kStaged, kRouterOptions,
+    std::make_tuple(MEGAMOE_ARG(y), MEGAMOE_ARG(logits_out),
+                    MEGAMOE_ARG(logits_nonfinite_count).library_name(kRouterCounter)),
+    kStageOptions, kLaunch);
+
+// route's arguments with the gate's y and weight in place of router_logits; logits_out
+// keyword-only in Python.
+constexpr auto kGateAndRoute = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(y), MEGAMOE_REQUIRED_ARG(weight), MEGAMOE_REQUIRED_ARG(e_score_correction_bias),
+                    MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids), MEGAMOE_ARG(is_padding)),
+    kRouterOptions,
+    std::make_tuple(MEGAMOE_ARG(logits_out), MEGAMOE_ARG(nonfinite_count).library_name(kRouterCounter)), kLaunch);
+
 #undef MEGAMOE_ARG
 #undef MEGAMOE_REQUIRED_ARG
 
@@ -723,11 +745,16 @@ constexpr auto kNormAndStage = std::tuple_cat(
 /// the caller, who validates both halves). @p normed: the staging half of rmsnorm_and_stage,
 /// whose rows are the norm's (no hidden_states: StageArgs::hidden_states stays empty; T
 /// comes from x, read by the caller, who also reports the dtypes the library has no name for).
+/// @p hidden: hidden_states as the caller has already imported it (gate_route_and_stage's y
+/// when y is None: a DLPack capsule can be imported only once).
 bool load_stage(Arrays& arrays, const Handles& h, megamoe::StageArgs& args, bool routed = false,
-                bool normed = false) {
-  if (routed) {
+                bool normed = false, const TensorRef* hidden = nullptr) {
+  if (hidden != nullptr) {
+    args.hidden_states = *hidden;
+  } else if (routed) {
     arrays.input(h.hidden_states, args.hidden_states);
-  } else {
+  }
+  if (!routed) {
     if (!normed && arrays.input(h.hidden_states, args.hidden_states, !h.full_buffer)) return false;
     arrays.input(h.topk_weights, args.topk_weights);
     arrays.input(h.topk_ids, args.topk_ids);
@@ -823,8 +850,10 @@ std::string explain_routing(const Handles& h) {
 /// false (nothing imported but the logits) when @p stop_if_empty and router_logits is 2-D
 /// without rows: the library reads T from the logits and returns at once then.
 bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool stop_if_empty,
-                 const PyArray& counter) {
-  if (arrays.input(h.router_logits, r.router_logits, stop_if_empty)) return false;
+                 const PyArray& counter);
+
+/// Everything of load_router but the logits (gate_route_and_stage computes them).
+void load_router_options(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, const PyArray& counter) {
   arrays.input(h.e_score_correction_bias, r.e_score_correction_bias);
   arrays.output(h.topk_weights, r.topk_weights);
   arrays.output(h.topk_ids, r.topk_ids);
@@ -839,6 +868,12 @@ bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool 
   // (E >= 1 is checked first) lets the library report what is wrong with topk_ids.
   r.top_k = h.top_k.value_or(r.topk_ids.ndim == 2 ? r.topk_ids.shape[1] : 1);
   r.routed_scaling_factor = as_float(h.routed_scaling_factor);
+}
+
+bool load_router(Arrays& arrays, const Handles& h, megamoe::RouterArgs& r, bool stop_if_empty,
+                 const PyArray& counter) {
+  if (arrays.input(h.router_logits, r.router_logits, stop_if_empty)) return false;
+  load_router_options(arrays, h, r, counter);
   return true;
 }
 
@@ -930,6 +965,74 @@ std::string explain_rmsnorm_and_stage(const Handles& h) {
   megamoe::StageArgs a;
   if (!load_norm(arrays, h, n, a)) return "nothing to do: x has no rows (T == 0)";
   return megamoe::explain(n, a);
+}
+
+/// gate_route_and_stage: the gate's arrays into GateArgs (y: hidden_states when None), the
+/// router's but its logits into RouterArgs, the staging's into StageArgs (as route_and_stage).
+/// A 2-D y without rows returns at once outside full-buffer mode (the library reads T from y).
+bool load_gate(Arrays& arrays, const Handles& h, megamoe::GateArgs& g, megamoe::RouterArgs& r,
+               megamoe::StageArgs& a) {
+  const bool y_is_hidden = h.y.is_none();
+  if (arrays.input(y_is_hidden ? h.hidden_states : h.y, g.y, !h.full_buffer)) return false;
+  arrays.input(h.weight, g.weight);
+  arrays.output(h.logits_out, g.logits_out);
+  load_router_options(arrays, h, r, h.logits_nonfinite_count);
+  load_stage(arrays, h, a, true, false, y_is_hidden ? &g.y : nullptr);
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_gate(g, r, &a); });
+  }
+  return true;
+}
+
+void gate_route_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  megamoe::StageArgs a;
+  if (!load_gate(arrays, h, g, r, a)) return;
+  nb::gil_scoped_release release;
+  megamoe::gate_route_and_stage(g, r, a, stream_of(h));
+}
+
+std::string explain_gate_route_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  megamoe::StageArgs a;
+  if (!load_gate(arrays, h, g, r, a)) return "nothing to do: hidden_states has no rows (T == 0)";
+  return megamoe::explain(g, r, &a);
+}
+
+/// gate_and_route: the gate's arrays into GateArgs, the router's but its logits into
+/// RouterArgs (with route's padding mask and PDL flag). A 2-D y without rows returns at once.
+bool load_gate_route(Arrays& arrays, const Handles& h, megamoe::GateArgs& g, megamoe::RouterArgs& r) {
+  if (arrays.input(h.y, g.y, true)) return false;
+  arrays.input(h.weight, g.weight);
+  arrays.output(h.logits_out, g.logits_out);
+  load_router_options(arrays, h, r, h.nonfinite_count);
+  arrays.input(h.is_padding, r.is_padding);
+  r.enable_pdl = h.enable_pdl;
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_gate(g, r); });
+  }
+  return true;
+}
+
+void gate_and_route(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  if (!load_gate_route(arrays, h, g, r)) return;
+  nb::gil_scoped_release release;
+  megamoe::gate_and_route(g, r, stream_of(h));
+}
+
+std::string explain_gate_and_route(const Handles& h) {
+  Arrays arrays;
+  megamoe::GateArgs g;
+  megamoe::RouterArgs r;
+  if (!load_gate_route(arrays, h, g, r)) return "nothing to do: y has no rows (T == 0)";
+  return megamoe::explain(g, r);
 }
 
 /// One TensorSpec as Python's (shape, dtype name).
@@ -1209,6 +1312,22 @@ NB_MODULE(_C, m) {
             "is ignored).");
   def_entry(m, "explain_route_and_stage", kRouteAndStage, &explain_route_and_stage,
             "What route_and_stage would launch for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
+  def_entry(m, "gate_route_and_stage", kGateRouteAndStage, &gate_route_and_stage,
+            "Gate, route and stage in one call (see megamoe.gate_route_and_stage): the router logits\n"
+            "computed from y (None: hidden_states) and the gate weight in the contract's fixed fp32\n"
+            "order (written to logits_out when given), then route_and_stage on them. y without rows\n"
+            "returns at once unless full_buffer is set. CPU backend only for now (CUDA tensors:\n"
+            "UnsupportedError).");
+  def_entry(m, "explain_gate_route_and_stage", kGateRouteAndStage, &explain_gate_route_and_stage,
+            "What gate_route_and_stage would run for these arguments, as text (validated, nothing\n"
+            "run; stream is ignored).");
+  def_entry(m, "gate_and_route", kGateAndRoute, &gate_and_route,
+            "Gate and route in one call (see megamoe.gate_and_route): the logits of\n"
+            "gate_route_and_stage, then route on them; nothing is staged. y without rows returns at\n"
+            "once. CPU backend only for now (CUDA tensors: UnsupportedError).");
+  def_entry(m, "explain_gate_and_route", kGateAndRoute, &explain_gate_and_route,
+            "What gate_and_route would run for these arguments, as text (validated, nothing run;\n"
             "stream is ignored).");
   def_entry(m, "explain_rmsnorm_and_stage", kNormAndStage, &explain_rmsnorm_and_stage,
             "What rmsnorm_and_stage would launch for these arguments, as text (validated, nothing\n"

@@ -14,6 +14,7 @@
 #include "core/router.h"
 #include "check.h"
 #include "megamoe/error.h"
+#include "megamoe/gate.h"
 #include "megamoe/norm.h"
 #include "scheme.h"
 
@@ -344,6 +345,16 @@ std::vector<NamedTensor> named_tensors(const RouterArgs& r, const StageArgs* sta
   return all;
 }
 
+std::vector<NamedTensor> named_tensors(const GateArgs& g, const RouterArgs& r, const StageArgs* stage) {
+  std::vector<NamedTensor> all = {{&g.y, "y", false}, {&g.weight, "weight", false}};
+  if (g.logits_out) all.push_back({&*g.logits_out, "logits_out", true});
+  // The router's logits are the gate's (above); the rest of the router's and staging's.
+  for (const NamedTensor& t : named_tensors(r, stage)) {
+    if (t.t != &r.router_logits) all.push_back(t);
+  }
+  return all;
+}
+
 bool try_byte_span(const TensorRef& t, Span* out) {
   *out = Span{};
   Extent e;
@@ -597,25 +608,22 @@ const TensorRef* router_padding(const RouterArgs& r, const StageArgs* stage) {
   return r.is_padding ? &*r.is_padding : nullptr;
 }
 
-RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
-  RouterProblem p;
-  p.fused = stage != nullptr;
-  const TensorRef& lg = r.router_logits;
-  check_rank(lg, "router_logits", 2);
-  p.T = lg.shape[0];
-  p.E = lg.shape[1];
-  // route_and_stage: the token count is the logits' and the hidden states' alike, checked
-  // before the T == 0 return below so that [0, E] logits never hide a non-empty batch.
-  if (p.fused) {
-    check_rank(stage->hidden_states, "hidden_states", 2);
-    MEGAMOE_CHECK(stage->hidden_states.shape[0] == p.T, "hidden_states",
-                  std::to_string(p.T) + " tokens (the rows of router_logits)",
-                  "shape " + stage->hidden_states.shape_str());
-  }
-  if (returns_at_once(p.T, p.fused && stage->full_buffer)) return p;
-  check_dtype(lg, "router_logits", {DType::kFloat32, DType::kBFloat16});
-  MEGAMOE_CHECK(p.E >= 1 && p.E <= core::kMaxRouterExperts, "router_logits", "1 to 512 experts (shape[1])",
-                "shape " + lg.shape_str());
+namespace {
+
+/// route_and_stage: the token count is the logits' (@p rows names them) and the hidden
+/// states' alike, checked before the T == 0 return so that [0, E] logits never hide a
+/// non-empty batch.
+void check_hidden_rows(const StageArgs* stage, int64_t T, const char* rows) {
+  if (stage == nullptr) return;
+  check_rank(stage->hidden_states, "hidden_states", 2);
+  MEGAMOE_CHECK(stage->hidden_states.shape[0] == T, "hidden_states",
+                std::to_string(T) + " tokens (the rows of " + rows + ")", "shape " + stage->hidden_states.shape_str());
+}
+
+/// Every router rule past the logits' own (p.T, p.E and p.fused set): top_k, the scaling,
+/// the outputs, hash layers, bias, EPLB, the counter, the padding mask and, fused, the
+/// staging. The memory checks are the caller's (its tensor list).
+void check_router_rest(const RouterArgs& r, const StageArgs* stage, RouterProblem& p) {
   MEGAMOE_CHECK(r.top_k >= 1 && r.top_k <= core::kMaxRouterTopk && r.top_k <= p.E, "top_k",
                 "1 <= top_k <= min(16, E = " + std::to_string(p.E) + ")", r.top_k);
   p.K = r.top_k;
@@ -643,8 +651,7 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
   if (!p.fused) {
     p.has_padding = r.is_padding.has_value();
     if (p.has_padding) check_vector(*r.is_padding, "is_padding", p.T, {DType::kBool, DType::kUInt8});
-    p.misaligned = check_memory(named_tensors(r, nullptr), lg.device);
-    return p;
+    return;
   }
   if (r.is_padding) {
     fail(nullptr, "is_padding (router)", "none (route_and_stage takes the mask from StageArgs::is_padding)",
@@ -669,8 +676,70 @@ RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
                                          "(route, then prepare_inputs with it)");
   }
   p.has_padding = p.stage.has_padding;
+}
+
+}  // namespace
+
+RouterProblem validate_router(const RouterArgs& r, const StageArgs* stage) {
+  RouterProblem p;
+  p.fused = stage != nullptr;
+  const TensorRef& lg = r.router_logits;
+  check_rank(lg, "router_logits", 2);
+  p.T = lg.shape[0];
+  p.E = lg.shape[1];
+  check_hidden_rows(stage, p.T, "router_logits");
+  if (returns_at_once(p.T, p.fused && stage->full_buffer)) return p;
+  check_dtype(lg, "router_logits", {DType::kFloat32, DType::kBFloat16});
+  MEGAMOE_CHECK(p.E >= 1 && p.E <= core::kMaxRouterExperts, "router_logits", "1 to 512 experts (shape[1])",
+                "shape " + lg.shape_str());
+  check_router_rest(r, stage, p);
   // Overlaps across both argument sets.
   p.misaligned = check_memory(named_tensors(r, stage), lg.device);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// The gate producer (include/megamoe/gate.h).
+
+RouterArgs gated_router_args(const RouterArgs& r, const TensorRef& logits) {
+  RouterArgs a = r;
+  a.router_logits = logits;
+  return a;
+}
+
+GateProblem validate_gate(const GateArgs& g, const RouterArgs& r, const StageArgs* stage) {
+  GateProblem p;
+  RouterProblem& rp = p.router;
+  rp.fused = stage != nullptr;
+  // The logits are the gate's: a caller's router_logits would be ignored silently.
+  const TensorRef& lg = r.router_logits;
+  if (!(lg.data == nullptr && lg.ndim == 0)) {
+    fail(nullptr, "router_logits", "none (an empty TensorRef: the gate computes the logits; logits_out receives them)",
+         "a tensor");
+  }
+  check_rank(g.y, "y", 2);
+  check_rank(g.weight, "weight", 2);
+  rp.T = p.T = g.y.shape[0];
+  p.H = g.y.shape[1];
+  rp.E = p.E = g.weight.shape[0];
+  check_hidden_rows(stage, p.T, "y");
+  if (returns_at_once(p.T, rp.fused && stage->full_buffer)) return p;
+  check_dtype(g.y, "y", {DType::kBFloat16});
+  check_dtype(g.weight, "weight", {DType::kBFloat16, DType::kFloat32});
+  p.weight_f32 = g.weight.dtype == DType::kFloat32;
+  MEGAMOE_CHECK(p.E >= 1 && p.E <= core::kMaxRouterExperts, "weight", "1 to 512 experts (shape[0])",
+                "shape " + g.weight.shape_str());
+  MEGAMOE_CHECK(p.H >= 1 && g.weight.shape[1] == p.H, "weight",
+                "shape (E, H) with H = y.shape[1] >= 1 (" + std::to_string(p.H) + ")", "shape " + g.weight.shape_str());
+  if (g.logits_out) {
+    check_shape2(*g.logits_out, "logits_out", p.T, p.E);
+    check_dtype(*g.logits_out, "logits_out", {DType::kFloat32});
+  }
+  check_router_rest(r, stage, rp);
+  // The backends keep T x E logits (logits_out or scratch) and a row's tree of chunk sums.
+  const core::Checked logits = core::Checked(p.T) * p.E * int64_t{sizeof(float)};
+  MEGAMOE_CHECK(logits.ok(), "y", "T * E fp32 logits whose byte count fits in int64", "shape " + g.y.shape_str());
+  rp.misaligned = check_memory(named_tensors(g, r, stage), g.y.device);
   return p;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "formats/format_list.h"
+#include "megamoe/gate.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -103,6 +104,23 @@ StageArgs staged_args(const TensorRef& y, const StageArgs& s);
 /// True when a norm call has work (rows, or a full-buffer tail).
 inline bool has_work(const NormProblem& p) { return p.T > 0 || has_work(p.stage); }
 
+/// Sizes and options resolved from validated GateArgs (gate_route_and_stage, gate_and_route).
+struct GateProblem {
+  int64_t T = 0;           ///< rows of y
+  int64_t H = 0;           ///< columns of y and weight
+  int64_t E = 0;           ///< rows of weight (experts)
+  bool weight_f32 = false; ///< fp32 weight (else bf16)
+  RouterProblem router;    ///< the router (and staging) on the gate's logits; its misaligned covers the gate's tensors
+};
+/// Check a gate call (@p stage non-null: gate_route_and_stage); throws megamoe::Error
+/// before anything is written. T == 0 returns at once unless a full-buffer tail is filled.
+GateProblem validate_gate(const GateArgs& g, const RouterArgs& r, const StageArgs* stage);
+/// The router call a gate call makes: @p r with @p logits (a [T, E] fp32 tensor) as its
+/// router_logits.
+RouterArgs gated_router_args(const RouterArgs& r, const TensorRef& logits);
+/// True when a gate call has work (tokens, or a fused full-buffer tail).
+inline bool has_work(const GateProblem& p) { return has_work(p.router); }
+
 /// Element offsets, relative to the data pointer, of a tensor's first and last elements in
 /// address order: lo <= 0 <= hi (both 0 for an empty tensor).
 struct Extent {
@@ -158,6 +176,9 @@ std::vector<NamedTensor> named_tensors(const RmsNormArgs& n, const StageArgs& s)
 /// A router call's tensors: the router's (outputs: the public top-k, the load, the counter)
 /// and, for route_and_stage (@p stage non-null), the staging's but its top-k inputs.
 std::vector<NamedTensor> named_tensors(const RouterArgs& args, const StageArgs* stage);
+
+/// A gate call's tensors: y, weight, logits_out, then the router call's but its logits.
+std::vector<NamedTensor> named_tensors(const GateArgs& g, const RouterArgs& r, const StageArgs* stage);
 
 /// Byte address range [lo, hi) touched by a tensor (empty tensors: lo == hi).
 struct Span {

@@ -570,6 +570,24 @@ inline std::unique_ptr<StageBufs> stage_bufs(const StageCase& c, int64_t T, int6
   return b;
 }
 
+/// prepare_inputs with a router's outputs (@p ids, @p weights: [T, K] row-major, the
+/// reference's) as its top-k inputs, into buffers poisoned with @p poison; @p hidden, when
+/// given, replaces the case's own hidden states. The staging the fused calls must equal.
+inline std::unique_ptr<StageBufs> stage_with_topk(const StageCase& c, int64_t T, int64_t K,
+                                                  const std::vector<uint8_t>* pad, uint8_t poison,
+                                                  const std::vector<int64_t>& ids, const std::vector<float>& weights,
+                                                  const TensorRef* hidden = nullptr) {
+  auto plain = stage_bufs(c, T, K, pad, poison);
+  if (hidden != nullptr) plain->args.hidden_states = *hidden;
+  Tensor id(DType::kInt64, {T, K}), w(DType::kFloat32, {T, K});
+  std::memcpy(id.mem.data(), ids.data(), ids.size() * 8);
+  std::memcpy(w.mem.data(), weights.data(), weights.size() * 4);
+  plain->args.topk_ids = id.ref;
+  plain->args.topk_weights = w.ref;
+  megamoe::prepare_inputs(plain->args);
+  return plain;
+}
+
 /// H == 0 (valid: a multiple of 128) through route_and_stage: no activation to stage, the
 /// top-k still staged (all M rows in full-buffer mode); NVFP4 per-token still writes its
 /// scales from the floor.

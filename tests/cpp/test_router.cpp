@@ -28,34 +28,13 @@
 #include "core/router.h"
 #include "megamoe/megamoe.h"
 #include "router_cases.h"
+#include "router_expect.h"
 #include "router_reference.h"
 #include "contract/validate.h"
 
 namespace {
 
 using namespace router_cases;  // NOLINT: the shared test vocabulary
-
-/// The library's public outputs (and load, counter) equal the reference's.
-void expect_router_outputs(const Spec& s, Built& b, const ref::Result& want) {
-  for (int64_t t = 0; t < s.T; ++t) {
-    for (int64_t k = 0; k < s.K; ++k) {
-      const int64_t id = s.ids_dt == DType::kInt32 ? b.ids.at<int32_t>(t, k) : b.ids.at<int64_t>(t, k);
-      ASSERT_EQ(id, want.ids[static_cast<size_t>(t * s.K + k)]) << "topk_ids[" << t << ", " << k << "]";
-      const float w = b.weights.at<float>(t, k);
-      ASSERT_EQ(hex(u32(w)), hex(u32(want.weights[static_cast<size_t>(t * s.K + k)])))
-          << "topk_weights[" << t << ", " << k << "] = " << w;
-    }
-  }
-  if (s.l2p) {
-    for (int64_t i = 0; i < s.P; ++i) {
-      const int64_t got = s.load_dt == DType::kInt32 ? b.load.at<int32_t>(i) : b.load.at<int64_t>(i);
-      ASSERT_EQ(got, want.load[static_cast<size_t>(i)]) << "expert_load_view[" << i << "]";
-    }
-  }
-  if (s.count) {
-    EXPECT_EQ(b.nonfinite.at<int64_t>(0), 1000 + want.nonfinite);
-  }
-}
 
 /// The library's tensors of @p s after route() on the CPU.
 std::unique_ptr<Built> routed(const Spec& s) {
@@ -446,14 +425,6 @@ TEST(Route, ZeroTokens) {
 // ---------------------------------------------------------------------------------------
 // route_and_stage() == reference router, then prepare_inputs.
 
-/// Every byte of the two buffers (elements and poisoned gaps) equal.
-void expect_same_bytes(const Tensor& a, const Tensor& b, const char* name) {
-  ASSERT_EQ(a.mem.size(), b.mem.size()) << name;
-  for (size_t i = 0; i < a.mem.size(); ++i) {
-    ASSERT_EQ(a.mem[i], b.mem[i]) << name << ": byte " << i;
-  }
-}
-
 /// route_and_stage against (reference router, then prepare_inputs with its outputs).
 void check_fused(Spec s, const StageCase& c) {
   if (c.pad && !s.pad) {
@@ -471,13 +442,7 @@ void check_fused(Spec s, const StageCase& c) {
     megamoe::route_and_stage(rb->args, fused->args);
     expect_router_outputs(s, *rb, want);
     // The reference's ids / weights as the top-k inputs of an ordinary staging call.
-    auto plain = stage_bufs(c, s.T, s.K, pad, poison);
-    Tensor ids(DType::kInt64, {s.T, s.K}), ws(DType::kFloat32, {s.T, s.K});
-    std::memcpy(ids.mem.data(), want.ids.data(), want.ids.size() * 8);
-    std::memcpy(ws.mem.data(), want.weights.data(), want.weights.size() * 4);
-    plain->args.topk_ids = ids.ref;
-    plain->args.topk_weights = ws.ref;
-    megamoe::prepare_inputs(plain->args);
+    auto plain = stage_with_topk(c, s.T, s.K, pad, poison, want.ids, want.weights);
     expect_same_bytes(fused->xq, plain->xq, "x_q");
     expect_same_bytes(fused->xsf, plain->xsf, "x_sf");
     expect_same_bytes(fused->idx, plain->idx, "topk_idx_out");

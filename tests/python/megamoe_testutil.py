@@ -198,3 +198,65 @@ def valid_kwargs(T: int = 8, H: int = 256, K: int = 4) -> dict:
         topk_idx_out=np.full((T, K), 0x5A5A5A5A5A5A5A5A, np.int64),
         topk_weights_out=np.full((T, K), 0x5A5A5A5A, np.int32).view(np.float32),
     )
+
+
+# ---------------------------------------------------------------------------------------
+# torch helpers of the custom-op tests (torch is imported only when they run)
+
+
+def clone_args(a: dict) -> dict:
+    """A call's keyword arguments with every torch tensor cloned."""
+    import torch
+
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+
+
+def tbits(t: Any) -> np.ndarray:
+    """The bits of a CPU torch tensor as a NumPy integer array of its element size."""
+    import torch
+
+    t = t.detach().contiguous()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
+
+
+def same_mutated(spec: Any, a: dict, b: dict, what: str) -> None:
+    """Every argument ``spec`` declares written equal, bit for bit, in the calls ``a`` and ``b``."""
+    for p in spec.params:
+        if p.mutable and a.get(p.name) is not None:
+            assert_bitwise(tbits(a[p.name]), tbits(b[p.name]), f"{p.name} {what}")
+
+
+def spec_op_values(spec: Any, a: dict) -> Any:
+    """The custom op's positional values of the call ``a`` (keyword arguments of ``spec``'s function)."""
+    from megamoe._torch import _op_scheme_args
+
+    return spec.op_values(spec.values(**a), _op_scheme_args)
+
+
+def assert_fake_writes_nothing(spec: Any, fn: Any, a: dict) -> None:
+    """``fn(**a)`` on FakeTensors (its custom op under the mode: the fake runs, nothing is
+    computed) leaves every written argument of the real call ``a`` as it was."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    before = clone_args(a)
+    with FakeTensorMode() as mode:
+        fn(**{k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in a.items()})
+    same_mutated(spec, a, before, "untouched by the fake")
+
+
+def torch_staging_outputs(rows: int, H: int, K: int, scheme: Any) -> dict:
+    """Poisoned CPU torch staging outputs of ``rows`` rows (uint8 x_fp8, x_scales where the
+    scheme has them)."""
+    import torch
+
+    sh = megamoe.output_shapes(rows, H, K, scheme)
+    out = dict(
+        x_fp8=torch.full(sh.x_fp8.shape, 0x5A, dtype=torch.uint8),
+        x_sf=torch.full(sh.x_sf.shape, -7, dtype=getattr(torch, sh.x_sf.dtype)),
+        topk_idx_out=torch.full((rows, K), -7, dtype=torch.int64),
+        topk_weights_out=torch.full((rows, K), -7.0),
+    )
+    if sh.x_scales is not None:
+        out["x_scales"] = torch.full(sh.x_scales.shape, -7.0)
+    return out

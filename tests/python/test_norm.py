@@ -25,7 +25,17 @@ import pytest
 
 import megamoe
 from megamoe._signature import NORM_AND_STAGE
-from megamoe_testutil import ALL_SCHEMES, assert_bitwise, dlpack_capsule
+from megamoe_testutil import (
+    ALL_SCHEMES,
+    assert_bitwise,
+    assert_fake_writes_nothing,
+    clone_args,
+    dlpack_capsule,
+    same_mutated,
+    spec_op_values,
+    tbits,
+    torch_staging_outputs,
+)
 from test_formats import gs_for, outputs
 
 try:
@@ -521,7 +531,6 @@ def test_explain_names_the_norm_then_the_staging():
 def torch_args(T=6, H=256, scheme=megamoe.MXFP8, residual=True, seed=0, full=False):
     g = np.random.default_rng(seed)
     rows = T + 3 if full else T
-    sh = megamoe.output_shapes(rows, H, 6, scheme)
     bf16 = lambda a: torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)  # noqa: E731
     tw, ti = topk(g, T)
     a = dict(
@@ -529,42 +538,21 @@ def torch_args(T=6, H=256, scheme=megamoe.MXFP8, residual=True, seed=0, full=Fal
         residual=bf16(bf16_bits(g, T, H)) if residual else None,
         weight=torch.from_numpy(weight_of(g, H, "fp32")),
         topk_weights=torch.from_numpy(tw), topk_ids=torch.from_numpy(ti),
-        x_fp8=torch.full(sh.x_fp8.shape, 0x5A, dtype=torch.uint8),
-        x_sf=torch.full(sh.x_sf.shape, -7, dtype=getattr(torch, sh.x_sf.dtype)),
-        topk_idx_out=torch.full((rows, 6), -7, dtype=torch.int64),
-        topk_weights_out=torch.full((rows, 6), -7.0),
+        **torch_staging_outputs(rows, H, 6, scheme),
         hidden_quant=scheme, full_buffer=full, eps=1e-5,
         y=torch.full((T, H), 7.0, dtype=torch.bfloat16),
         residual_out=torch.full((T, H), 7.0, dtype=torch.bfloat16) if residual else None,
         nonfinite_count=torch.zeros(1, dtype=torch.int64),
     )  # fmt: skip
-    if sh.x_scales is not None:
-        a["x_scales"] = torch.full(sh.x_scales.shape, -7.0)
     return a
 
 
-MUTATED = [p.name for p in NORM_AND_STAGE.params if p.mutable]
-
-
-def clone_args(a):
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
-
-
-def tbits(t):
-    t = t.detach().contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
-
-
 def same_outputs(a, b, what):
-    for k in MUTATED:
-        if a.get(k) is not None:
-            assert_bitwise(tbits(a[k]), tbits(b[k]), f"{k} {what}")
+    same_mutated(NORM_AND_STAGE, a, b, what)
 
 
 def op_values(a):
-    from megamoe._torch import _op_scheme_args
-
-    return NORM_AND_STAGE.op_values(NORM_AND_STAGE.values(**a), _op_scheme_args)
+    return spec_op_values(NORM_AND_STAGE, a)
 
 
 @needs_torch
@@ -616,14 +604,7 @@ def test_op_schema_declares_every_output():
 
 @needs_torch
 def test_fake_tensor_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    a = torch_args()
-    before = clone_args(a)
-    with FakeTensorMode() as mode:
-        fa = {k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
-        megamoe.rmsnorm_and_stage(**fa)  # the op under the mode: its fake runs, nothing computed
-    same_outputs(a, before, "untouched by the fake")
+    assert_fake_writes_nothing(NORM_AND_STAGE, megamoe.rmsnorm_and_stage, torch_args())
 
 
 @needs_torch

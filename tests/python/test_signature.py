@@ -19,7 +19,7 @@ import pytest
 
 import megamoe
 from megamoe import _C, _signature
-from megamoe._signature import NORM_AND_STAGE, PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
+from megamoe._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
 
 STUB = Path(megamoe.__file__).resolve().parent / "_entry.pyi"
 
@@ -93,6 +93,21 @@ def test_router_signatures_are_the_table():
     assert positional == ["x", "residual", "weight", *VLLM_PREPARE[1:]]
     assert sig.parameters["residual"].default is inspect.Parameter.empty and sig.parameters["eps"].default == 1e-6
     assert [n for n in sig.parameters if n not in positional][:3] == ["eps", "y", "residual_out"]
+    # the gate: route_and_stage's positional order with the gate weight in place of
+    # router_logits; y (None: hidden_states), logits_out and the logits' counter keyword-only
+    sig = inspect.signature(megamoe.gate_route_and_stage)
+    assert sig == GATE_ROUTE_AND_STAGE.signature() and megamoe.gate_route_and_stage.__module__ == "megamoe"
+    positional = [n for n, p in sig.parameters.items() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == ["hidden_states", "weight", "e_score_correction_bias", "topk_weights", "topk_ids",
+                          *VLLM_PREPARE[3:]]  # fmt: skip
+    assert sig.parameters["e_score_correction_bias"].default is inspect.Parameter.empty
+    assert sig.parameters["y"].default is None and sig.parameters["y"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(megamoe.explain_gate_route_and_stage) == GATE_ROUTE_AND_STAGE.signature()
+    # without staging: route's positional order with y and the weight in place of router_logits
+    sig = inspect.signature(megamoe.gate_and_route)
+    assert sig == GATE_AND_ROUTE.signature() == inspect.signature(megamoe.explain_gate_and_route)
+    positional = [n for n, p in sig.parameters.items() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == ["y", "weight", "e_score_correction_bias", "topk_weights", "topk_ids", "is_padding"]
     # the drop-in has vLLM's dsv4_topk_prepare_megamoe parameters, in its order
     assert list(inspect.signature(megamoe.dsv4_topk_prepare_megamoe).parameters) == [
         "hidden_states", "gating_output", "correction_bias", "routed_scaling_factor", "indices_dtype", "x_fp8", "x_sf",
@@ -104,7 +119,9 @@ def test_router_signatures_are_the_table():
     [("prepare_inputs", PREPARE), ("explain", PREPARE), ("stage_routing", ROUTING), ("route", ROUTE),
      ("route_and_stage", ROUTE_AND_STAGE), ("explain_routing", ROUTING), ("explain_route", ROUTE),
      ("explain_route_and_stage", ROUTE_AND_STAGE), ("rmsnorm_and_stage", NORM_AND_STAGE),
-     ("explain_rmsnorm_and_stage", NORM_AND_STAGE)],
+     ("explain_rmsnorm_and_stage", NORM_AND_STAGE), ("gate_route_and_stage", GATE_ROUTE_AND_STAGE),
+     ("explain_gate_route_and_stage", GATE_ROUTE_AND_STAGE), ("gate_and_route", GATE_AND_ROUTE),
+     ("explain_gate_and_route", GATE_AND_ROUTE)],
 )  # fmt: skip
 def test_native_parameters_are_the_table(name, spec):
     # The binding's own argument tables (python/src/binding.cpp) give the native module its
@@ -131,6 +148,8 @@ def test_native_stub_parameter_order_is_the_table():
     assert funcs["route"] == funcs["explain_route"] == list(ROUTE.names)
     assert funcs["route_and_stage"] == funcs["explain_route_and_stage"] == list(ROUTE_AND_STAGE.names)
     assert funcs["rmsnorm_and_stage"] == funcs["explain_rmsnorm_and_stage"] == list(NORM_AND_STAGE.names)
+    assert funcs["gate_route_and_stage"] == funcs["explain_gate_route_and_stage"] == list(GATE_ROUTE_AND_STAGE.names)
+    assert funcs["gate_and_route"] == funcs["explain_gate_and_route"] == list(GATE_AND_ROUTE.names)
 
 
 def test_committed_stub_is_the_generated_one():
@@ -181,8 +200,19 @@ def test_op_schema_text():
     assert "float amax_floor, float eps, Tensor(f!)? y, Tensor(g!)? residual_out, Tensor(h!)? global_scale" in ns
     assert NORM_AND_STAGE.mutates_args() == ("x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "y",
                                              "residual_out", "global_scale", "x_scales", "nonfinite_count")  # fmt: skip
+    gs = GATE_ROUTE_AND_STAGE.op_schema()
+    assert gs.startswith("(Tensor hidden_states, Tensor weight, Tensor? e_score_correction_bias, "
+                         "Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!) x_fp8, ")  # fmt: skip
+    assert GATE_ROUTE_AND_STAGE.mutates_args() == ("topk_weights", "topk_ids", "x_fp8", "x_sf", "topk_idx_out",
+                                                   "topk_weights_out", "shared_x_sf", "expert_load_view",
+                                                   "logits_out", "logits_nonfinite_count", "global_scale",
+                                                   "x_scales", "nonfinite_count")  # fmt: skip
+    assert GATE_AND_ROUTE.op_schema().startswith("(Tensor y, Tensor weight, Tensor? e_score_correction_bias, "
+                                                 "Tensor(a!) topk_weights, Tensor(b!) topk_ids, ")  # fmt: skip
+    assert GATE_AND_ROUTE.mutates_args() == ("topk_weights", "topk_ids", "expert_load_view", "logits_out",
+                                             "nonfinite_count")  # fmt: skip
     # every table argument but the stream reaches the op (the scheme as its fields)
-    for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE):
+    for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE, GATE_ROUTE_AND_STAGE, GATE_AND_ROUTE):
         op = spec.op_names()
         for p in spec.params:
             if p.kind == "scheme":
@@ -279,7 +309,7 @@ IMPORT_TIME = textwrap.dedent(
     t2 = time.perf_counter()
     assert 'megamoe._torch' in sys.modules, 'the custom ops are registered on import'
     assert all(hasattr(torch.ops.megamoe, n) for n in ('prepare_inputs', 'stage_routing', 'route', 'route_and_stage',
-                                                       'rmsnorm_and_stage'))
+                                                       'rmsnorm_and_stage', 'gate_route_and_stage', 'gate_and_route'))
     print(t1 - t0, t2 - t1, 'torch._dynamo' in sys.modules)
     """
 )
