@@ -10,6 +10,7 @@
 #include "cpu/fp_env.h"
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -105,6 +106,21 @@ void dispatch_norm(const RmsNormArgs& n, const StageArgs& s, const detail::NormP
 #endif
 }
 
+/// mhc_pre_and_stage on the tensors' device.
+void dispatch_mhc(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem& p, Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (m.residual.device.type == Device::Type::kCPU) {
+    cpu::mhc_pre_and_stage(m, s, p);
+    return;
+  }
+  (void)stream;
+  // The fused mHC kernel is not in this build yet: a clear refusal before anything is
+  // written, never a partial result.
+  throw Error(ErrorCode::kUnsupported,
+              "megamoe: mhc_pre_and_stage: residual: expected a CPU tensor (the CUDA backend does not run "
+              "mhc_pre_and_stage yet), got device " + to_string(m.residual.device));
+}
+
 }  // namespace
 
 const char* to_string(ErrorCode code) noexcept {
@@ -155,6 +171,9 @@ Status try_route_and_stage(const RouterArgs& router, const StageArgs& stage, Str
 Status try_rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream stream) noexcept {
   return status_of([&] { rmsnorm_and_stage(norm, stage, stream); });
 }
+Status try_mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, Stream stream) noexcept {
+  return status_of([&] { mhc_pre_and_stage(mhc, stage, stream); });
+}
 Status try_route(const RouterArgs& router, Stream stream) noexcept {
   return status_of([&] { route(router, stream); });
 }
@@ -184,6 +203,12 @@ void rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, Stream s
 }
 void validate_rmsnorm(const RmsNormArgs& norm, const StageArgs& stage) {
   guarded("validate_rmsnorm", [&] { (void)detail::validate_norm(norm, stage); });
+}
+void mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, Stream stream) {
+  guarded("mhc_pre_and_stage", [&] { dispatch_mhc(mhc, stage, detail::validate_mhc(mhc, stage), stream); });
+}
+void validate_mhc_pre(const MhcPreArgs& mhc, const StageArgs& stage) {
+  guarded("validate_mhc_pre", [&] { (void)detail::validate_mhc(mhc, stage); });
 }
 void validate_router(const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });

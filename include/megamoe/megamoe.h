@@ -6,6 +6,7 @@
 #include "megamoe/buffers.h"
 #include "megamoe/cpu.h"
 #include "megamoe/error.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -39,5 +40,10 @@ std::string explain(const RouterArgs& router, const StageArgs& stage);
 /// threads=... grid=... smem=... per_thread=... pdl=... (rows to y | rows to scratch);
 /// launch 2: <the staging plan of the normalized rows>".
 std::string explain(const RmsNormArgs& norm, const StageArgs& stage);
+
+/// @brief The same for mhc_pre_and_stage(): on the CPU "cpu backend: mhc_pre T=... H=...
+/// hc_mult=... sinkhorn_repeat=... then rmsnorm over token rows, then <the staging plan>";
+/// CUDA tensors: the call would throw (kUnsupported, no kernel yet).
+std::string explain(const MhcPreArgs& mhc, const StageArgs& stage);
 
 }  // namespace megamoe
