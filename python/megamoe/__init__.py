@@ -7,13 +7,16 @@ with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
 logits to the top-k, and to the staged buffers in the same call). The RMSNorm producer
-(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
+(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call) and
+the mHC producer (``mhc_pre_and_stage``: DeepSeek-V4's hyper-connection pre step, RMSNorm
+and staging; CPU backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
 ``dsv4_topk_prepare_megamoe``, DeepGEMM's ``mega_moe_pre_dispatch`` /
 ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
 Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs``,
 ``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
-``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage``,
+``torch.ops.megamoe.route_and_stage``, ``torch.ops.megamoe.rmsnorm_and_stage`` and
+``torch.ops.megamoe.mhc_pre_and_stage``,
 registered on import when torch is installed; torch.compile and CUDA graph capture safe),
 NumPy arrays and any DLPack / buffer-protocol array. Importing megamoe never requires
 torch, and with torch costs little more than ``import torch``.
@@ -36,10 +39,12 @@ from ._C import (
 )
 from ._entry import (
     explain,
+    explain_mhc_pre_and_stage,
     explain_route,
     explain_rmsnorm_and_stage,
     explain_route_and_stage,
     explain_routing,
+    mhc_pre_and_stage,
     prepare_megamoe_inputs,
     rmsnorm_and_stage,
     route,
@@ -85,6 +90,7 @@ __all__ = [
     "route",
     "route_and_stage",
     "rmsnorm_and_stage",
+    "mhc_pre_and_stage",
     "dsv4_topk_prepare_megamoe",
     "mega_moe_pre_dispatch",
     "mega_moe_pre_dispatch_sm90",
@@ -96,6 +102,7 @@ __all__ = [
     "explain_route",
     "explain_route_and_stage",
     "explain_rmsnorm_and_stage",
+    "explain_mhc_pre_and_stage",
     "StagedInputs",
     "OutputShapes",
     "TensorSpec",
