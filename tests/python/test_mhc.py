@@ -11,7 +11,8 @@
 - the staged outputs == megamoe.prepare_megamoe_inputs on the reference y, several formats;
 - DeepSeek-V4.1's delayed form (pre_mix_in), full-buffer mode, T = 0, explain;
 - argument errors raise the library's message and write nothing;
-- torch (skipped without torch): the op against the direct call, FakeTensor shapes.
+- torch (skipped without torch): the direct call (3-D shapes) and the op against the
+  reference, opcheck, the op schema, FakeTensor, torch.compile (2-D and 3-D), T = 0, errors.
 """
 
 from __future__ import annotations
@@ -395,3 +396,100 @@ def test_torch_fake_tensor_mode():
             x_sf=torch.empty(T, H // 128, dtype=torch.int32), topk_idx_out=torch.empty(T, 6, dtype=torch.int64),
             topk_weights_out=torch.empty(T, 6))  # fmt: skip
         torch.ops.megamoe.mhc_pre_and_stage(*MHC_AND_STAGE.op_values(vals, _op_scheme_args))
+
+
+def torch_mhc_args(T=5, hc=4, H=256, scheme=None, seed=0, full=False, three_d=False):
+    """Keyword arguments of megamoe.mhc_pre_and_stage as torch tensors, outputs poisoned."""
+    scheme = scheme or megamoe.MXFP8
+    g = np.random.default_rng(seed)
+    x, fn, scale, base, w = problem(g, T, hc, H)
+    rows = T + 3 if full else T
+    sh = megamoe.output_shapes(rows, H, 6, scheme)
+    tw, ti = topk(g, T)
+    residual = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    a = dict(
+        residual=residual.reshape(T, hc, H) if three_d else residual,
+        fn=torch.from_numpy(fn), hc_scale=torch.from_numpy(scale), hc_base=torch.from_numpy(base),
+        norm_weight=torch.from_numpy(w),
+        post_mix=torch.full((T, hc, 1) if three_d else (T, hc), -7.0),
+        comb_mix=torch.full((T, hc, hc) if three_d else (T, hc * hc), -7.0),
+        topk_weights=torch.from_numpy(tw), topk_ids=torch.from_numpy(ti),
+        x_fp8=torch.full(sh.x_fp8.shape, 0x5A, dtype=torch.uint8),
+        x_sf=torch.full(sh.x_sf.shape, -7, dtype=getattr(torch, sh.x_sf.dtype)),
+        topk_idx_out=torch.full((rows, 6), -7, dtype=torch.int64), topk_weights_out=torch.full((rows, 6), -7.0),
+        hidden_quant=scheme, full_buffer=full, sinkhorn_repeat=9,
+        pre_mix=torch.full((T, hc), -7.0), layer_input=torch.full((T, H), 7.0, dtype=torch.bfloat16),
+        y=torch.full((T, H), 7.0, dtype=torch.bfloat16), nonfinite_count=torch.zeros(1, dtype=torch.int64),
+    )  # fmt: skip
+    if sh.x_scales is not None:
+        a["x_scales"] = torch.full(sh.x_scales.shape, -7.0)
+    return a
+
+
+def _tbits(t):
+    t = t.detach().contiguous()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
+
+
+def _mutated():
+    from megamoe._signature import MHC_AND_STAGE
+
+    return [p.name for p in MHC_AND_STAGE.params if p.mutable]
+
+
+def _op_values(a):
+    from megamoe._signature import MHC_AND_STAGE
+    from megamoe._torch import _op_scheme_args
+
+    return MHC_AND_STAGE.op_values(MHC_AND_STAGE.values(**a), _op_scheme_args)
+
+
+@pytest.mark.skipif(torch is None or not hasattr(torch.library, "opcheck"), reason="needs torch.library.opcheck")
+@pytest.mark.parametrize("option", ["plain", "full_buffer", "nvfp4_per_token"])
+def test_opcheck(option):
+    scheme = megamoe.NVFP4_PER_TOKEN if option == "nvfp4_per_token" else megamoe.MXFP8
+    a = torch_mhc_args(scheme=scheme, full=option == "full_buffer")
+    torch.library.opcheck(torch.ops.megamoe.mhc_pre_and_stage.default, _op_values(a))
+
+
+@needs_torch
+def test_op_schema_declares_every_output():
+    schema = torch.ops.megamoe.mhc_pre_and_stage.default._schema
+    mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert mutated == set(_mutated()) == {
+        "post_mix", "comb_mix", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "shared_x_sf", "pre_mix",
+        "layer_input", "y", "global_scale", "x_scales", "nonfinite_count"}  # fmt: skip
+    assert not schema.returns
+
+
+@needs_torch
+@pytest.mark.parametrize("three_d", [False, True], ids=["2d", "3d"])
+def test_torch_compile_fullgraph(three_d):
+    """Compiled (vLLM's 3-D shapes too: the views are taken inside the graph) == eager."""
+    a = torch_mhc_args(seed=4, three_d=three_d)
+    b = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+    names = ["residual", "fn", "hc_scale", "hc_base", "norm_weight", "post_mix", "comb_mix", "topk_weights",
+             "topk_ids", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "y"]  # fmt: skip
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(res, fn, sc, ba, w, post, comb, tw, ti, q, sf, idx, wo, y):
+        megamoe.mhc_pre_and_stage(res, fn, sc, ba, w, post, comb, tw, ti, q, sf, idx, wo, sinkhorn_repeat=9, y=y)
+        return wo.sum()
+
+    f(*[a[n] for n in names])
+    megamoe.mhc_pre_and_stage(**{n: b[n] for n in names}, sinkhorn_repeat=9)
+    for k in ("post_mix", "comb_mix", "x_fp8", "x_sf", "topk_idx_out", "topk_weights_out", "y"):
+        assert_bitwise(_tbits(a[k]), _tbits(b[k]), f"{k} compiled vs eager")
+
+
+@needs_torch
+def test_torch_zero_tokens_and_errors():
+    a = torch_mhc_args(T=0)
+    megamoe.mhc_pre_and_stage(**dict(a, fn=None))  # T = 0: nothing read
+    a = torch_mhc_args()
+    msg = "megamoe: residual: expected dtype bfloat16, got dtype float32"
+    with pytest.raises(ValueError, match=re_escape(msg)):
+        megamoe.mhc_pre_and_stage(**dict(a, residual=a["residual"].float()))
+    with pytest.raises(ValueError, match=re_escape(msg)):
+        torch.ops.megamoe.mhc_pre_and_stage(*_op_values(dict(a, residual=a["residual"].float())))
+    assert torch.all(a["post_mix"] == -7.0) and torch.all(a["x_fp8"] == 0x5A)
