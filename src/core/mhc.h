@@ -4,7 +4,8 @@
 // or block reduction's order and call expf / rsqrtf, which differ between libraries and
 // devices; here every step is an IEEE fp32 operation rounded to nearest even, in an order
 // fixed by the contract, and exp is correctly rounded (the router's exp_f32, computed in
-// double with explicit operations), so any backend gives the same bits. Per token, with x_k (k < K = hc H) its streams side by side:
+// double with explicit operations), so any backend gives the same bits. Per token, with
+// x_k (k < K = hc H) its streams side by side:
 //   S   = sum of fl(x_k^2), d_m = sum of fl(x_k fn[m][k])   (16-element chunks, halves folded)
 //   r   = fl(1 / sqrt_rn(fl(fl(S / K) + rms_eps)));  mix_m = fl(d_m r)
 //   a_m = fl(fl(mix_m scale[g(m)]) + base[m])
@@ -39,15 +40,6 @@ MEGAMOE_HD float chunk_dot(const float* a, const float* b) {
   MEGAMOE_UNROLL
   for (int i = 1; i < kNormChunk; ++i) acc = add_rn(acc, mul_rn(a[i], b[i]));
   return acc;
-}
-
-/// The contract's tree over c[0..w) (w a power of two, c[n..w) = +0): for h = w/2, ..., 1,
-/// c[j] = fl(c[j] + c[j + h]) for j < h; returns c[0] (c is overwritten).
-MEGAMOE_HD float fold_halves(float* c, int64_t w) {
-  for (int64_t h = w / 2; h >= 1; h /= 2) {
-    for (int64_t j = 0; j < h; ++j) c[j] = add_rn(c[j], c[j + h]);
-  }
-  return c[0];
 }
 
 /// sigmoid_c(x) = fl(1 / fl(1 + exp_c(-x))): PyTorch's form, with exp_c the correctly
