@@ -205,9 +205,25 @@ struct Staged {
   }
 };
 
-const QuantScheme kSchemes[] = {QuantScheme::mxfp8(),          QuantScheme::fp8_fp32_g128(),   QuantScheme::fp8_ue8m0_g128(),
-                                QuantScheme::mxfp4(),          QuantScheme::nvfp4_per_token(), QuantScheme::nvfp4_static(),
-                                QuantScheme::nvfp4_online(),   QuantScheme::mxfp8_e5m2(),      QuantScheme::bf16()};
+const QuantScheme kSchemes[] = {QuantScheme::mxfp8(),
+                                QuantScheme::fp8_fp32_g128(),
+                                QuantScheme::fp8_ue8m0_g128(),
+                                QuantScheme::fp8_fp32_g32(),
+                                QuantScheme::mxfp4(),
+                                QuantScheme::mxfp4(megamoe::Rounding::kNearestEven),
+                                QuantScheme::nvfp4_per_token(),
+                                QuantScheme::nvfp4_static(),
+                                QuantScheme::nvfp4_online(),
+                                QuantScheme::mxfp8_e5m2(),
+                                QuantScheme::bf16()};
+constexpr uint32_t kNumSchemes = sizeof(kSchemes) / sizeof(kSchemes[0]);
+
+/// Scheme @p i of the list, usable at width @p H: UE8M0 scales of 128 columns pack four to
+/// a word (H % 512 == 0), else their fp32 twin.
+QuantScheme scheme_for(uint32_t i, int64_t H) {
+  const QuantScheme& q = kSchemes[i % kNumSchemes];
+  return q == QuantScheme::fp8_ue8m0_g128() && H % 512 != 0 ? QuantScheme::fp8_fp32_g128() : q;
+}
 
 /// Runs the fused call and checks every mHC output (elements and gaps) against the
 /// reference and every staged byte against prepare_inputs of the reference's y.
@@ -246,9 +262,7 @@ TEST(MhcPreAndStage, MatchesTheReferenceEveryFormatStreamCountAndLayout) {
         const Layout in = layouts[seed % 6], out = layouts[(seed / 2 + 3) % 6];
         MhcCase c(T, H, hc, seed, in, out, seed % 2 == 1, seed % 3 == 2);
         c.prm.repeat = 1 + static_cast<int>(seed % 24);
-        // UE8M0 scales of 128 columns pack four to a word: H % 512 == 0 (else its fp32 twin at G = 32).
-        const QuantScheme q = seed % 9 == 2 && H % 512 != 0 ? QuantScheme::fp8_fp32_g32() : kSchemes[seed % 9];
-        run_and_check(c, q, seed % 2 == 0, seed % 3 != 0, seed % 4 != 1, seed % 5 == 2 ? T + 3 : T,
+        run_and_check(c, scheme_for(seed, H), seed % 2 == 0, seed % 3 != 0, seed % 4 != 1, seed % 5 == 2 ? T + 3 : T,
                       layouts[(seed + 1) % 6]);
         ++seed;
       }
@@ -261,9 +275,9 @@ TEST(MhcPreAndStage, DeepSeekV4ShapesEveryFormat) {
   // 7168 / 1024 = 7 chunks of the staging), twenty Sinkhorn rounds, post multiplier 2.
   uint32_t seed = 100;
   for (int64_t H : {4096, 7168}) {
-    for (const QuantScheme& q : kSchemes) {
+    for (uint32_t i = 0; i < kNumSchemes; ++i) {
       MhcCase c(2, H, 4, seed++);
-      run_and_check(c, q, true, true, seed % 2 == 0, c.T);
+      run_and_check(c, scheme_for(i, H), true, true, seed % 2 == 0, c.T);
     }
   }
 }
@@ -319,6 +333,25 @@ TEST(MhcPreAndStage, GoldenEdgeRows) {
     const float g = c.base[static_cast<size_t>(4 + j)];
     EXPECT_NEAR(r.post[static_cast<size_t>(j)], 2.0 / (1.0 + std::exp(-static_cast<double>(g))), 1e-6);
   }
+}
+
+TEST(MhcPreAndStage, CountsTheNonFiniteValuesOfY) {
+  // A NaN stream makes its token's y all NaN; the counter adds y's non-finite values (as
+  // prepare_inputs of y does), not the residual's.
+  MhcCase c(4, 256, 4, 14u);
+  for (int64_t h = 0; h < c.H; ++h) c.x[static_cast<size_t>(2 * c.K + 3 * c.H + h)] = 0x7FC0;
+  c.x[static_cast<size_t>(1 * c.K + 7)] = 0x7F80;  // +Inf in token 1's first stream
+  c.build();
+  const mref::Token r = c.reference();
+  int64_t want = 5;  // the counter's start
+  for (uint16_t v : r.y) want += (v & 0x7F80) == 0x7F80;
+  EXPECT_GE(want, 5 + c.H);
+  Staged st;
+  megamoe::StageArgs s = st.args(c.T, c.H, 2, QuantScheme::mxfp8(), c.T, Layout::kContig, 1u);
+  int64_t count = 5;
+  s.nonfinite_count = TensorRef(&count, DType::kInt64, {1});
+  ASSERT_NO_THROW(megamoe::mhc_pre_and_stage(c.args(false, false, false), s));
+  EXPECT_EQ(count, want);
 }
 
 TEST(MhcPreAndStage, EpsEdgesAndEqualLogits) {
