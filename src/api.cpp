@@ -13,6 +13,7 @@
 #include "cpu/stage_cpu.h"
 #include "megamoe/error.h"
 #include "megamoe/gate.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -135,6 +136,21 @@ void dispatch_gate(const GateArgs& g, const RouterArgs& r, const StageArgs* stag
   dispatch_router(detail::gated_router_args(r, logits), stage, p.router, stream);
 }
 
+/// mhc_pre_and_stage on the tensors' device.
+void dispatch_mhc(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem& p, Stream stream) {
+  if (!detail::has_work(p)) return;
+  if (m.residual.device.type == Device::Type::kCPU) {
+    cpu::mhc_pre_and_stage(m, s, p);
+    return;
+  }
+  (void)stream;
+  // The fused mHC kernel is not in this build yet: a clear refusal before anything is
+  // written, never a partial result.
+  throw Error(ErrorCode::kUnsupported,
+              "megamoe: mhc_pre_and_stage: residual: expected a CPU tensor (the CUDA backend does not run "
+              "mhc_pre_and_stage yet), got device " + to_string(m.residual.device));
+}
+
 }  // namespace
 
 const char* to_string(ErrorCode code) noexcept {
@@ -192,6 +208,9 @@ Status try_gate_route_and_stage(const GateArgs& gate, const RouterArgs& router, 
 Status try_gate_and_route(const GateArgs& gate, const RouterArgs& router, Stream stream) noexcept {
   return status_of([&] { gate_and_route(gate, router, stream); });
 }
+Status try_mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, Stream stream) noexcept {
+  return status_of([&] { mhc_pre_and_stage(mhc, stage, stream); });
+}
 Status try_route(const RouterArgs& router, Stream stream) noexcept {
   return status_of([&] { route(router, stream); });
 }
@@ -237,6 +256,12 @@ void gate_and_route(const GateArgs& gate, const RouterArgs& router, Stream strea
 }
 void validate_gate(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_gate", [&] { (void)detail::validate_gate(gate, router, stage); });
+}
+void mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, Stream stream) {
+  guarded("mhc_pre_and_stage", [&] { dispatch_mhc(mhc, stage, detail::validate_mhc(mhc, stage), stream); });
+}
+void validate_mhc_pre(const MhcPreArgs& mhc, const StageArgs& stage) {
+  guarded("validate_mhc_pre", [&] { (void)detail::validate_mhc(mhc, stage); });
 }
 void validate_router(const RouterArgs& router, const StageArgs* stage) {
   guarded("validate_router", [&] { (void)detail::validate_router(router, stage); });

@@ -24,10 +24,9 @@ bool norm_fuses(const detail::NormProblem& p);
 
 namespace {
 
-#if MEGAMOE_WITH_CUDA
-/// Stands in for the scratch of a dense copy (explain reads nothing from it).
+/// Stands in for scratch memory (a dense copy, the rows of a producer): explain reads
+/// nothing from it.
 void* scratch_address(const detail::NamedTensor&) { return reinterpret_cast<void*>(uintptr_t{1} << 40); }
-#endif
 
 std::string describe(const StageArgs& args) {
   const detail::Problem p = detail::validate_args(args);
@@ -158,10 +157,31 @@ std::string describe(const GateArgs& g, const RouterArgs& r, const StageArgs* st
          "GEMM and call route_and_stage)";
 }
 
+std::string describe(const MhcPreArgs& m, const StageArgs& s) {
+  const detail::MhcProblem p = detail::validate_mhc(m, s);
+  const bool cpu = m.residual.device.type == Device::Type::kCPU;
+  if (!detail::has_work(p)) return (cpu ? "cpu" : "cuda") + std::string(" backend: nothing to do (T == 0)");
+  if (!cpu) {
+    return "residual is on " + to_string(m.residual.device) +
+           ": mhc_pre_and_stage would throw (kUnsupported: the CUDA backend has no mHC kernel yet)";
+  }
+  // Without y the rows go to host scratch: the staging plan is that of a dense [T, H] bf16
+  // tensor (at a stand-in address; nothing is read).
+  const TensorRef rows = m.y ? *m.y : TensorRef(scratch_address({}), DType::kBFloat16, {p.T, p.H}, m.residual.device);
+  return "cpu backend: mhc_pre T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) + " hc_mult=" +
+         std::to_string(p.hc) + " sinkhorn_repeat=" + std::to_string(m.sinkhorn_repeat) +
+         (m.pre_mix_in ? " with pre_mix_in" : "") + " then rmsnorm over token rows (worker threads for large problems)" +
+         (m.y ? ", rows to y" : ", rows to scratch") + ", then " + describe(detail::staged_args(rows, s));
+}
+
 }  // namespace
 
 std::string explain(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage) {
   return detail::guarded("explain", [&] { return describe(gate, router, stage); });
+}
+
+std::string explain(const MhcPreArgs& mhc, const StageArgs& stage) {
+  return detail::guarded("explain", [&] { return describe(mhc, stage); });
 }
 
 std::string explain(const RmsNormArgs& norm, const StageArgs& stage) {

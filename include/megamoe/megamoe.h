@@ -8,6 +8,7 @@
 #include "megamoe/device/target.h"
 #include "megamoe/error.h"
 #include "megamoe/gate.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "megamoe/gate.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -45,5 +46,10 @@ std::string explain(const RmsNormArgs& norm, const StageArgs& stage);
 /// logits computed in the call (their fixed order, over which tiles), then the router call
 /// on them. CUDA tensors: the gate is not run on CUDA yet, and the text says so.
 std::string explain(const GateArgs& gate, const RouterArgs& router, const StageArgs* stage = nullptr);
+
+/// @brief The same for mhc_pre_and_stage(): on the CPU "cpu backend: mhc_pre T=... H=...
+/// hc_mult=... sinkhorn_repeat=... then rmsnorm over token rows, then <the staging plan>";
+/// CUDA tensors: the call would throw (kUnsupported, no kernel yet).
+std::string explain(const MhcPreArgs& mhc, const StageArgs& stage);
 
 }  // namespace megamoe

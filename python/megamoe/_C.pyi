@@ -371,6 +371,21 @@ def explain_gate_and_route(y: object | None, weight: object | None, e_score_corr
     stream is ignored).
     """
 
+def mhc_pre_and_stage(residual: object | None, fn: object | None, hc_scale: object | None, hc_base: object | None, norm_weight: object | None, post_mix: object | None, comb_mix: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., rms_eps: float = 1e-06, hc_pre_eps: float = 1e-06, hc_sinkhorn_eps: float = 1e-06, hc_post_mult_value: float = 2.0, sinkhorn_repeat: int = 20, norm_eps: float = 1e-06, pre_mix_in: object | None = None, pre_mix: object | None = None, layer_input: object | None = None, y: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> None:
+    """
+    DeepSeek-V4's mHC pre step, RMSNorm and staging in one call (see
+    megamoe.mhc_pre_and_stage): post_mix, comb_mix (and pre_mix, layer_input, y when given),
+    then the staging of prepare_inputs with y as hidden_states. residual ([T, hc * H]) without
+    rows returns at once unless full_buffer is set. CPU backend only for now (CUDA tensors:
+    UnsupportedError).
+    """
+
+def explain_mhc_pre_and_stage(residual: object | None, fn: object | None, hc_scale: object | None, hc_base: object | None, norm_weight: object | None, post_mix: object | None, comb_mix: object | None, topk_weights: object | None, topk_ids: object | None, x_fp8: object | None, x_sf: object | None, topk_idx_out: object | None, topk_weights_out: object | None, is_padding: object | None = None, shared_x_sf: object | None = None, shared_block_m: int | None = None, hidden_quant: QuantScheme = ..., rms_eps: float = 1e-06, hc_pre_eps: float = 1e-06, hc_sinkhorn_eps: float = 1e-06, hc_post_mult_value: float = 2.0, sinkhorn_repeat: int = 20, norm_eps: float = 1e-06, pre_mix_in: object | None = None, pre_mix: object | None = None, layer_input: object | None = None, y: object | None = None, global_scale: object | None = None, x_scales: object | None = None, nonfinite_count: object | None = None, full_buffer: bool = False, routed_scaling_factor: float | None = None, expert_scales: object | None = None, stream: int = 0, enable_pdl: bool = False) -> str:
+    """
+    What mhc_pre_and_stage would run for these arguments, as text (validated, nothing run;
+    stream is ignored).
+    """
+
 def set_cpu_threads(n: int) -> None:
     """
     Threads one CPU staging call may use, the caller included (0 = one per CPU).

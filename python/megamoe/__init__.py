@@ -7,16 +7,19 @@ with nvcc).
 Bit-exact with DeepGEMM's ``per_token_cast_to_fp8`` / ``per_token_cast_to_fp4`` run by
 PyTorch on the GPU. The fused DeepSeek-V4 router (``route``, ``route_and_stage``: router
 logits to the top-k, and to the staged buffers in the same call). The RMSNorm producer
-(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call). The
-gate producer (``gate_route_and_stage``, ``gate_and_route``: the router logits computed in the call from
-the gate weight in a fixed fp32 order, then route_and_stage or route; CPU backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
+(``rmsnorm_and_stage``: residual add, RMSNorm and the staging of its rows in one call), the
+mHC producer (``mhc_pre_and_stage``: DeepSeek-V4's hyper-connection pre step, RMSNorm and
+staging; CPU backend) and the gate producer (``gate_route_and_stage``, ``gate_and_route``:
+the router logits computed in the call from the gate weight in a fixed fp32 order, then
+route_and_stage or route; CPU backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
 ``dsv4_topk_prepare_megamoe``, DeepGEMM's ``mega_moe_pre_dispatch`` /
 ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 
 Works with PyTorch tensors (custom ops ``torch.ops.megamoe.prepare_inputs``,
 ``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
 ``torch.ops.megamoe.route_and_stage``, ``torch.ops.megamoe.rmsnorm_and_stage``,
-``torch.ops.megamoe.gate_route_and_stage`` and ``torch.ops.megamoe.gate_and_route``,
+``torch.ops.megamoe.gate_route_and_stage``, ``torch.ops.megamoe.gate_and_route`` and
+``torch.ops.megamoe.mhc_pre_and_stage``,
 registered on import when torch is installed; torch.compile and CUDA graph capture safe),
 NumPy arrays and any DLPack / buffer-protocol array. Importing megamoe never requires
 torch, and with torch costs little more than ``import torch``.
@@ -41,12 +44,14 @@ from ._entry import (
     explain,
     explain_gate_and_route,
     explain_gate_route_and_stage,
+    explain_mhc_pre_and_stage,
     explain_route,
     explain_rmsnorm_and_stage,
     explain_route_and_stage,
     explain_routing,
     gate_and_route,
     gate_route_and_stage,
+    mhc_pre_and_stage,
     prepare_megamoe_inputs,
     rmsnorm_and_stage,
     route,
@@ -94,6 +99,7 @@ __all__ = [
     "rmsnorm_and_stage",
     "gate_route_and_stage",
     "gate_and_route",
+    "mhc_pre_and_stage",
     "dsv4_topk_prepare_megamoe",
     "mega_moe_pre_dispatch",
     "mega_moe_pre_dispatch_sm90",
@@ -107,6 +113,7 @@ __all__ = [
     "explain_rmsnorm_and_stage",
     "explain_gate_route_and_stage",
     "explain_gate_and_route",
+    "explain_mhc_pre_and_stage",
     "StagedInputs",
     "OutputShapes",
     "TensorSpec",

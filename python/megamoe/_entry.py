@@ -4,7 +4,16 @@ written down there once; _entry.pyi, generated from the same table, gives their 
 from __future__ import annotations
 
 from . import _ops
-from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING
+from ._signature import (
+    GATE_AND_ROUTE,
+    GATE_ROUTE_AND_STAGE,
+    MHC_AND_STAGE,
+    NORM_AND_STAGE,
+    PREPARE,
+    ROUTE,
+    ROUTE_AND_STAGE,
+    ROUTING,
+)
 
 __all__ = [
     "prepare_megamoe_inputs",
@@ -21,6 +30,8 @@ __all__ = [
     "explain_gate_route_and_stage",
     "gate_and_route",
     "explain_gate_and_route",
+    "mhc_pre_and_stage",
+    "explain_mhc_pre_and_stage",
 ]
 
 _PREPARE_ARGS = """
@@ -394,4 +405,58 @@ _GATE_AND_ROUTE_DOC = (
 gate_and_route = GATE_AND_ROUTE.make_function("gate_and_route", _ops.gate_and_route_impl, _GATE_AND_ROUTE_DOC)
 explain_gate_and_route = GATE_AND_ROUTE.make_function(
     "explain_gate_and_route", _ops.explain_gate_and_route_impl, _explain_doc("gate_and_route", "y", False)
+)
+
+_MHC_AND_STAGE_DOC = """DeepSeek-V4's mHC pre step, RMSNorm and staging of the rows in one call.
+
+    vLLM's ``mhc_pre`` (the mix GEMM over the hc_mult streams, the sigmoid gates, Sinkhorn,
+    the weighted sum of the streams) followed by the layer's ``rms_norm``, every rounding
+    point fixed (docs/CONTRACT.md, "mHC pre and stage": fixed-order fp32 sums, a correctly
+    rounded exp), then the staging of :func:`prepare_megamoe_inputs` with the normalized rows
+    y as ``hidden_states``, bit for bit (every format, the top-k repack, padding,
+    ``shared_x_sf``, full-buffer mode, the counter of y's non-finite values). T is
+    ``residual.shape[0]``; without rows the call returns at once (except in full-buffer
+    mode). Nothing is allocated; torch tensors under torch.compile go through
+    ``torch.ops.megamoe.mhc_pre_and_stage``. The CPU backend runs it; CUDA tensors raise
+    :class:`UnsupportedError` (no kernel yet), nothing written.
+
+    Args:
+        residual: ``[T, hc, H]`` or ``[T, hc * H]`` bfloat16 residual streams (hc = hc_mult,
+            1..16), any strides, H % 128 == 0, hc * H <= 2**24.
+        fn: ``[hc * (hc + 2), hc * H]`` float32 mix weight (vLLM's ``hc_fn``).
+        hc_scale: ``[3]`` float32 scales of the pre, post and comb logits.
+        hc_base: ``[hc * (hc + 2)]`` float32 biases.
+        norm_weight: ``[H]`` bfloat16 or float32 RMSNorm weight of the layer.
+        post_mix: out ``[T, hc]`` (or ``[T, hc, 1]``) float32: the post gates.
+        comb_mix: out ``[T, hc * hc]`` (or ``[T, hc, hc]``) float32: the Sinkhorn matrix.
+        topk_weights, topk_ids, x_fp8, x_sf, topk_idx_out, topk_weights_out, is_padding,
+            shared_x_sf, shared_block_m, hidden_quant: as for
+            :func:`prepare_megamoe_inputs`, with y as its hidden states.
+        rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, norm_eps: finite (the eps
+            of the RMS, Sinkhorn and the norm also >= 0), rounded to float32.
+        sinkhorn_repeat: Sinkhorn rounds, 1..65536.
+        pre_mix_in: optional ``[T, hc]`` float32 coefficients of the weighted sum instead of
+            this step's pre gates (DeepSeek-V4.1's delayed form).
+        pre_mix: optional out ``[T, hc]`` float32: this step's pre gates.
+        layer_input: optional out ``[T, H]`` bfloat16: the weighted sum, before the norm.
+        y: optional out ``[T, H]`` bfloat16: the normalized rows.
+        global_scale, x_scales, full_buffer, routed_scaling_factor, expert_scales, stream,
+            enable_pdl: as for :func:`prepare_megamoe_inputs`.
+        nonfinite_count: optional in/out one-element int64: NaN / +-Inf elements of y are
+            added to it.
+
+    Raises:
+        TypeError: an array argument that is no array, a ``hidden_quant`` that is no
+            scheme, a non-float eps / multiplier, a non-int ``sinkhorn_repeat``, a non-bool flag.
+        ValueError: an invalid argument (shape, dtype, device, overlap, an eps out of range,
+            ``sinkhorn_repeat`` out of range, a 3-D output without a 2-D view, ...; the
+            message names the argument; the staging's name the rows ``y``, or
+            ``residual`` when no y is given); nothing was written.
+        RuntimeError: a CUDA failure; :class:`UnsupportedError` (a RuntimeError) for CUDA
+            tensors.
+    """
+
+mhc_pre_and_stage = MHC_AND_STAGE.make_function("mhc_pre_and_stage", _ops.mhc_pre_and_stage_impl, _MHC_AND_STAGE_DOC)
+explain_mhc_pre_and_stage = MHC_AND_STAGE.make_function(
+    "explain_mhc_pre_and_stage", _ops.explain_mhc_pre_and_stage_impl, _explain_doc("mhc_pre_and_stage", "residual", True)
 )

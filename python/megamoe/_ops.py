@@ -11,7 +11,18 @@ from typing import Any, NamedTuple, Optional
 from . import _C, _dequant
 from ._args import allocate, no_tokens, optional_int, shape_of
 from ._scheme import MXFP8, as_scheme
-from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, _as_bool, out_of_range
+from ._signature import (
+    GATE_AND_ROUTE,
+    GATE_ROUTE_AND_STAGE,
+    MHC_AND_STAGE,
+    NORM_AND_STAGE,
+    PREPARE,
+    ROUTE,
+    ROUTE_AND_STAGE,
+    ROUTING,
+    _as_bool,
+    out_of_range,
+)
 
 __all__ = [
     "output_shapes",
@@ -30,6 +41,9 @@ _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _N_FULL = NORM_AND_STAGE.index("full_buffer")
 _G_FULL = GATE_ROUTE_AND_STAGE.index("full_buffer")
+_M_FULL = MHC_AND_STAGE.index("full_buffer")
+# mhc_pre_and_stage's arrays that vLLM shapes 3-D: (index, name, written).
+_M_3D = tuple((MHC_AND_STAGE.index(n), n, out) for n, out in (("residual", False), ("post_mix", True), ("comb_mix", True)))
 
 
 def _torch_for(x: Any) -> Any:
@@ -145,6 +159,49 @@ def explain_gate_and_route_impl(*a: Any) -> str:  # T is y.shape[0]
 
 def gate_and_route_impl(*a: Any) -> None:  # T is y.shape[0]
     _dispatch(a, 0, None, "gate_and_route", lambda v: _C.gate_and_route(*GATE_AND_ROUTE.native_args(v, None)))
+
+
+def _flat_view(v: Any, shape: tuple, name: str) -> Any:
+    """A view of the written array ``v`` with ``shape`` (never a copy: the library writes
+    through it); ValueError naming ``name`` when its strides have none."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and isinstance(v, torch.Tensor):
+            return v.view(shape)
+        w = v.view()
+        w.shape = shape  # NumPy refuses (AttributeError) where a copy would be needed
+        return w
+    except (RuntimeError, AttributeError, ValueError, TypeError):
+        raise ValueError(
+            f"megamoe: {name}: expected strides that allow a view of shape {tuple(shape)} "
+            f"(shape {tuple(v.shape)}): pass it 2-D"
+        ) from None
+
+
+def mhc_views(a: Any) -> list:
+    """mhc_pre_and_stage's arguments (table order) with vLLM's 3-D shapes accepted: a
+    ``[T, hc, H]`` residual as ``[T, hc * H]`` (reshaped: a copy where no view exists, it is
+    only read), a ``[T, hc, 1]`` post_mix and a ``[T, hc, hc]`` comb_mix as 2-D views (never
+    copies). Arrays without ``reshape`` / ``view`` go on as they are (the binding names
+    what is wrong with them)."""
+    a = list(a)
+    for i, name, written in _M_3D:
+        v = a[i]
+        shape = getattr(v, "shape", None)
+        if shape is None or len(shape) != 3 or not hasattr(v, "reshape"):
+            continue
+        flat = (shape[0], shape[1] * shape[2])
+        a[i] = _flat_view(v, flat, name) if written else v.reshape(flat)
+    return a
+
+
+def mhc_pre_and_stage_impl(*a: Any) -> None:  # T is residual.shape[0]
+    _dispatch(mhc_views(a), 0, _M_FULL, "mhc_pre_and_stage",
+              lambda v: _C.mhc_pre_and_stage(*MHC_AND_STAGE.native_args(v, as_scheme)))  # fmt: skip
+
+
+def explain_mhc_pre_and_stage_impl(*a: Any) -> str:
+    return _explain("explain_mhc_pre_and_stage", MHC_AND_STAGE, mhc_views(a), 0, _M_FULL, as_scheme)
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ spells an argument list is derived from them here:
   committed file is that text).
 
 Kinds: ``tensor`` (required array), ``tensor?`` (optional array), ``int?``, ``float?``,
-``float`` (a number, never None), ``bool``, ``scheme`` (a QuantScheme or a vLLM QuantKey;
+``float`` (a number, never None), ``int`` (an int, never None), ``bool``, ``scheme`` (a QuantScheme or a vLLM QuantKey;
 the custom op spells it out as ``SCHEME_FIELDS``) and ``stream`` (a cudaStream_t as int;
 not an op argument: the op runs on the current stream).
 """
@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 __all__ = [
     "Param", "Spec", "PREPARE", "ROUTING", "ROUTE", "ROUTE_AND_STAGE", "NORM_AND_STAGE", "GATE_ROUTE_AND_STAGE",
-    "GATE_AND_ROUTE", "SCHEME_FIELDS", "stub_text",
+    "GATE_AND_ROUTE", "MHC_AND_STAGE", "SCHEME_FIELDS", "stub_text",
 ]  # fmt: skip
 
 
@@ -72,12 +72,14 @@ SCHEME_FIELDS = (
 )
 
 _SCHEMA_TYPES = {
-    "tensor": "Tensor", "tensor?": "Tensor?", "int?": "int?", "float?": "float?", "float": "float", "bool": "bool",
+    "tensor": "Tensor", "tensor?": "Tensor?", "int?": "int?", "int": "int", "float?": "float?", "float": "float",
+    "bool": "bool",
 }  # fmt: skip
 _STUB_TYPES = {
     "tensor": "Any",
     "tensor?": "Optional[Any]",
     "int?": "Optional[int]",
+    "int": "int",
     "float?": "Optional[float]",
     "float": "float",
     "bool": "bool",
@@ -152,6 +154,14 @@ def optional_float(value: Any, name: str) -> Optional[float]:
         raise ValueError(f"megamoe: {name}: expected a value within float32's range, got {got}") from None
 
 
+def required_int(value: Any, name: str) -> int:
+    """``value`` as :func:`optional_int` takes it but None and bools, a TypeError naming
+    ``name`` (the argument has a default, so None can only be a mistake; a bool is no count)."""
+    if value is None or isinstance(value, bool):
+        raise TypeError(f"megamoe: {name}: expected an int, got {type(value).__name__}")
+    return optional_int(value, name)
+
+
 def required_float(value: Any, name: str) -> float:
     """``value`` as :func:`optional_float` takes it but None, a TypeError naming ``name``
     (the argument has a default, so None can only be a mistake)."""
@@ -188,6 +198,7 @@ class Spec:
         kinds = [(i, p.name, p.kind) for i, p in enumerate(self.params)]
         self._tensors = [(i, n) for i, n, k in kinds if k in _TENSOR_KINDS]
         self._ints = [(i, n) for i, n, k in kinds if k == "int?"]
+        self._required_ints = [(i, n) for i, n, k in kinds if k == "int"]
         self._floats = [(i, n) for i, n, k in kinds if k == "float?"]
         self._required_floats = [(i, n) for i, n, k in kinds if k == "float"]
         self._bools = [(i, n) for i, n, k in kinds if k == "bool"]
@@ -259,6 +270,10 @@ class Spec:
             v = out[i]
             if v is not None and (type(v) is not int or not _INT64_MIN <= v <= _INT64_MAX):
                 out[i] = optional_int(v, name)
+        for i, name in self._required_ints:
+            v = out[i]
+            if type(v) is not int or not _INT64_MIN <= v <= _INT64_MAX:
+                out[i] = required_int(v, name)
         for i, name in self._floats:
             v = out[i]
             if v is not None and type(v) is not float:
@@ -322,6 +337,8 @@ class Spec:
                 out.append(v)
             elif p.kind == "int?":
                 out.append(optional_int(v, p.name))
+            elif p.kind == "int":
+                out.append(required_int(v, p.name))
             elif p.kind == "float?":
                 out.append(optional_float(v, p.name))
             elif p.kind == "float":
@@ -560,6 +577,41 @@ GATE_AND_ROUTE = Spec(
     ],
 )
 
+# mHC pre, RMSNorm, then staging (include/megamoe/mhc.h): vLLM's mhc_pre inputs (residual,
+# fn, hc_scale, hc_base) then the layer's norm weight, the mHC outputs the caller allocates
+# (post_mix, comb_mix: the library allocates nothing), then prepare_megamoe_inputs' staging
+# in its positional order; mHC's scalars (vLLM's names and DeepSeek-V4's values as defaults)
+# and its optional tensors keyword-only.
+MHC_AND_STAGE = Spec(
+    "mhc_pre_and_stage",
+    [
+        Param("residual", "tensor"),
+        Param("fn", "tensor"),
+        Param("hc_scale", "tensor"),
+        Param("hc_base", "tensor"),
+        Param("norm_weight", "tensor"),
+        Param("post_mix", "tensor", mutable=True),
+        Param("comb_mix", "tensor", mutable=True),
+        Param("topk_weights", "tensor"),
+        Param("topk_ids", "tensor"),
+        *_STAGED,
+        Param("rms_eps", "float", 1e-6, keyword_only=True),
+        Param("hc_pre_eps", "float", 1e-6, keyword_only=True),
+        Param("hc_sinkhorn_eps", "float", 1e-6, keyword_only=True),
+        Param("hc_post_mult_value", "float", 2.0, keyword_only=True),
+        Param("sinkhorn_repeat", "int", 20, keyword_only=True),
+        Param("norm_eps", "float", 1e-6, keyword_only=True),
+        Param("pre_mix_in", "tensor?", None, keyword_only=True),
+        Param("pre_mix", "tensor?", None, mutable=True, keyword_only=True),
+        Param("layer_input", "tensor?", None, mutable=True, keyword_only=True),
+        Param("y", "tensor?", None, mutable=True, keyword_only=True),
+        *_STAGE_OPTIONS,
+        Param("routed_scaling_factor", "float?", None, keyword_only=True),
+        Param("expert_scales", "tensor?", None, keyword_only=True),
+        *_LAUNCH,
+    ],
+)
+
 # (public name, spec, one-line doc) of the generated functions; _entry.pyi describes them.
 ENTRY_POINTS = (
     ("prepare_megamoe_inputs", PREPARE, "Quantize hidden states and repack top-k routing for DeepGEMM MegaMoE."),
@@ -576,6 +628,8 @@ ENTRY_POINTS = (
     ("explain_gate_route_and_stage", GATE_ROUTE_AND_STAGE, "What gate_route_and_stage would run for these arguments, as text."),
     ("gate_and_route", GATE_AND_ROUTE, "Gate (logits in a fixed fp32 order) and route in one call, without staging."),
     ("explain_gate_and_route", GATE_AND_ROUTE, "What gate_and_route would run for these arguments, as text."),
+    ("mhc_pre_and_stage", MHC_AND_STAGE, "DeepSeek-V4's mHC pre step, RMSNorm and staging of the rows in one call."),
+    ("explain_mhc_pre_and_stage", MHC_AND_STAGE, "What mhc_pre_and_stage would run for these arguments, as text."),
 )
 
 

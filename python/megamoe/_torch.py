@@ -2,7 +2,8 @@
 
 Registers the custom ops ``torch.ops.megamoe.prepare_inputs``,
 ``torch.ops.megamoe.stage_routing``, ``torch.ops.megamoe.route``,
-``torch.ops.megamoe.route_and_stage`` and ``torch.ops.megamoe.rmsnorm_and_stage`` (CPU and
+``torch.ops.megamoe.route_and_stage``, ``torch.ops.megamoe.rmsnorm_and_stage`` and
+``torch.ops.megamoe.mhc_pre_and_stage`` (CPU and
 CUDA kernels, fake implementations for FakeTensor / torch.compile tracing; schema, mutated
 arguments, kernel and fake all derived from megamoe._signature) and provides the torch
 paths of the public functions. Tensors reach the library as DLPack capsules
@@ -30,7 +31,18 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
 from ._scheme import as_scheme, plain_key_fields, scheme_fields, scheme_from_plain
-from ._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, ROUTE, ROUTE_AND_STAGE, ROUTING, SCHEME_FIELDS, _as_bool
+from ._signature import (
+    GATE_AND_ROUTE,
+    GATE_ROUTE_AND_STAGE,
+    MHC_AND_STAGE,
+    NORM_AND_STAGE,
+    PREPARE,
+    ROUTE,
+    ROUTE_AND_STAGE,
+    ROUTING,
+    SCHEME_FIELDS,
+    _as_bool,
+)
 
 __all__ = [
     "prepare",
@@ -40,11 +52,13 @@ __all__ = [
     "route",
     "route_and_stage",
     "rmsnorm_and_stage",
+    "mhc_pre_and_stage",
     "prepare_inputs_op",
     "stage_routing_op",
     "route_op",
     "route_and_stage_op",
     "rmsnorm_and_stage_op",
+    "mhc_pre_and_stage_op",
     "allocate",
     "index_dtype",
     "dequantize",
@@ -62,6 +76,7 @@ _R_FULL = ROUTING.index("full_buffer")
 _RS_FULL = ROUTE_AND_STAGE.index("full_buffer")
 _N_FULL = NORM_AND_STAGE.index("full_buffer")
 _G_FULL = GATE_ROUTE_AND_STAGE.index("full_buffer")
+_M_FULL = MHC_AND_STAGE.index("full_buffer")
 
 
 def _exports_through_dlpack(dtype: Any) -> bool:
@@ -199,6 +214,12 @@ def _run_gate_and_route(a: Sequence[Any]) -> None:
     _C.gate_and_route(*GATE_AND_ROUTE.native_args(a, None, _cap))
 
 
+def _run_mhc_pre_and_stage(a: Sequence[Any]) -> None:
+    if not _as_bool(a[_M_FULL], "full_buffer") and _no_tokens(a[0]):
+        return
+    _C.mhc_pre_and_stage(*MHC_AND_STAGE.native_args(a, as_scheme, _cap))
+
+
 def _with_stream(a: Sequence[Any], i: int, device_of: Any) -> list:
     a = list(a)
     if a[i] is None:
@@ -289,6 +310,13 @@ def gate_and_route(a: Sequence[Any]) -> None:
         _direct_or_op(GATE_AND_ROUTE, a, a[0], _run_gate_and_route, "gate_and_route")
 
 
+def mhc_pre_and_stage(a: Sequence[Any]) -> None:
+    """Torch path of megamoe.mhc_pre_and_stage (``a``: its arguments in table order, the 3-D
+    shapes already flattened by megamoe._ops.mhc_views)."""
+    if _as_bool(a[_M_FULL], "full_buffer") or not _no_tokens(a[0]):
+        _direct_or_op(MHC_AND_STAGE, a, a[0], _run_mhc_pre_and_stage, "mhc_pre_and_stage")
+
+
 # ---------------------------------------------------------------------------------------
 # The custom ops: schema, mutated arguments, kernel and fake from the one table
 
@@ -337,6 +365,10 @@ def _gate_and_route_kernel(*op_args: Any) -> None:
     _run_gate_and_route(GATE_AND_ROUTE.from_op_values(op_args, None, _stream_of(op_args[0])))
 
 
+def _mhc_pre_and_stage_kernel(*op_args: Any) -> None:
+    _run_mhc_pre_and_stage(MHC_AND_STAGE.from_op_values(op_args, _op_scheme, _stream_of(op_args[0])))
+
+
 def _fake(*op_args: Any) -> None:
     """Nothing to compute: the ops only write their (already allocated) outputs, whose
     shapes, dtypes and devices do not change; argument errors surface when the op runs."""
@@ -363,6 +395,10 @@ _NORM_AND_STAGE_DOC = """``torch.ops.megamoe.rmsnorm_and_stage``: RMSNorm and st
 PyTorch op (the arguments of :func:`megamoe.rmsnorm_and_stage` but the stream; the scheme
 spelled out as for prepare_inputs). ``y`` may be ``x`` and ``residual_out`` ``residual``
 (in place); both are declared mutated, as every staging output."""
+
+_MHC_AND_STAGE_DOC = """``torch.ops.megamoe.mhc_pre_and_stage``: mHC pre, RMSNorm and staging in one call
+as a PyTorch op (the arguments of :func:`megamoe.mhc_pre_and_stage` but the stream, with a
+2-D residual, post_mix and comb_mix; the scheme spelled out as for prepare_inputs)."""
 
 
 _GATE_ROUTE_AND_STAGE_DOC = """``torch.ops.megamoe.gate_route_and_stage``: gate, route and stage in one
@@ -414,6 +450,7 @@ gate_route_and_stage_op = _define(
     _LIB, GATE_ROUTE_AND_STAGE, "gate_route_and_stage", _gate_route_and_stage_kernel, _GATE_ROUTE_AND_STAGE_DOC
 )
 gate_and_route_op = _define(_LIB, GATE_AND_ROUTE, "gate_and_route", _gate_and_route_kernel, _GATE_AND_ROUTE_DOC)
+mhc_pre_and_stage_op = _define(_LIB, MHC_AND_STAGE, "mhc_pre_and_stage", _mhc_pre_and_stage_kernel, _MHC_AND_STAGE_DOC)
 
 
 # ---------------------------------------------------------------------------------------

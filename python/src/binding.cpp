@@ -544,6 +544,11 @@ struct Handles {
   // gate_route_and_stage's gate (GateArgs): weight and y as above (y an input there, None:
   // hidden_states), and the logits it may write.
   PyArray logits_out;
+  // mhc_pre_and_stage's mHC step (MhcPreArgs; residual and y as above); its floats are
+  // doubles as Python passes them, made fp32 with to_f32_arg.
+  PyArray fn, hc_scale, hc_base, norm_weight, post_mix, comb_mix, pre_mix_in, pre_mix, layer_input;
+  double rms_eps = 1e-6, hc_pre_eps = 1e-6, hc_sinkhorn_eps = 1e-6, hc_post_mult_value = 2.0, norm_eps = 1e-6;
+  int64_t sinkhorn_repeat = 20;
 };
 
 megamoe::Stream stream_of(const Handles& h) { return reinterpret_cast<megamoe::Stream>(h.stream); }
@@ -731,6 +736,18 @@ constexpr auto kGateAndRoute = std::tuple_cat(
                     MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids), MEGAMOE_ARG(is_padding)),
     kRouterOptions,
     std::make_tuple(MEGAMOE_ARG(logits_out), MEGAMOE_ARG(nonfinite_count).library_name(kRouterCounter)), kLaunch);
+
+// mHC's inputs and its required outputs in place of hidden_states, then prepare_inputs'
+// arguments; mHC's scalars and optional tensors keyword-only in Python.
+constexpr auto kMhcAndStage = std::tuple_cat(
+    std::make_tuple(MEGAMOE_REQUIRED_ARG(residual), MEGAMOE_REQUIRED_ARG(fn), MEGAMOE_REQUIRED_ARG(hc_scale),
+                    MEGAMOE_REQUIRED_ARG(hc_base), MEGAMOE_REQUIRED_ARG(norm_weight), MEGAMOE_REQUIRED_ARG(post_mix),
+                    MEGAMOE_REQUIRED_ARG(comb_mix), MEGAMOE_REQUIRED_ARG(topk_weights), MEGAMOE_REQUIRED_ARG(topk_ids)),
+    kStaged,
+    std::make_tuple(MEGAMOE_ARG(rms_eps), MEGAMOE_ARG(hc_pre_eps), MEGAMOE_ARG(hc_sinkhorn_eps),
+                    MEGAMOE_ARG(hc_post_mult_value), MEGAMOE_ARG(sinkhorn_repeat), MEGAMOE_ARG(norm_eps),
+                    MEGAMOE_ARG(pre_mix_in), MEGAMOE_ARG(pre_mix), MEGAMOE_ARG(layer_input), MEGAMOE_ARG(y)),
+    kStageOptions, std::make_tuple(MEGAMOE_ARG(routed_scaling_factor), MEGAMOE_ARG(expert_scales)), kLaunch);
 
 #undef MEGAMOE_ARG
 #undef MEGAMOE_REQUIRED_ARG
@@ -1035,6 +1052,51 @@ std::string explain_gate_and_route(const Handles& h) {
   return megamoe::explain(g, r);
 }
 
+/// mhc_pre_and_stage: mHC's arrays into MhcPreArgs, the staging's into StageArgs (its rows
+/// are y: no hidden_states). A 2-D residual without rows returns at once outside
+/// full-buffer mode (the library reads T from it and returns then; nothing else is read).
+bool load_mhc(Arrays& arrays, const Handles& h, megamoe::MhcPreArgs& m, megamoe::StageArgs& a) {
+  if (arrays.input(h.residual, m.residual, !h.full_buffer)) return false;
+  arrays.input(h.fn, m.fn);
+  arrays.input(h.hc_scale, m.hc_scale);
+  arrays.input(h.hc_base, m.hc_base);
+  arrays.input(h.norm_weight, m.norm_weight);
+  arrays.input(h.pre_mix_in, m.pre_mix_in);
+  m.rms_eps = to_f32_arg(h.rms_eps, "rms_eps");
+  m.hc_pre_eps = to_f32_arg(h.hc_pre_eps, "hc_pre_eps");
+  m.hc_sinkhorn_eps = to_f32_arg(h.hc_sinkhorn_eps, "hc_sinkhorn_eps");
+  m.hc_post_mult_value = to_f32_arg(h.hc_post_mult_value, "hc_post_mult_value");
+  m.norm_eps = to_f32_arg(h.norm_eps, "norm_eps");
+  m.sinkhorn_repeat = h.sinkhorn_repeat;
+  arrays.output(h.post_mix, m.post_mix);
+  arrays.output(h.comb_mix, m.comb_mix);
+  arrays.output(h.pre_mix, m.pre_mix);
+  arrays.output(h.layer_input, m.layer_input);
+  arrays.output(h.y, m.y);
+  load_stage(arrays, h, a, false, true);
+  if (!arrays.unrepresented().empty()) {
+    raise_unrepresented(arrays.unrepresented(), [&] { megamoe::validate_mhc_pre(m, a); });
+  }
+  return true;
+}
+
+void mhc_pre_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::MhcPreArgs m;
+  megamoe::StageArgs a;
+  if (!load_mhc(arrays, h, m, a)) return;
+  nb::gil_scoped_release release;
+  megamoe::mhc_pre_and_stage(m, a, stream_of(h));
+}
+
+std::string explain_mhc_pre_and_stage(const Handles& h) {
+  Arrays arrays;
+  megamoe::MhcPreArgs m;
+  megamoe::StageArgs a;
+  if (!load_mhc(arrays, h, m, a)) return "nothing to do: residual has no rows (T == 0)";
+  return megamoe::explain(m, a);
+}
+
 /// One TensorSpec as Python's (shape, dtype name).
 nb::object spec_tuple(const megamoe::TensorSpec& t) {
   nb::object shape = t.ndim == 1 ? nb::object(nb::make_tuple(t.shape[0]))
@@ -1332,6 +1394,15 @@ NB_MODULE(_C, m) {
   def_entry(m, "explain_rmsnorm_and_stage", kNormAndStage, &explain_rmsnorm_and_stage,
             "What rmsnorm_and_stage would launch for these arguments, as text (validated, nothing\n"
             "run; stream is ignored).");
+  def_entry(m, "mhc_pre_and_stage", kMhcAndStage, &mhc_pre_and_stage,
+            "DeepSeek-V4's mHC pre step, RMSNorm and staging in one call (see\n"
+            "megamoe.mhc_pre_and_stage): post_mix, comb_mix (and pre_mix, layer_input, y when given),\n"
+            "then the staging of prepare_inputs with y as hidden_states. residual ([T, hc * H]) without\n"
+            "rows returns at once unless full_buffer is set. CPU backend only for now (CUDA tensors:\n"
+            "UnsupportedError).");
+  def_entry(m, "explain_mhc_pre_and_stage", kMhcAndStage, &explain_mhc_pre_and_stage,
+            "What mhc_pre_and_stage would run for these arguments, as text (validated, nothing run;\n"
+            "stream is ignored).");
   m.def("set_cpu_threads", &megamoe::set_cpu_threads, nb::arg("n"),
         "Threads one CPU staging call may use, the caller included (0 = one per CPU).");
   m.def("cpu_threads", &megamoe::cpu_threads, "Threads a large CPU staging call uses now (>= 1).");

@@ -11,10 +11,12 @@
 
 #include "core/checked.h"
 #include "core/layout.h"
+#include "core/mhc.h"
 #include "core/router.h"
 #include "check.h"
 #include "megamoe/error.h"
 #include "megamoe/gate.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "scheme.h"
 
@@ -313,6 +315,22 @@ std::vector<NamedTensor> named_tensors(const RmsNormArgs& n, const StageArgs& s)
   if (n.y) all.push_back({&*n.y, "y", true, &n.x});
   if (n.residual_out) all.push_back({&*n.residual_out, "residual_out", true, n.residual ? &*n.residual : nullptr});
   // The staging's hidden states are the norm's rows (x, or y when written), listed above.
+  for (const NamedTensor& t : named_tensors(s)) {
+    if (t.t != &s.hidden_states) all.push_back(t);
+  }
+  return all;
+}
+
+std::vector<NamedTensor> named_tensors(const MhcPreArgs& m, const StageArgs& s) {
+  std::vector<NamedTensor> all = {{&m.residual, "residual", false}, {&m.fn, "fn", false},
+                                  {&m.hc_scale, "hc_scale", false}, {&m.hc_base, "hc_base", false},
+                                  {&m.norm_weight, "norm_weight", false}, {&m.post_mix, "post_mix", true},
+                                  {&m.comb_mix, "comb_mix", true}};
+  if (m.pre_mix_in) all.push_back({&*m.pre_mix_in, "pre_mix_in", false});
+  if (m.pre_mix) all.push_back({&*m.pre_mix, "pre_mix", true});
+  if (m.layer_input) all.push_back({&*m.layer_input, "layer_input", true});
+  if (m.y) all.push_back({&*m.y, "y", true});
+  // The staging's hidden states are the normalized rows (y when written, listed above).
   for (const NamedTensor& t : named_tensors(s)) {
     if (t.t != &s.hidden_states) all.push_back(t);
   }
@@ -752,6 +770,21 @@ StageArgs staged_args(const TensorRef& y, const StageArgs& s) {
   return a;
 }
 
+namespace {
+/// The staging of a producer's rows (@p rows stands in as the hidden states: the rows
+/// themselves, or a tensor of their shape and dtype); its messages name them @p name.
+Problem validate_staged_rows(const TensorRef& rows, const char* name, const StageArgs& s) {
+  try {
+    return validate_args(staged_args(rows, s));
+  } catch (const Error& e) {
+    std::string m = e.what();
+    const std::string from = "hidden_states";
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + 1)) m.replace(at, from.size(), name);
+    throw Error(e.code(), m);
+  }
+}
+}  // namespace
+
 NormProblem validate_norm(const RmsNormArgs& n, const StageArgs& s) {
   NormProblem p;
   check_rank(n.x, "x", 2);
@@ -785,16 +818,78 @@ NormProblem validate_norm(const RmsNormArgs& n, const StageArgs& s) {
   // The staging of the normalized rows: every staging rule applies (the rows stand in as
   // its hidden states: y when written, else x, which has their shape and dtype; the
   // staging's messages name them as the caller does).
-  const char* rows = n.y ? "y" : "x";
-  try {
-    p.stage = validate_args(staged_args(n.y ? *n.y : n.x, s));
-  } catch (const Error& e) {
-    std::string m = e.what();
-    const std::string from = "hidden_states";
-    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + 1)) m.replace(at, from.size(), rows);
-    throw Error(e.code(), m);
-  }
+  p.stage = validate_staged_rows(n.y ? *n.y : n.x, n.y ? "y" : "x", s);
   p.misaligned = check_memory(named_tensors(n, s), n.x.device);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// The mHC pre producer (include/megamoe/mhc.h).
+
+MhcProblem validate_mhc(const MhcPreArgs& m, const StageArgs& s) {
+  MhcProblem p;
+  check_rank(m.residual, "residual", 2);
+  p.T = m.residual.shape[0];
+  if (returns_at_once(p.T, s.full_buffer)) return p;
+  check_dtype(m.residual, "residual", {DType::kBFloat16});
+  // hc is post_mix's width, H norm_weight's length; everything else is checked against them.
+  check_rank(m.post_mix, "post_mix", 2);
+  MEGAMOE_CHECK(m.post_mix.shape[1] >= 1 && m.post_mix.shape[1] <= core::kMhcMaxStreams, "post_mix",
+                "shape (T, hc_mult) with 1 <= hc_mult <= " + std::to_string(core::kMhcMaxStreams),
+                "shape " + m.post_mix.shape_str());
+  p.hc = static_cast<int>(m.post_mix.shape[1]);
+  p.M = core::mhc_mixes(p.hc);
+  check_rank(m.norm_weight, "norm_weight", 1);
+  p.H = m.norm_weight.shape[0];
+  MEGAMOE_CHECK(p.H >= 1, "norm_weight", "shape (H,) with H >= 1", "shape " + m.norm_weight.shape_str());
+  const core::Checked K = core::Checked(p.hc) * p.H;
+  // The mixes' mean divides by hc * H as an fp32, exact up to 2^24.
+  MEGAMOE_CHECK(K.ok() && K.value() <= (int64_t{1} << 24), "norm_weight",
+                "hc_mult * H <= 2^24 (hc_mult = " + std::to_string(p.hc) + ")", "shape " + m.norm_weight.shape_str());
+  p.K = K.value();
+  check_dtype(m.norm_weight, "norm_weight", {DType::kBFloat16, DType::kFloat32});
+  p.weight_f32 = m.norm_weight.dtype == DType::kFloat32;
+  check_shape2(m.residual, "residual", p.T, p.K);
+  check_shape2(m.fn, "fn", p.M, p.K);
+  check_dtype(m.fn, "fn", {DType::kFloat32});
+  check_vector(m.hc_scale, "hc_scale", 3, {DType::kFloat32});
+  check_vector(m.hc_base, "hc_base", p.M, {DType::kFloat32});
+  auto finite = [](float v, const char* name, bool nonneg) {
+    MEGAMOE_CHECK(std::isfinite(v) && (!nonneg || v >= 0.0f), name, nonneg ? "a finite value >= 0" : "a finite value", v);
+  };
+  finite(m.rms_eps, "rms_eps", true);
+  finite(m.hc_pre_eps, "hc_pre_eps", false);
+  finite(m.hc_sinkhorn_eps, "hc_sinkhorn_eps", true);
+  finite(m.hc_post_mult_value, "hc_post_mult_value", false);
+  finite(m.norm_eps, "norm_eps", true);
+  MEGAMOE_CHECK(m.sinkhorn_repeat >= 1 && m.sinkhorn_repeat <= 65536, "sinkhorn_repeat", "1 to 65536 rounds",
+                m.sinkhorn_repeat);
+  if (m.pre_mix_in) {
+    check_shape2(*m.pre_mix_in, "pre_mix_in", p.T, p.hc);
+    check_dtype(*m.pre_mix_in, "pre_mix_in", {DType::kFloat32});
+  }
+  check_shape2(m.post_mix, "post_mix", p.T, p.hc);
+  check_dtype(m.post_mix, "post_mix", {DType::kFloat32});
+  check_shape2(m.comb_mix, "comb_mix", p.T, int64_t{p.hc} * p.hc);
+  check_dtype(m.comb_mix, "comb_mix", {DType::kFloat32});
+  if (m.pre_mix) {
+    check_shape2(*m.pre_mix, "pre_mix", p.T, p.hc);
+    check_dtype(*m.pre_mix, "pre_mix", {DType::kFloat32});
+  }
+  if (m.layer_input) {
+    check_shape2(*m.layer_input, "layer_input", p.T, p.H);
+    check_dtype(*m.layer_input, "layer_input", {DType::kBFloat16});
+  }
+  if (m.y) {
+    check_shape2(*m.y, "y", p.T, p.H);
+    check_dtype(*m.y, "y", {DType::kBFloat16});
+  }
+  // The staging of the normalized rows: y when written, else a [T, H] bf16 view of the
+  // residual's first stream stands in (their shape and dtype, memory of the call).
+  const TensorRef first(m.residual.data, DType::kBFloat16, {p.T, p.H}, {m.residual.strides[0], m.residual.strides[1]},
+                        m.residual.device);
+  p.stage = validate_staged_rows(m.y ? *m.y : first, m.y ? "y" : "residual", s);
+  (void)check_memory(named_tensors(m, s), m.residual.device);
   return p;
 }
 

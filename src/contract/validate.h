@@ -6,6 +6,7 @@
 
 #include "formats/format_list.h"
 #include "megamoe/gate.h"
+#include "megamoe/mhc.h"
 #include "megamoe/norm.h"
 #include "megamoe/router.h"
 #include "megamoe/stage.h"
@@ -121,6 +122,21 @@ RouterArgs gated_router_args(const RouterArgs& r, const TensorRef& logits);
 /// True when a gate call has work (tokens, or a fused full-buffer tail).
 inline bool has_work(const GateProblem& p) { return has_work(p.router); }
 
+/// Sizes and options resolved from validated MhcPreArgs (mhc_pre_and_stage).
+struct MhcProblem {
+  int64_t T = 0;               ///< tokens (rows of residual)
+  int64_t H = 0;               ///< hidden size (norm_weight's length)
+  int hc = 0;                  ///< streams (post_mix's width), 1..core::kMhcMaxStreams
+  int64_t K = 0;               ///< hc * H: the mixed row's length (<= 2^24)
+  int M = 0;                   ///< hc * (hc + 2): the mixes
+  bool weight_f32 = false;     ///< fp32 norm weight (else bf16)
+  Problem stage;               ///< the staging of staged_args(y, stage)
+};
+/// Check an mhc_pre_and_stage call; throws megamoe::Error before anything is written.
+MhcProblem validate_mhc(const MhcPreArgs& m, const StageArgs& s);
+/// True when an mHC call has work (tokens, or a full-buffer tail).
+inline bool has_work(const MhcProblem& p) { return p.T > 0 || has_work(p.stage); }
+
 /// Element offsets, relative to the data pointer, of a tensor's first and last elements in
 /// address order: lo <= 0 <= hi (both 0 for an empty tensor).
 struct Extent {
@@ -173,6 +189,8 @@ std::vector<NamedTensor> named_tensors(const StageArgs& args);
 std::vector<NamedTensor> named_tensors(const RoutingArgs& args);
 /// An rmsnorm_and_stage call's tensors: the norm's and the staging's but its hidden states.
 std::vector<NamedTensor> named_tensors(const RmsNormArgs& n, const StageArgs& s);
+/// An mhc_pre_and_stage call's tensors: mHC's and the staging's but its hidden states.
+std::vector<NamedTensor> named_tensors(const MhcPreArgs& m, const StageArgs& s);
 /// A router call's tensors: the router's (outputs: the public top-k, the load, the counter)
 /// and, for route_and_stage (@p stage non-null), the staging's but its top-k inputs.
 std::vector<NamedTensor> named_tensors(const RouterArgs& args, const StageArgs* stage);

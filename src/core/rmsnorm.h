@@ -43,6 +43,15 @@ MEGAMOE_HD int64_t norm_tree_width(int64_t n) {
   return w;
 }
 
+/// The contract's tree over c[0..w) (w = norm_tree_width(n), c[n..w) = +0): for h = w/2,
+/// ..., 1, c[j] = fl(c[j] + c[j + h]) for j < h; returns c[0] (c is overwritten).
+MEGAMOE_HD float fold_halves(float* c, int64_t w) {
+  for (int64_t h = w / 2; h >= 1; h /= 2) {
+    for (int64_t j = 0; j < h; ++j) c[j] = add_rn(c[j], c[j + h]);
+  }
+  return c[0];
+}
+
 /// The row's scale from its sum S over H columns: fl(1 / sqrt_rn(fl(fl(S / H) + eps)))
 /// (H <= 2^24: exact as an fp32).
 MEGAMOE_HD float norm_scale(float S, int64_t H, float eps) {

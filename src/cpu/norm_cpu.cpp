@@ -63,10 +63,7 @@ void norm_rows(const RmsNormArgs& n, const detail::NormProblem& p, const TensorR
     }
     std::fill(c.begin(), c.end(), 0.0f);
     for (int64_t k = 0; k < chunks; ++k) c[static_cast<size_t>(k)] = core::norm_chunk_sumsq(&z[static_cast<size_t>(k * core::kNormChunk)]);
-    for (size_t h = c.size() / 2; h >= 1; h /= 2) {
-      for (size_t k = 0; k < h; ++k) c[k] = core::add_rn(c[k], c[k + h]);
-    }
-    const float s = core::norm_scale(c[0], H, p.eps);
+    const float s = core::norm_scale(core::fold_halves(c.data(), static_cast<int64_t>(c.size())), H, p.eps);
     for (int64_t j = 0; j < H; ++j) {
       store16(y, t, j, core::norm_element(z[static_cast<size_t>(j)], s, w[static_cast<size_t>(j)]));
     }

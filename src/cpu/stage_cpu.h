@@ -11,6 +11,8 @@ namespace cpu {
 void prepare_inputs(const StageArgs& args, const detail::Problem& p);
 /// rmsnorm_and_stage on the host (norm_cpu.cpp).
 void rmsnorm_and_stage(const RmsNormArgs& norm, const StageArgs& stage, const detail::NormProblem& p);
+/// mhc_pre_and_stage on the host (mhc_cpu.cpp).
+void mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, const detail::MhcProblem& p);
 
 /// The top-k tensors of a call (pad may be null).
 struct TopkIO {

@@ -19,7 +19,17 @@ import pytest
 
 import megamoe
 from megamoe import _C, _signature
-from megamoe._signature import GATE_AND_ROUTE, GATE_ROUTE_AND_STAGE, NORM_AND_STAGE, PREPARE, REQUIRED, ROUTE, ROUTE_AND_STAGE, ROUTING
+from megamoe._signature import (
+    GATE_AND_ROUTE,
+    GATE_ROUTE_AND_STAGE,
+    MHC_AND_STAGE,
+    NORM_AND_STAGE,
+    PREPARE,
+    REQUIRED,
+    ROUTE,
+    ROUTE_AND_STAGE,
+    ROUTING,
+)
 
 STUB = Path(megamoe.__file__).resolve().parent / "_entry.pyi"
 
@@ -34,7 +44,7 @@ VLLM_ROUTING = ["topk_weights", "topk_ids", "topk_idx_out", "topk_weights_out", 
 # The native module's annotation of each kind of table argument (nanobind's signature text).
 NATIVE_TYPES = {
     "tensor": "object | None", "tensor?": "object | None", "int?": "int | None", "float?": "float | None",
-    "float": "float", "bool": "bool", "scheme": "megamoe._C.QuantScheme", "stream": "int",
+    "float": "float", "int": "int", "bool": "bool", "scheme": "megamoe._C.QuantScheme", "stream": "int",
 }  # fmt: skip
 
 
@@ -108,6 +118,19 @@ def test_router_signatures_are_the_table():
     assert sig == GATE_AND_ROUTE.signature() == inspect.signature(megamoe.explain_gate_and_route)
     positional = [n for n, p in sig.parameters.items() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == ["y", "weight", "e_score_correction_bias", "topk_weights", "topk_ids", "is_padding"]
+    # mHC: vLLM's mhc_pre inputs, the norm weight and the mHC outputs in place of
+    # hidden_states, then prepare_megamoe_inputs' order; the scalars keyword-only with
+    # DeepSeek-V4's values as defaults
+    for fn in (megamoe.mhc_pre_and_stage, megamoe.explain_mhc_pre_and_stage):
+        sig = inspect.signature(fn)
+        assert sig == MHC_AND_STAGE.signature() and fn.__module__ == "megamoe" and fn.__doc__
+    positional = [n for n, p in sig.parameters.items() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == ["residual", "fn", "hc_scale", "hc_base", "norm_weight", "post_mix", "comb_mix",
+                          *VLLM_PREPARE[1:]]  # fmt: skip
+    assert {n: sig.parameters[n].default for n in ("rms_eps", "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult_value",
+                                                   "sinkhorn_repeat", "norm_eps")} == {
+        "rms_eps": 1e-6, "hc_pre_eps": 1e-6, "hc_sinkhorn_eps": 1e-6, "hc_post_mult_value": 2.0,
+        "sinkhorn_repeat": 20, "norm_eps": 1e-6}  # fmt: skip
     # the drop-in has vLLM's dsv4_topk_prepare_megamoe parameters, in its order
     assert list(inspect.signature(megamoe.dsv4_topk_prepare_megamoe).parameters) == [
         "hidden_states", "gating_output", "correction_bias", "routed_scaling_factor", "indices_dtype", "x_fp8", "x_sf",
@@ -121,7 +144,8 @@ def test_router_signatures_are_the_table():
      ("explain_route_and_stage", ROUTE_AND_STAGE), ("rmsnorm_and_stage", NORM_AND_STAGE),
      ("explain_rmsnorm_and_stage", NORM_AND_STAGE), ("gate_route_and_stage", GATE_ROUTE_AND_STAGE),
      ("explain_gate_route_and_stage", GATE_ROUTE_AND_STAGE), ("gate_and_route", GATE_AND_ROUTE),
-     ("explain_gate_and_route", GATE_AND_ROUTE)],
+     ("explain_gate_and_route", GATE_AND_ROUTE), ("mhc_pre_and_stage", MHC_AND_STAGE),
+     ("explain_mhc_pre_and_stage", MHC_AND_STAGE)],
 )  # fmt: skip
 def test_native_parameters_are_the_table(name, spec):
     # The binding's own argument tables (python/src/binding.cpp) give the native module its
@@ -150,6 +174,7 @@ def test_native_stub_parameter_order_is_the_table():
     assert funcs["rmsnorm_and_stage"] == funcs["explain_rmsnorm_and_stage"] == list(NORM_AND_STAGE.names)
     assert funcs["gate_route_and_stage"] == funcs["explain_gate_route_and_stage"] == list(GATE_ROUTE_AND_STAGE.names)
     assert funcs["gate_and_route"] == funcs["explain_gate_and_route"] == list(GATE_AND_ROUTE.names)
+    assert funcs["mhc_pre_and_stage"] == funcs["explain_mhc_pre_and_stage"] == list(MHC_AND_STAGE.names)
 
 
 def test_committed_stub_is_the_generated_one():
@@ -211,8 +236,15 @@ def test_op_schema_text():
                                                  "Tensor(a!) topk_weights, Tensor(b!) topk_ids, ")  # fmt: skip
     assert GATE_AND_ROUTE.mutates_args() == ("topk_weights", "topk_ids", "expert_load_view", "logits_out",
                                              "nonfinite_count")  # fmt: skip
+    ms = MHC_AND_STAGE.op_schema()
+    assert ms.startswith("(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor norm_weight, "
+                         "Tensor(a!) post_mix, Tensor(b!) comb_mix, Tensor topk_weights, Tensor topk_ids, ")  # fmt: skip
+    assert "float hc_post_mult_value, int sinkhorn_repeat, float norm_eps, Tensor? pre_mix_in, Tensor(h!)? pre_mix" in ms
+    assert MHC_AND_STAGE.mutates_args() == ("post_mix", "comb_mix", "x_fp8", "x_sf", "topk_idx_out",
+                                            "topk_weights_out", "shared_x_sf", "pre_mix", "layer_input", "y",
+                                            "global_scale", "x_scales", "nonfinite_count")  # fmt: skip
     # every table argument but the stream reaches the op (the scheme as its fields)
-    for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE, GATE_ROUTE_AND_STAGE, GATE_AND_ROUTE):
+    for spec in (PREPARE, ROUTE_AND_STAGE, NORM_AND_STAGE, GATE_ROUTE_AND_STAGE, GATE_AND_ROUTE, MHC_AND_STAGE):
         op = spec.op_names()
         for p in spec.params:
             if p.kind == "scheme":
@@ -274,6 +306,32 @@ def test_required_float_kind():
     assert ("eps", "float") in NORM_AND_STAGE.op_params()
 
 
+def test_required_int_kind():
+    """sinkhorn_repeat (kind "int"): ints and index-likes pass, None, bools and non-ints are
+    TypeErrors, ints outside int64 ValueErrors; the op spells it "int"."""
+    i = MHC_AND_STAGE.index("sinkhorn_repeat")
+    args = MHC_AND_STAGE.values(residual=1, fn=2, hc_scale=3, hc_base=4, norm_weight=5, post_mix=6, comb_mix=7,
+                                topk_weights=8, topk_ids=9, x_fp8=10, x_sf=11, topk_idx_out=12,
+                                topk_weights_out=13)  # fmt: skip
+    assert args[i] == 20
+    class Seven:  # an index-like (NumPy integers are ones)
+        def __index__(self) -> int:
+            return 7
+
+    for given, want in ((1, 1), (Seven(), 7), (65536, 65536)):
+        got = MHC_AND_STAGE.native_args([*args[:i], given, *args[i + 1 :]], lambda s: s)[i]
+        assert got == want and type(got) is int
+    for bad, exc, msg in ((None, TypeError, "megamoe: sinkhorn_repeat: expected an int, got NoneType"),
+                          (True, TypeError, "megamoe: sinkhorn_repeat: expected an int, got bool"),
+                          (2.0, TypeError, "megamoe: sinkhorn_repeat: expected an int or None, got float"),
+                          (2**70, ValueError, "megamoe: sinkhorn_repeat: 1180591620717411303424 does not fit in int64")):  # fmt: skip
+        with pytest.raises(exc, match=re.escape(msg)):
+            MHC_AND_STAGE.native_args([*args[:i], bad, *args[i + 1 :]], lambda s: s)
+        with pytest.raises(exc, match=re.escape(msg)):
+            MHC_AND_STAGE.op_values([*args[:i], bad, *args[i + 1 :]], lambda s: ())
+    assert ("sinkhorn_repeat", "int") in MHC_AND_STAGE.op_params()
+
+
 # ---------------------------------------------------------------------------------------
 # Packaging
 
@@ -309,7 +367,8 @@ IMPORT_TIME = textwrap.dedent(
     t2 = time.perf_counter()
     assert 'megamoe._torch' in sys.modules, 'the custom ops are registered on import'
     assert all(hasattr(torch.ops.megamoe, n) for n in ('prepare_inputs', 'stage_routing', 'route', 'route_and_stage',
-                                                       'rmsnorm_and_stage', 'gate_route_and_stage', 'gate_and_route'))
+                                                       'rmsnorm_and_stage', 'gate_route_and_stage', 'gate_and_route',
+                                                       'mhc_pre_and_stage'))
     print(t1 - t0, t2 - t1, 'torch._dynamo' in sys.modules)
     """
 )

@@ -423,14 +423,15 @@ def test_op_scheme_cache():
 
 
 def test_ops_registration():
-    """The seven ops come from megamoe's DEF library (Library.define / impl on the CPU and CUDA
+    """The eight ops come from megamoe's DEF library (Library.define / impl on the CPU and CUDA
     keys / register_fake; no Python Autograd or ADInplaceOrView kernel, which is what made
     torch.library.custom_op dearer per call); the public objects are their packets."""
     for name, obj in (("prepare_inputs", mt.prepare_inputs_op), ("stage_routing", mt.stage_routing_op),
                       ("route", mt.route_op), ("route_and_stage", mt.route_and_stage_op),
                       ("rmsnorm_and_stage", mt.rmsnorm_and_stage_op),
                       ("gate_route_and_stage", mt.gate_route_and_stage_op),
-                      ("gate_and_route", mt.gate_and_route_op)):  # fmt: skip
+                      ("gate_and_route", mt.gate_and_route_op),
+                      ("mhc_pre_and_stage", mt.mhc_pre_and_stage_op)):  # fmt: skip
         assert obj is getattr(torch.ops.megamoe, name)
         qualname = f"megamoe::{name}"
         for key in ("CPU", "CUDA", "Meta"):
