@@ -23,11 +23,32 @@ of the same bytes and the eager PyTorch rendering of the same fill (DeepGEMM-sty
 cast with the 1e-10 floor, copies into a second buffer's views, the tail fill), after a check
 that megamoe's bytes equal the eager rendering's in the input views.
 
-    python3 bench/bench_formats.py --out /tmp/out [--quick] [--parts formats,full_buffer,nonfinite,deepgemm]
+Part E (online, opt-in: --parts online): NVFP4 with an online global scale, T in {1, 16, 64,
+1024, 16384}, H 7168 and 4096, four timings of the same run:
+  online_us        megamoe NVFP4_ONLINE: gs = fl(max(A, 2^-100) / 2688) of the whole [T, H]
+                   tensor into global_scale, then NVFP4 static's staging under it (an amax
+                   launch and the staging launch; a memset node before them where several
+                   blocks accumulate gs)
+  three_launch_us  FlashInfer's online design (a scale slot seeded, the amax reduced into it,
+                   then the quant launch reading it) in PyTorch eager: torch.amax(x.abs()),
+                   gs from it (torch.maximum, torch.div by a device 2688), then megamoe's
+                   NVFP4_STATIC staging with that gs tensor (five launches)
+  static_us        megamoe NVFP4_STATIC alone with a fixed gs (online's floor: no amax pass)
+  copy_us          the same-run copy of the staging call's bytes (as part A's nvfp4_static)
+and the ratios three_launch / online, online / static, copy / online. Each case first checks
+that online and the three-launch rendering write identical bytes (x_q, x_sf, and
+global_scale against the rendering's gs) and that static under that gs writes them too; a
+case failing it is not timed, is reported on stderr, and the run exits 1. The part's
+markdown table is printed at its end (--table renders it again from online.jsonl).
+
+    python3 bench/bench_formats.py --out /tmp/out [--quick] [--parts formats,full_buffer,nonfinite,deepgemm,online]
     python3 bench/bench_formats.py --dry-run      # the configurations (no torch needed)
     python3 bench/bench_formats.py --cpu-check    # every check on the CPU backend, small sizes, no figures
-Writes formats.jsonl, full_buffer.jsonl, nonfinite.jsonl and deepgemm.jsonl (one JSON row
-per configuration) to --out. The default parts are formats, full_buffer and nonfinite.
+    python3 bench/bench_formats.py --table ROWS.jsonl   # the online part's markdown table of a run's rows
+Writes formats.jsonl, full_buffer.jsonl, nonfinite.jsonl, deepgemm.jsonl and online.jsonl (one
+JSON row per configuration) to --out. The default parts are formats, full_buffer and
+nonfinite. Without torch, a CUDA device or megamoe's CUDA backend (and without --cpu-check)
+it says so and exits 0, measuring nothing.
 """
 import argparse
 import json
@@ -100,13 +121,15 @@ def sizes(args, part):
     if args.cpu_check:
         return [1, 5], [256]
     if args.T:
-        return args.T, [7168, 4096] if part == "formats" else [7168]
+        return args.T, [7168, 4096] if part in ("formats", "online") else [7168]
     if part == "formats":
         return ([1, 64, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384, 65536]), [7168, 4096]
     if part == "nonfinite":
         return ([1, 1024, 16384] if args.quick else [1, 64, 1024, 16384, 65536]), [7168]
     if part == "deepgemm":
         return ([1, 256, 16384] if args.quick else [1, 8, 64, 256, 1024, 4096, 16384]), [7168]
+    if part == "online":
+        return ([1, 64, 16384] if args.quick else [1, 16, 64, 1024, 16384]), [7168, 4096]
     raise ValueError(part)
 
 
@@ -284,6 +307,145 @@ def part_nonfinite(args, out):
                 empty_cache()
 
 
+# NVFP4_ONLINE's default amax floor (docs/CONTRACT.md "NVFP4 online"): gs = fl(max(A, floor) / 2688).
+ONLINE_FLOOR = 2.0 ** -100
+ONLINE_TIMED = ["online_us", "three_launch_us", "static_us", "copy_us"]
+# Where a run's rows name none (--table of rows without the card fields).
+_HEADER = {}
+
+
+def three_launch_fn(hs, w, ids, pad, o, floor_t, div_t):
+    """FlashInfer's online NVFP4 staging in PyTorch eager, writing gs into o["global_scale"].
+
+    FlashInfer's MegaMoE input staging (flashinfer/moe_ep/kernel_src/cutedsl_megamoe/src/src/
+    inputs_process.py, the nvfp4 online branch) runs three launches, the kernel boundaries
+    standing in for a grid barrier: one seeds the (1,) scale slot, one reduces every token's
+    amax into it (an atomic min of 2688 / amax), one quantizes under it; its benchmarks form
+    the global amax as tensor.abs().max() (benchmarks/routines/moe_utils.py,
+    calculate_fp4_global_scale). Here: the global amax as torch.amax(x.abs()) (an abs and a
+    reduction launch; every row, padded ones included, as megamoe's), megamoe's gs rule from
+    it (torch.maximum with the floor, promoted to fp32, then torch.div by a device tensor
+    2688: an IEEE division, where a host scalar divisor would multiply by an inexact
+    reciprocal), then megamoe's NVFP4_STATIC staging under that gs tensor. Graph-safe: no host
+    sync."""
+    gs = o["global_scale"]
+    static = stage_fn(hs, w, ids, pad, o, megamoe.NVFP4_STATIC)
+
+    def f():
+        amax = torch.amax(hs.abs())
+        torch.div(torch.maximum(amax, floor_t), div_t, out=gs)
+        static()
+    return f
+
+
+def online_finish(r):
+    """The ratios and rates of an online row of times."""
+    r["three_launch_over_online"] = r["three_launch_us"] / r["online_us"]
+    r["online_over_static"] = r["online_us"] / r["static_us"]
+    r["copy_over_online"] = r["copy_us"] / r["online_us"]
+    r["online_minus_static_us"] = r["online_us"] - r["static_us"]
+    r["online_TBps"] = r["bytes"] / r["online_us"] * 1e-6
+    r["copy_TBps"] = r["bytes"] / r["copy_us"] * 1e-6
+    return r
+
+
+def part_online(args, out):
+    Ts, Hs = sizes(args, "online")
+    online, static = megamoe.NVFP4_ONLINE, megamoe.NVFP4_STATIC
+    floor_t = torch.full((1,), ONLINE_FLOOR, device=DEV, dtype=torch.float32)
+    div_t = torch.full((1,), 2688.0, device=DEV, dtype=torch.float32)
+    bits = lambda t: t.view(torch.int32) if t.element_size() == 4 else t  # noqa: E731
+    done = []
+    for H in Hs:
+        for T in Ts:
+            hs, w, ids, pad = inputs(T, H, T * 41 + H)
+            o_a, o_b, o_c = alloc(T, H, online), alloc(T, H, static), alloc(T, H, static)
+            f_a = stage_fn(hs, w, ids, pad, o_a, online)
+            f_b = three_launch_fn(hs, w, ids, pad, o_b, floor_t, div_t)
+            f_a()
+            f_b()
+            sync()
+            # Check: the same bytes from both; static under that gs writes them too.
+            o_c["global_scale"].copy_(o_a["global_scale"])
+            f_c = stage_fn(hs, w, ids, pad, o_c, static)
+            f_c()
+            sync()
+            eq = {k: torch.equal(bits(o_a[key]), bits(o_b[key])) for k, key in
+                  (("equal_x_q", "xq"), ("equal_x_sf", "sf"), ("equal_global_scale", "global_scale"),
+                   ("equal_topk_idx", "io"), ("equal_topk_weights", "wo"))}
+            r = dict(part="online", H=H, T=T, floor=ONLINE_FLOOR, global_scale=float(o_a["global_scale"][0]),
+                     three_launch_global_scale=float(o_b["global_scale"][0]), **eq)
+            r["online_equals_three_launch"] = all(eq.values())
+            r["static_equals_online"] = all(torch.equal(bits(o_a[k]), bits(o_c[k])) for k in ("xq", "sf", "io", "wo"))
+            r.update(device=_HEADER.get("device"), torch=_HEADER.get("torch"), commit=_HEADER.get("commit"))
+            if not (r["online_equals_three_launch"] and r["static_equals_online"]):
+                diff = [k for k, v in eq.items() if not v] + ([] if r["static_equals_online"] else ["static"])
+                print(f"bench_formats.py: online H={H} T={T}: CHECK FAILED, not timed: megamoe NVFP4_ONLINE and "
+                      f"the three-launch rendering differ in {', '.join(diff)} (gs {r['global_scale']!r} vs "
+                      f"{r['three_launch_global_scale']!r})", file=sys.stderr, flush=True)
+            else:
+                nb = nbytes(T, H, o_a)
+                r.update(bytes=nb, online_us=bench(f_a, T), three_launch_us=bench(f_b, T), static_us=bench(f_c, T),
+                         copy_us=copy_us(nb, T))
+                online_finish(r)
+            out.write(r)
+            done.append(r)
+            del hs, w, ids, pad, o_a, o_b, o_c, f_a, f_b, f_c
+            empty_cache()
+    print(online_markdown(done), flush=True)
+
+
+ONLINE_COLUMNS = [  # (heading, row key, format)
+    ("H", "H", "{}"), ("T", "T", "{}"), ("online us", "online_us", "{:.2f}"),
+    ("3-launch us", "three_launch_us", "{:.2f}"), ("static us", "static_us", "{:.2f}"),
+    ("copy us", "copy_us", "{:.2f}"), ("3-launch / online", "three_launch_over_online", "{:.2f}x"),
+    ("online / static", "online_over_static", "{:.2f}x"), ("copy / online", "copy_over_online", "{:.0%}"),
+    ("online - static us", "online_minus_static_us", "{:+.2f}"), ("bytes equal", "online_equals_three_launch", "{}"),
+]
+
+
+def online_cell(row, key, form):
+    v = row.get(key)
+    if v is None:
+        return "-"
+    if isinstance(v, bool):  # a failed check in capitals
+        return "yes" if v else "NO"
+    return form.format(v)
+
+
+def online_markdown(rows):
+    """The markdown table of the online rows (part "online") of @p rows, in their order; the
+    card, torch and commit of the first above it."""
+    rows = [r for r in rows if r.get("part") == "online"]
+    if not rows:
+        return "(no rows)"
+    r0 = rows[0]
+    out = [f"{r0.get('device')}, torch {r0.get('torch')}, megamoe {r0.get('commit') or 'commit unknown'}", "",
+           "| " + " | ".join(c[0] for c in ONLINE_COLUMNS) + " |", "|" + "|".join("---:" for _ in ONLINE_COLUMNS) + "|"]
+    for r in rows:
+        ok = r.get("online_equals_three_launch") and r.get("static_equals_online", True)
+        out.append("| " + " | ".join(online_cell(dict(r, online_equals_three_launch=bool(ok)), key, form)
+                                      for _, key, form in ONLINE_COLUMNS) + " |")
+    return "\n".join(out)
+
+
+def no_cuda_reason():
+    """Why nothing can be measured here (None when a run can go ahead)."""
+    try:
+        import torch as _torch
+    except ImportError:
+        return "torch is not installed"
+    if not _torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    try:
+        import megamoe as _megamoe
+    except ImportError as e:
+        return f"megamoe is not importable ({e})"
+    if not _megamoe.has_cuda_backend():
+        return "this megamoe build has no CUDA backend"
+    return None
+
+
 def sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -295,7 +457,7 @@ def empty_cache():
 
 
 PARTS = {"formats": part_formats, "full_buffer": part_full_buffer, "nonfinite": part_nonfinite,
-         "deepgemm": part_deepgemm}
+         "deepgemm": part_deepgemm, "online": part_online}
 
 
 def plan(args):
@@ -311,11 +473,14 @@ def plan(args):
             continue
         Ts, Hs = sizes(args, part)
         for H in Hs:
+            if part == "online":
+                yield dict(part=part, H=H, T=Ts, floor=ONLINE_FLOOR, timed=ONLINE_TIMED)
+                continue
             yield dict(part=part, H=H, T=Ts)
 
 
 def main(argv=None):
-    global torch, megamoe, DEV, FORMATS, _bench
+    global torch, megamoe, DEV, FORMATS, _bench, _HEADER
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
@@ -323,12 +488,18 @@ def main(argv=None):
     ap.add_argument("--formats", default=",".join(FORMAT_NAMES), help="the formats of the formats and nonfinite "
                     "parts, comma-separated (an A/B of one kernel times only its formats)")
     ap.add_argument("--T", type=lambda v: [int(t) for t in v.split(",")], default=None,
-                    help="token counts of the formats, nonfinite and deepgemm parts, comma-separated (default: the "
-                    "grid; the deepgemm buffer takes max(16384, the largest) tokens per rank)")
+                    help="token counts of the formats, nonfinite, deepgemm and online parts, comma-separated "
+                    "(default: the grid; the deepgemm buffer takes max(16384, the largest) tokens per rank)")
     ap.add_argument("--dry-run", action="store_true", help="list the configurations and exit (no torch)")
     ap.add_argument("--cpu-check", action="store_true",
                     help="run every part on the CPU backend at small sizes (checks only, no figures)")
+    ap.add_argument("--table", metavar="ROWS.jsonl", help="print the online part's markdown table of a run's rows "
+                    "and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(online_markdown([json.loads(line) for line in f if line.strip()]))
+        return 0
     for part in args.parts.split(","):
         if part not in PARTS:
             ap.error(f"--parts: {part!r} is none of {sorted(PARTS)}")
@@ -340,6 +511,10 @@ def main(argv=None):
         ap.error("--T: positive token counts")
     if args.dry_run:
         return dry_run(plan(args), args.out)
+    why = None if args.cpu_check else no_cuda_reason()
+    if why is not None:
+        print(f"bench_formats.py: {why}; nothing measured (this benchmark runs on a CUDA GPU)", file=sys.stderr)
+        return 0
     import torch as _torch
 
     import megamoe as _megamoe
@@ -349,7 +524,8 @@ def main(argv=None):
     FORMATS = {n: getattr(megamoe, n.upper()) for n in formats}
     _bench = timer(DEV)
     os.makedirs(args.out, exist_ok=True)
-    print(json.dumps(header(cpu_check=args.cpu_check)), flush=True)
+    _HEADER = header(cpu_check=args.cpu_check)
+    print(json.dumps(_HEADER), flush=True)
     bad = 0
     for part in args.parts.split(","):
         rows = Rows(None if args.cpu_check else os.path.join(args.out, f"{part}.jsonl"))
@@ -364,7 +540,8 @@ def main(argv=None):
         rows.close()
         for r in checked:
             bad += not all(r.get(k, True) for k in ("full_equals_separate", "full_equals_eager_sm90", "counter_ok",
-                                                      "deepgemm_equals_eager"))
+                                                      "deepgemm_equals_eager", "online_equals_three_launch",
+                                                      "static_equals_online"))
     print(json.dumps(dict(kind="summary", rows_failing_checks=bad)), flush=True)
     return 1 if bad else 0
 

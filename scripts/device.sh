@@ -17,7 +17,9 @@
 #   ctest-cpu      the CPU tests through ctest
 #   pytest         tests/python on the GPU (PYTEST_FILES, default test_gpu.py test_gpu_consumer.py)
 #   sanitize-wait  wait for the sanitizer runs and summarize them
-#   bench-formats  bench/bench_formats.py parts formats, full_buffer (#10, #11)
+#   bench-formats  bench/bench_formats.py parts formats, full_buffer (#10, #11); BENCH_FORMATS_ARGS, when
+#                  set, replaces "--parts formats,full_buffer" (and QUICK's --quick): e.g.
+#                  "--parts online" (NVFP4 online against FlashInfer's three-launch design, #47)
 #   nonfinite      bench/bench_formats.py part nonfinite: counter on/off A/B (#15)
 #   bench-router   bench/bench_router.py (C++ fallback build-dev/megamoe_bench_router) (#12)
 #   bench-op       bench/bench_op_overhead.py (#16)
@@ -73,7 +75,7 @@
 # GPU_BINS (both GPU test binaries), SUITE_FILTER (*), SUITE_SHARDS (4: gtest shards per GPU binary), SANITIZE_PASSES (main slow), SANITIZE_TOOLS, SANITIZE_FILTER, SANITIZE_TIMEOUT (300), SANITIZE_SLOW_TIMEOUT (150),
 # SANITIZE_SPLIT_SLOW (1: the main pass and each slow test their own sanitizer process, all
 # side by side),
-# PYTEST_FILES, BENCH_ARGS, BENCH_NORM_ARGS (--quick), NCU_ARGS, NCU_SECTIONS, NCU_KERNELS, NCU_COUNT, NCU_BIN (a build-dev binary, default
+# PYTEST_FILES, BENCH_ARGS, BENCH_FORMATS_ARGS (--parts formats,full_buffer), BENCH_NORM_ARGS (--quick), NCU_ARGS, NCU_SECTIONS, NCU_KERNELS, NCU_COUNT, NCU_BIN (a build-dev binary, default
 # megamoe_bench_kernel; e.g. megamoe_bench_router), NCU_EXTRA (more ncu arguments, e.g. --page
 # source --print-source sass for stall samples by instruction), SASS_MATCH, QUICK (1: the benchmarks' --quick grids),
 # BENCH_REP_SCALE (0.5: the Python benchmarks' replay time, see bench/benchutil.py),
@@ -476,7 +478,10 @@ pybench() {  # step script args...: the script's rows into $WORK/<step>/, joined
   return $rc
 }
 
-step_bench_formats() { pybench bench-formats bench/bench_formats.py --parts formats,full_buffer $QUICK_FLAG; }
+# shellcheck disable=SC2086  # BENCH_FORMATS_ARGS is a list of arguments, replacing the default ones
+step_bench_formats() {
+  pybench bench-formats bench/bench_formats.py ${BENCH_FORMATS_ARGS---parts formats,full_buffer $QUICK_FLAG}
+}
 step_nonfinite() { pybench nonfinite bench/bench_formats.py --parts nonfinite $QUICK_FLAG; }
 step_bench_router() { pybench bench-router bench/bench_router.py --cpp-bin build-dev/megamoe_bench_router $QUICK_FLAG; }
 step_bench_op() { pybench bench-op bench/bench_op_overhead.py; }

@@ -71,6 +71,84 @@ def test_deepgemm_part_dry_run():
     assert rc == 0 and "deepgemm" not in out
 
 
+def _formats_dry(*args):
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run", *args])
+    assert rc == 0, out + err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_online_part_dry_run():
+    """The online part (opt-in): H 7168 and 4096, T 1 ... 16384, its four timings; --T and
+    --quick choose the tokens, the CPU check its small sizes; not among the default parts."""
+    rows = _formats_dry("--parts", "online")
+    assert [(r["part"], r["H"]) for r in rows] == [("online", 7168), ("online", 4096)]
+    assert all(r["T"] == [1, 16, 64, 1024, 16384] for r in rows) and all(r["floor"] == 2.0 ** -100 for r in rows)
+    assert rows[0]["timed"] == ["online_us", "three_launch_us", "static_us", "copy_us"]
+    assert [r["T"] for r in _formats_dry("--parts", "online", "--T", "3,4096")] == [[3, 4096], [3, 4096]]
+    assert [r["T"] for r in _formats_dry("--parts", "online", "--quick")] == [[1, 64, 16384]] * 2
+    assert [(r["H"], r["T"]) for r in _formats_dry("--parts", "online", "--cpu-check")] == [(256, [1, 5])]
+    assert [r["part"] for r in _formats_dry("--parts", "formats,online")] == ["formats"] * 2 + ["online"] * 2
+    assert not any(r.get("part") == "online" for r in _formats_dry())
+    rc, _, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--dry-run", "--parts", "online,onl"])
+    assert rc == 2 and "'onl'" in err
+
+
+def _online_rows():
+    bf = _module("bench_formats")
+    card = dict(device="NVIDIA H100 80GB HBM3", torch="2.9.0", commit="abc1234")
+    ok = dict(online_equals_three_launch=True, static_equals_online=True)
+    a = bf.online_finish(dict(part="online", H=7168, T=1, bytes=3700, online_us=4.0, three_launch_us=9.0,
+                              static_us=2.5, copy_us=1.2, **ok, **card))
+    b = bf.online_finish(dict(part="online", H=4096, T=16384, bytes=10 ** 8, online_us=80.0, three_launch_us=120.0,
+                              static_us=64.0, copy_us=60.0, **ok, **card))
+    c = dict(part="online", H=4096, T=16, online_equals_three_launch=False, static_equals_online=True, **card)
+    return [dict(part="formats", H=7168, T=1), a, b, c]
+
+
+def test_online_ratios_and_table(tmp_path):
+    """The online rows' ratios, (b) / (a) and (a) / (c); the markdown table of the online
+    rows only, a failed check (not timed) as NO with its times absent; --table renders a
+    run's JSONL file the same way."""
+    bf = _module("bench_formats")
+    _, a, b, _ = rows = _online_rows()
+    assert a["three_launch_over_online"] == 2.25 and a["online_over_static"] == 1.6 and a["copy_over_online"] == 0.3
+    assert a["online_minus_static_us"] == 1.5 and a["online_TBps"] == 3700 / 4.0 * 1e-6
+    assert b["three_launch_over_online"] == 1.5 and b["copy_over_online"] == 0.75
+    md = bf.online_markdown(rows).splitlines()
+    assert md[0] == "NVIDIA H100 80GB HBM3, torch 2.9.0, megamoe abc1234" and md[1] == ""
+    head, rule, *body = md[2:]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert cols[:3] == ["H", "T", "online us"] and len(cols) == len(bf.ONLINE_COLUMNS) and len(body) == 3
+    assert rule.count("|") == len(cols) + 1
+    cells = [dict(zip(cols, (c.strip() for c in line.strip("|").split("|")))) for line in body]
+    assert cells[0]["3-launch / online"] == "2.25x" and cells[0]["online / static"] == "1.60x"
+    assert cells[0]["copy / online"] == "30%" and cells[0]["online - static us"] == "+1.50"
+    assert cells[0]["bytes equal"] == "yes" and cells[1]["3-launch us"] == "120.00" and cells[1]["T"] == "16384"
+    assert cells[2]["bytes equal"] == "NO" and cells[2]["online us"] == "-" and cells[2]["3-launch / online"] == "-"
+    assert bf.online_markdown([dict(kind="header")]) == "(no rows)"
+    f = tmp_path / "online.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, out, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--table", str(f)])
+    assert rc == 0 and out.splitlines() == md, out + err
+
+
+def test_bench_formats_without_cuda_exits_cleanly(tmp_path, monkeypatch, capsys):
+    """No torch, or torch without a CUDA device: a message, exit 0, nothing written (the
+    online part as every other)."""
+    import types
+
+    bf = _module("bench_formats")
+    out = tmp_path / "rows"
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(is_available=lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert bf.main(["--parts", "online", "--out", str(out)]) == 0
+    assert "no CUDA device" in capsys.readouterr().err and not out.exists()
+    if not HAS_TORCH:
+        rc, _, err = _run([sys.executable, str(BENCH / "bench_formats.py"), "--parts", "online", "--out", str(out)])
+        assert rc == 0 and "torch is not installed" in err and "nothing measured" in err and not out.exists()
+
+
 def test_bad_arguments_are_rejected():
     rc, _, err = _run([sys.executable, str(BENCH / "bench_router.py"), "--dry-run", "--layers", "E1"])
     assert rc == 2 and "E1" in err
@@ -96,6 +174,21 @@ def test_device_sh_plans_both_calls_within_the_deadline():
     rc, out, err = _run(["bash", str(ROOT / "scripts" / "device.sh"), "--list", "info", "build", "bench-norm"])
     assert rc == 0 and [ln.split() for ln in out.splitlines()[:-1]] == [["info", "30"], ["build", "420"],
                                                                         ["bench-norm", "240"]], out + err
+
+
+def test_device_sh_bench_formats_command():
+    """The bench-formats step runs parts formats and full_buffer (with QUICK=1's --quick)
+    through pybench; BENCH_FORMATS_ARGS replaces those arguments (e.g. --parts online)."""
+    fn = ("eval \"$(sed -n '/^step_bench_formats() {/,/^}/p' scripts/device.sh)\"; "
+          "pybench() { echo \"$@\"; }; step_bench_formats")
+    rc, out, _ = _run(["bash", "-c", fn])
+    assert rc == 0 and out.split() == ["bench-formats", "bench/bench_formats.py", "--parts", "formats,full_buffer"], out
+    rc, out, _ = _run(["bash", "-c", "QUICK_FLAG=--quick; " + fn])
+    assert out.split() == ["bench-formats", "bench/bench_formats.py", "--parts", "formats,full_buffer", "--quick"], out
+    rc, out, _ = _run(["bash", "-c", fn], env={"BENCH_FORMATS_ARGS": "--parts online --T 1,16384"})
+    assert out.split() == ["bench-formats", "bench/bench_formats.py", "--parts", "online", "--T", "1,16384"], out
+    rc, out, _ = _run(["bash", "-c", fn], env={"BENCH_FORMATS_ARGS": ""})
+    assert out.split() == ["bench-formats", "bench/bench_formats.py"], out
 
 
 def test_device_sh_bench_norm_command():
@@ -346,6 +439,35 @@ def test_cpu_check_of_the_deepgemm_part(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     rows = [r for r in rows if r.get("part") == "deepgemm"]
     assert [r["T"] for r in rows] == [1, 5] and all(r["deepgemm_equals_eager"] for r in rows)
+
+
+@needs_torch
+def test_cpu_check_of_the_online_part(capsys, monkeypatch):
+    """megamoe's NVFP4 online equals the three-launch rendering's bytes (x_q, x_sf, gs) and
+    NVFP4 static's under that gs; a rendering whose gs differs fails the check loudly: the
+    case is not timed, stderr names it, the run exits 1."""
+    pytest.importorskip("megamoe")
+    bf = _module("bench_formats")
+    assert bf.main(["--cpu-check", "--parts", "online"]) == 0
+    cap = capsys.readouterr()
+    rows = [json.loads(line) for line in cap.out.splitlines() if line.startswith("{")]
+    rows = [r for r in rows if r.get("part") == "online"]
+    assert [r["T"] for r in rows] == [1, 5] and all(r["online_equals_three_launch"] for r in rows)
+    assert all(r["static_equals_online"] and r["three_launch_over_online"] > 0 for r in rows)
+    assert "| 256 | 5 |" in cap.out
+    right = bf.three_launch_fn
+
+    def doubled(hs, w, ids, pad, o, floor_t, div_t):
+        f = right(hs, w, ids, pad, o, floor_t, div_t)
+        return lambda: (f(), o["global_scale"].mul_(2.0))
+
+    monkeypatch.setattr(bf, "three_launch_fn", doubled)
+    assert bf.main(["--cpu-check", "--parts", "online"]) == 1
+    cap = capsys.readouterr()
+    rows = [r for r in (json.loads(line) for line in cap.out.splitlines() if line.startswith("{"))
+            if r.get("part") == "online"]
+    assert rows and not any(r["equal_global_scale"] or "online_us" in r for r in rows)
+    assert "CHECK FAILED" in cap.err and "equal_global_scale" in cap.err
 
 
 @needs_torch
