@@ -277,7 +277,7 @@ TEST(DeviceApi, ProducerStagesLikePrepareInputsEveryFormat) {
       c.H = form == 3 ? 7168 : form == 1 ? 1536 : 2048;  // 1536: not a multiple of 1024
       c.M = form == 2 ? 100 : c.T;
       c.xcs = form == 1 ? 3 : 1;
-      c.mn_major = form == 2 && megamoe::output_shapes(1, 128, 1, q).x_sf.shape[1] != 0;
+      c.mn_major = form == 2 && megamoe::output_shapes(1, 512, 1, q).x_sf.shape[1] != 0;
       c.shared = form >= 2 && q.scale == megamoe::ScaleType::kUE8M0 && q.elem == megamoe::QuantElem::kFloat8E4M3;
       c.padding = form % 2 == 1;
       c.alpha = form >= 1;

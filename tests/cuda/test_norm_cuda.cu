@@ -224,6 +224,8 @@ TEST(CudaNorm, EqualsTheCpuBackendEveryForm) {
         c.in_place = form == 2;
         c.cs = form == 1 ? 2 : 1;
         c.q = qs[seed % kNq];
+        // Packed scales of G = 128 need whole words (H % 512 == 0).
+        if (c.q == QuantScheme::fp8_ue8m0_g128() && H % 512 != 0) c.q = QuantScheme::mxfp8();
         check(c, false, seed++);
       }
     }
