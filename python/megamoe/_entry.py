@@ -417,8 +417,10 @@ _MHC_AND_STAGE_DOC = """DeepSeek-V4's mHC pre step, RMSNorm and staging of the r
     ``shared_x_sf``, full-buffer mode, the counter of y's non-finite values). T is
     ``residual.shape[0]``; without rows the call returns at once (except in full-buffer
     mode). Nothing is allocated; torch tensors under torch.compile go through
-    ``torch.ops.megamoe.mhc_pre_and_stage``. The CPU backend runs it; CUDA tensors raise
-    :class:`UnsupportedError` (no kernel yet), nothing written.
+    ``torch.ops.megamoe.mhc_pre_and_stage``. The CPU backend runs it, and the CUDA backend
+    in one launch (two for NVFP4 online; hc * H <= 65536 on CUDA): the same bytes. CUDA
+    tensors in a build without the CUDA backend raise :class:`UnsupportedError`, nothing
+    written.
 
     Args:
         residual: ``[T, hc, H]`` or ``[T, hc * H]`` bfloat16 residual streams (hc = hc_mult,
