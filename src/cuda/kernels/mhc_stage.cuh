@@ -115,7 +115,7 @@ __device__ __forceinline__ float mhc_row(const MhcKernelParams& p, int64_t t, ui
     float v[kMhcGroup][kNormMaxPerThread];
 #pragma unroll
     for (int k = 0; k < kNormMaxPerThread; ++k) {
-      if (k >= p.per_thread_k) break;
+      if (k >= p.per_thread_k) continue;  // (a fixed trip count: the slots stay registers)
       const int64_t j = tid + static_cast<int64_t>(k) * P;
 #pragma unroll
       for (int g = 0; g < kMhcGroup; ++g) v[g][k] = 0.0f;
@@ -179,7 +179,7 @@ __device__ __forceinline__ float mhc_row(const MhcKernelParams& p, int64_t t, ui
   float v[1][kNormMaxPerThread];
 #pragma unroll
   for (int k = 0; k < kNormMaxPerThread; ++k) {
-    if (k >= p.per_thread_h) break;
+    if (k >= p.per_thread_h) continue;
     const int64_t j = tid + static_cast<int64_t>(k) * P;
     v[0][k] = 0.0f;
     if (j < nh) {
@@ -192,9 +192,11 @@ __device__ __forceinline__ float mhc_row(const MhcKernelParams& p, int64_t t, ui
   return core::norm_scale(sh.red[0], H, p.norm.eps);
 }
 
-/// One launch: mHC pre, the norm and the staging (every format but NVFP4 online).
+/// One launch: mHC pre, the norm and the staging (every format but NVFP4 online). Two
+/// blocks an SM in the launch bounds: at most 128 registers a thread (sm_100's compiler
+/// otherwise takes 255 and spills), and two blocks side by side where the rows fit.
 template <core::Format F>
-__global__ void __launch_bounds__(256) mhc_stage_kernel(const MhcKernelParams p, const device::StageTarget tg) {
+__global__ void __launch_bounds__(256, 2) mhc_stage_kernel(const MhcKernelParams p, const device::StageTarget tg) {
   if (p.norm.pdl) pdl_wait_and_trigger();
   extern __shared__ __align__(16) uint16_t x_s[];  // the token's K values; then z (and y for G < 8) in [0, H)
   __shared__ MhcShared sh;
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(256) mhc_stage_kernel(const MhcKernelParams p,
 
 /// mHC pre and the norm, y written to p.norm.y (the caller's y or scratch): the first of
 /// NVFP4 online's two launches.
-__global__ void __launch_bounds__(256) mhc_kernel(const MhcKernelParams p) {
+__global__ void __launch_bounds__(256, 2) mhc_kernel(const MhcKernelParams p) {
   if (p.norm.pdl) pdl_wait_and_trigger();
   extern __shared__ __align__(16) uint16_t x_s[];
   __shared__ MhcShared sh;

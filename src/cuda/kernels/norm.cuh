@@ -50,6 +50,23 @@ __device__ __forceinline__ uint4 pack8(const uint16_t (&b)[8]) {
 
 constexpr int kNormMaxPerThread = 16;  // kNormMaxH / 16 / kNormMaxThreads
 
+/// The in-thread levels of fold_block, m = M, M/2, ..., 2 (those with m <= per_thread):
+/// v[a][k] = fl(v[a][k] + v[a][k + m/2]) for k < m/2. Compile-time bounds, so that every
+/// index is a constant and the slots stay registers.
+template <int A, int M>
+__device__ __forceinline__ void fold_slots(float (&v)[A][kNormMaxPerThread], int per_thread) {
+  if constexpr (M > 1) {
+    if (M <= per_thread) {
+#pragma unroll
+      for (int a = 0; a < A; ++a) {
+#pragma unroll
+        for (int k = 0; k < M / 2; ++k) v[a][k] = core::add_rn(v[a][k], v[a][k + M / 2]);
+      }
+    }
+    fold_slots<A, M / 2>(v, per_thread);
+  }
+}
+
 /// The contract's tree over a block for A sums at once. Thread tid holds v[a][k], the sum of
 /// chunk tid + k P of sum a (k < per_thread, a power of two <= kNormMaxPerThread; +0 past
 /// the row): it folds its slots highest first (the tree's levels h >= P), then the block
@@ -60,16 +77,7 @@ constexpr int kNormMaxPerThread = 16;  // kNormMaxH / 16 / kNormMaxThreads
 template <int A>
 __device__ __forceinline__ void fold_block(float (&v)[A][kNormMaxPerThread], int per_thread, int lanes, float* red) {
   const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-#pragma unroll
-  for (int m = kNormMaxPerThread; m > 1; m /= 2) {
-    if (m <= per_thread) {
-#pragma unroll
-      for (int a = 0; a < A; ++a) {
-#pragma unroll
-        for (int k = 0; k < m / 2; ++k) v[a][k] = core::add_rn(v[a][k], v[a][k + m / 2]);
-      }
-    }
-  }
+  fold_slots<A, kNormMaxPerThread>(v, per_thread);
 #pragma unroll
   for (int a = 0; a < A; ++a) red[a * P + tid] = v[a][0];
   __syncthreads();
@@ -91,7 +99,7 @@ __device__ __forceinline__ float norm_row(const NormParams& p, int64_t t, uint16
   float v[1][kNormMaxPerThread];
 #pragma unroll
   for (int k = 0; k < kNormMaxPerThread; ++k) {
-    if (k >= p.per_thread) break;
+    if (k >= p.per_thread) continue;  // (a fixed trip count: the slots stay registers)
     const int64_t j = tid + static_cast<int64_t>(k) * P;
     float c = 0.0f;
     if (j < n && p.rows_vec) {  // two 16-byte halves of the chunk
