@@ -455,7 +455,7 @@ _MHC_AND_STAGE_DOC = """DeepSeek-V4's mHC pre step, RMSNorm and staging of the r
             message names the argument; the staging's name the rows ``y``, or
             ``residual`` when no y is given); nothing was written.
         RuntimeError: a CUDA failure; :class:`UnsupportedError` (a RuntimeError) for CUDA
-            tensors.
+            tensors in a build without the CUDA backend, or with hc * H > 65536.
     """
 
 mhc_pre_and_stage = MHC_AND_STAGE.make_function("mhc_pre_and_stage", _ops.mhc_pre_and_stage_impl, _MHC_AND_STAGE_DOC)
