@@ -28,6 +28,7 @@ void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stre
 void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream stream);
 void route(const RouterArgs& r, const StageArgs* stage, const detail::RouterProblem& p, Stream stream);
 void rmsnorm_and_stage(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream);
+void mhc_pre_and_stage(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem& p, Stream stream);
 }
 bool has_cuda_backend() noexcept { return true; }
 #else
@@ -143,12 +144,14 @@ void dispatch_mhc(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProb
     cpu::mhc_pre_and_stage(m, s, p);
     return;
   }
+#if MEGAMOE_WITH_CUDA
+  cuda::mhc_pre_and_stage(m, s, p, stream);
+#else
   (void)stream;
-  // The fused mHC kernel is not in this build yet: a clear refusal before anything is
-  // written, never a partial result.
   throw Error(ErrorCode::kUnsupported,
-              "megamoe: mhc_pre_and_stage: residual: expected a CPU tensor (the CUDA backend does not run "
-              "mhc_pre_and_stage yet), got device " + to_string(m.residual.device));
+              "megamoe: mhc_pre_and_stage: residual: expected a CPU tensor (this build has no CUDA backend), got "
+              "device " + to_string(m.residual.device));
+#endif
 }
 
 }  // namespace

@@ -19,6 +19,8 @@ std::string explain_routing(const RoutingArgs& a, const detail::Problem& p);
 std::string explain_router(const RouterArgs& r, const StageArgs* s, const detail::RouterProblem& p);
 std::string explain_norm(const detail::NormProblem& p, bool enable_pdl, int device);
 bool norm_fuses(const detail::NormProblem& p);
+std::string explain_mhc(const detail::MhcProblem& p, bool enable_pdl, int device);
+bool mhc_fuses(const detail::MhcProblem& p);
 }  // namespace cuda
 #endif
 
@@ -162,8 +164,28 @@ std::string describe(const MhcPreArgs& m, const StageArgs& s) {
   const bool cpu = m.residual.device.type == Device::Type::kCPU;
   if (!detail::has_work(p)) return (cpu ? "cpu" : "cuda") + std::string(" backend: nothing to do (T == 0)");
   if (!cpu) {
-    return "residual is on " + to_string(m.residual.device) +
-           ": mhc_pre_and_stage would throw (kUnsupported: the CUDA backend has no mHC kernel yet)";
+#if MEGAMOE_WITH_CUDA
+    const std::string sizes = "T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) +
+                              " hc_mult=" + std::to_string(p.hc) + " sinkhorn_repeat=" +
+                              std::to_string(m.sinkhorn_repeat) + (m.pre_mix_in ? ", pre_mix_in" : "");
+    if (cuda::mhc_fuses(p)) {
+      return "cuda backend: one launch: " + cuda::explain_mhc(p, s.enable_pdl, m.residual.device.index) + " (" +
+             sizes + (m.y ? ", rows to y" : ", no y") + "; " + core::format_name(p.stage.fmt) +
+             " staged by the same kernel through the device API" +
+             (p.stage.full_buffer ? ", full-buffer tail in its tail blocks" : "") + ")";
+    }
+    // Without y the rows go to dense stream-ordered scratch: the staging plan is that of a
+    // dense [T, H] bf16 tensor (at a stand-in address; nothing is read).
+    const TensorRef rows = m.y ? *m.y : TensorRef(scratch_address({}), DType::kBFloat16, {p.T, p.H}, m.residual.device);
+    StageArgs staged = detail::staged_args(rows, s);
+    staged.enable_pdl = false;  // stream-ordered after the mHC kernel (cuda/launch/mhc.cu)
+    if (p.T == 0) return "cuda backend: no tokens: " + describe(staged);
+    return "cuda backend: launch 1: " + cuda::explain_mhc(p, s.enable_pdl, m.residual.device.index) + " (" + sizes +
+           (m.y ? ", rows to y" : ", rows to scratch") + "); launch 2: " + describe(staged);
+#else
+    return "this build has no CUDA backend: residual is on " + to_string(m.residual.device) +
+           " and mhc_pre_and_stage would throw (kUnsupported)";
+#endif
   }
   // Without y the rows go to host scratch: the staging plan is that of a dense [T, H] bf16
   // tensor (at a stand-in address; nothing is read).

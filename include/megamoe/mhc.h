@@ -56,8 +56,10 @@ struct MhcPreArgs {
 /// prepare_inputs, except that its hidden_states is ignored (leave it empty): the
 /// normalized rows y take its place (T comes from residual). Every format, the top-k
 /// repack, padding, full-buffer mode, shared_x_sf, the non-finite counter (of y) and the
-/// routed scaling factor apply as in stage.h. CPU backend; CUDA tensors are refused
-/// (ErrorCode::kUnsupported) until the fused kernel exists.
+/// routed scaling factor apply as in stage.h. CPU and CUDA backends (the same bytes); on
+/// CUDA one launch (two for NVFP4 online), hc * H <= 65536 (larger rows:
+/// ErrorCode::kUnsupported), graph safe, stage.enable_pdl honoured. A build without the
+/// CUDA backend refuses CUDA tensors (ErrorCode::kUnsupported).
 /// @throws megamoe::Error on any invalid argument, before anything is written.
 void mhc_pre_and_stage(const MhcPreArgs& mhc, const StageArgs& stage, Stream stream = nullptr);
 

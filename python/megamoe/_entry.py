@@ -417,8 +417,10 @@ _MHC_AND_STAGE_DOC = """DeepSeek-V4's mHC pre step, RMSNorm and staging of the r
     ``shared_x_sf``, full-buffer mode, the counter of y's non-finite values). T is
     ``residual.shape[0]``; without rows the call returns at once (except in full-buffer
     mode). Nothing is allocated; torch tensors under torch.compile go through
-    ``torch.ops.megamoe.mhc_pre_and_stage``. The CPU backend runs it; CUDA tensors raise
-    :class:`UnsupportedError` (no kernel yet), nothing written.
+    ``torch.ops.megamoe.mhc_pre_and_stage``. The CPU backend runs it, and the CUDA backend
+    in one launch (two for NVFP4 online; hc * H <= 65536 on CUDA): the same bytes. CUDA
+    tensors in a build without the CUDA backend raise :class:`UnsupportedError`, nothing
+    written.
 
     Args:
         residual: ``[T, hc, H]`` or ``[T, hc * H]`` bfloat16 residual streams (hc = hc_mult,
@@ -453,7 +455,7 @@ _MHC_AND_STAGE_DOC = """DeepSeek-V4's mHC pre step, RMSNorm and staging of the r
             message names the argument; the staging's name the rows ``y``, or
             ``residual`` when no y is given); nothing was written.
         RuntimeError: a CUDA failure; :class:`UnsupportedError` (a RuntimeError) for CUDA
-            tensors.
+            tensors in a build without the CUDA backend, or with hc * H > 65536.
     """
 
 mhc_pre_and_stage = MHC_AND_STAGE.make_function("mhc_pre_and_stage", _ops.mhc_pre_and_stage_impl, _MHC_AND_STAGE_DOC)

@@ -889,7 +889,7 @@ MhcProblem validate_mhc(const MhcPreArgs& m, const StageArgs& s) {
   const TensorRef first(m.residual.data, DType::kBFloat16, {p.T, p.H}, {m.residual.strides[0], m.residual.strides[1]},
                         m.residual.device);
   p.stage = validate_staged_rows(m.y ? *m.y : first, m.y ? "y" : "residual", s);
-  (void)check_memory(named_tensors(m, s), m.residual.device);
+  p.misaligned = check_memory(named_tensors(m, s), m.residual.device);
   return p;
 }
 

@@ -130,6 +130,7 @@ struct MhcProblem {
   int64_t K = 0;               ///< hc * H: the mixed row's length (<= 2^24)
   int M = 0;                   ///< hc * (hc + 2): the mixes
   bool weight_f32 = false;     ///< fp32 norm weight (else bf16)
+  bool misaligned = false;     ///< a tensor of the call off its element size
   Problem stage;               ///< the staging of staged_args(y, stage)
 };
 /// Check an mhc_pre_and_stage call; throws megamoe::Error before anything is written.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_buf.h"
 #include "megamoe/megamoe.h"
 
 namespace {
@@ -21,28 +22,8 @@ using megamoe::DType;
 using megamoe::QuantScheme;
 using megamoe::TensorRef;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-/// One host buffer and its device twin (@p skew bytes into the allocation).
-struct Buf {
-  std::vector<uint8_t> host;
-  uint8_t* dev = nullptr;
-  void* alloc = nullptr;
-  Buf(size_t bytes, uint8_t fill, size_t skew) : host(bytes, fill) {
-    if (cudaMalloc(&alloc, bytes + skew + 16) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    dev = static_cast<uint8_t*>(alloc) + skew;
-  }
-  ~Buf() { cudaFree(alloc); }
-  void up() { cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice); }
-  std::vector<uint8_t> down() const {
-    std::vector<uint8_t> r(host.size());
-    cudaMemcpy(r.data(), dev, r.size(), cudaMemcpyDeviceToHost);
-    return r;
-  }
-};
+using megamoe_test::Buf;
+using megamoe_test::have_gpu;
 
 struct Case {
   int64_t T, H, K = 6, M;
@@ -56,8 +37,8 @@ struct Case {
 struct Call {
   Case c;
   int64_t ld;
-  std::unique_ptr<Buf> x, res, w, y, ro, tw, ti, xq, sf, xs, io, wo, gs, nf;
-  megamoe::OutputShapes o;
+  std::unique_ptr<Buf> x, res, w, y, ro;
+  std::unique_ptr<megamoe_test::StagedBufs> st;
   explicit Call(const Case& k, uint32_t seed) : c(k), ld(k.H * k.cs + 5) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> n(0.0f, 2.0f);
@@ -94,29 +75,18 @@ struct Call {
     }
     y = std::make_unique<Buf>(rows, 0xB7, c.skew);
     ro = std::make_unique<Buf>(rows, 0xB7, c.skew);
-    tw = std::make_unique<Buf>(static_cast<size_t>(std::max<int64_t>(c.T * c.K, 1)) * 4, 0, c.skew);
-    ti = std::make_unique<Buf>(static_cast<size_t>(std::max<int64_t>(c.T * c.K, 1)) * 4, 0, c.skew);
-    for (int64_t i = 0; i < c.T * c.K; ++i) {
-      const float f = static_cast<float>(rng() % 1000) / 1000.0f;
-      const int32_t id = static_cast<int32_t>(rng() % 256);
-      std::memcpy(&tw->host[static_cast<size_t>(i) * 4], &f, 4);
-      std::memcpy(&ti->host[static_cast<size_t>(i) * 4], &id, 4);
-    }
-    o = megamoe::output_shapes(c.M, c.H, c.K, c.q);
-    xq = std::make_unique<Buf>(static_cast<size_t>(o.x_q.shape[0] * o.x_q.shape[1] * megamoe::dtype_size(o.x_q.dtype)),
-                               0xA5, 0);
-    sf = std::make_unique<Buf>(static_cast<size_t>(o.x_sf.shape[0] * o.x_sf.shape[1]) * 4, 0xA5, c.skew);
-    xs = std::make_unique<Buf>(static_cast<size_t>(c.M) * 4 + 4, 0xA5, c.skew);
-    io = std::make_unique<Buf>(static_cast<size_t>(c.M * c.K) * 8 + 8, 0xA5, c.skew);
-    wo = std::make_unique<Buf>(static_cast<size_t>(c.M * c.K) * 4 + 4, 0xA5, c.skew);
-    gs = std::make_unique<Buf>(4, 0, c.skew);  // NVFP4 static's input, online's output
-    const float g = 0.0125f;
-    std::memcpy(gs->host.data(), &g, 4);
-    nf = std::make_unique<Buf>(8, 0, c.skew);  // the non-finite counter, from 5
-    const int64_t five = 5;
-    std::memcpy(nf->host.data(), &five, 8);
+    st = std::make_unique<megamoe_test::StagedBufs>(c.T, c.H, c.K, c.M, c.q, c.skew, rng);
   }
-  std::vector<Buf*> all() { return {x.get(), res.get(), w.get(), y.get(), ro.get(), tw.get(), ti.get(), xq.get(), sf.get(), xs.get(), io.get(), wo.get(), gs.get(), nf.get()}; }
+  std::vector<Buf*> all() {
+    std::vector<Buf*> r = {x.get(), res.get(), w.get(), y.get(), ro.get()};
+    for (Buf* b : st->all()) r.push_back(b);
+    return r;
+  }
+  static std::vector<const char*> names() {
+    std::vector<const char*> r = {"x", "residual", "weight", "y", "residual_out"};
+    for (const char* n : megamoe_test::StagedBufs::names()) r.push_back(n);
+    return r;
+  }
   void up() {
     for (Buf* b : all()) b->up();
   }
@@ -137,18 +107,7 @@ struct Call {
       if (c.want_y) n.y = rows(*y);
       if (c.residual) n.residual_out = rows(*ro);
     }
-    s = megamoe::StageArgs{};
-    s.topk_weights = TensorRef(at(*tw), DType::kFloat32, {c.T, c.K}, d);
-    s.topk_ids = TensorRef(at(*ti), DType::kInt32, {c.T, c.K}, d);
-    s.x_q = TensorRef(at(*xq), o.x_q.dtype, {o.x_q.shape[0], o.x_q.shape[1]}, d);
-    s.x_sf = TensorRef(at(*sf), o.x_sf.dtype, {o.x_sf.shape[0], o.x_sf.shape[1]}, d);
-    if (o.x_scales) s.x_scales = TensorRef(at(*xs), DType::kFloat32, {c.M}, d);
-    s.topk_idx_out = TensorRef(at(*io), DType::kInt64, {c.M, c.K}, d);
-    s.topk_weights_out = TensorRef(at(*wo), DType::kFloat32, {c.M, c.K}, d);
-    if (o.global_scale) s.global_scale = TensorRef(at(*gs), DType::kFloat32, {1}, d);
-    s.nonfinite_count = TensorRef(at(*nf), DType::kInt64, {1}, d);
-    s.hidden_quant = c.q;
-    s.full_buffer = c.M != c.T;
+    s = st->args(dev);
   }
 };
 
@@ -163,43 +122,12 @@ std::string tag(const Case& c) {
 /// on their device twins; every byte of every buffer equal.
 void check(const Case& c, bool graph, uint32_t seed) {
   Call call(c, seed);
-  call.up();
-  megamoe::RmsNormArgs n;
-  megamoe::StageArgs s;
-  call.args(false, n, s);
-  ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s)) << tag(c);
-  // The graph is replayed twice and the counter adds up: the host call runs twice too
-  // (the same outputs, out of place).
-  if (graph && !c.in_place) ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s)) << tag(c);
-  call.args(true, n, s);
-  cudaStream_t st;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-  if (graph) {
-    s.enable_pdl = true;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
-    megamoe::rmsnorm_and_stage(n, s, st);
-    ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(ge, st), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(ge, st), cudaSuccess);  // replays give the same bytes
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-  } else {
-    ASSERT_NO_THROW(megamoe::rmsnorm_and_stage(n, s, st)) << tag(c);
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-  }
-  cudaStreamDestroy(st);
-  if (c.in_place && graph) return;  // a replay re-normalizes the normalized rows: the CPU ran once
-  const char* names[] = {"x", "residual", "weight", "y", "residual_out", "topk_weights", "topk_ids",
-                         "x_q", "x_sf", "x_scales", "topk_idx_out", "topk_weights_out", "global_scale", "nonfinite_count"};
-  std::vector<Buf*> bufs = call.all();
-  for (size_t i = 0; i < bufs.size(); ++i) {
-    const std::vector<uint8_t> got = bufs[i]->down();
-    ASSERT_EQ(got, bufs[i]->host) << names[i] << ": " << tag(c);
-  }
+  // In place, a replay re-normalizes the normalized rows (the CPU ran once): not compared.
+  megamoe_test::check_producer<megamoe::RmsNormArgs>(
+      call, graph, !(c.in_place && graph), tag(c),
+      [](const megamoe::RmsNormArgs& n, const megamoe::StageArgs& s, cudaStream_t st) {
+        megamoe::rmsnorm_and_stage(n, s, st);
+      });
 }
 
 TEST(CudaNorm, EqualsTheCpuBackendEveryForm) {

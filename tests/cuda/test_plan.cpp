@@ -1054,6 +1054,49 @@ TEST(CudaPlan, FusedNormPlanAddsTailBlocks) {
   EXPECT_THROW(mc::norm_plan(mc::kMaxGridBlocks, 7168, false, dev, true, 1), megamoe::Error);
 }
 
+// The mHC kernel: one block a token, threads = min(N_K, 256), at least 32, for the mixed
+// row's tree width N_K (the power of two >= hc H / 16); per_thread / lanes of both trees;
+// the sums in passes of 4; tail blocks when fused; rows past kMhcMaxK refused.
+TEST(CudaPlan, MhcPlanFollowsBothTrees) {
+  const mc::DeviceInfo dev{132, 90};
+  struct Want {
+    int64_t H;
+    int hc, threads, per_thread_k, lanes_k, per_thread_h, lanes_h, passes;
+  };
+  for (const Want w : {Want{128, 1, 32, 1, 8, 1, 8, 1}, Want{384, 1, 32, 1, 32, 1, 32, 1},
+                       Want{128, 4, 32, 1, 32, 1, 8, 7}, Want{4096, 4, 256, 4, 256, 1, 256, 7},
+                       Want{7168, 4, 256, 8, 256, 2, 256, 7}, Want{7168, 8, 256, 16, 256, 2, 256, 21},
+                       Want{4096, 16, 256, 16, 256, 1, 256, 73}}) {
+    const mc::MhcPlan mp = mc::mhc_plan(5, w.H, w.hc, true, dev);
+    const std::string at = std::to_string(w.H) + " hc=" + std::to_string(w.hc);
+    EXPECT_EQ(mp.threads, w.threads) << at;
+    EXPECT_EQ(mp.per_thread_k, w.per_thread_k) << at;
+    EXPECT_EQ(mp.lanes_k, w.lanes_k) << at;
+    EXPECT_EQ(mp.per_thread_h, w.per_thread_h) << at;
+    EXPECT_EQ(mp.lanes_h, w.lanes_h) << at;
+    EXPECT_EQ(mp.passes, w.passes) << at;
+    EXPECT_EQ(mp.mix_group, 4);
+    EXPECT_EQ(mp.grid, 5);
+    EXPECT_EQ(mp.smem, w.H * w.hc * 2);
+    EXPECT_TRUE(mp.pdl);
+    EXPECT_LE(mp.per_thread_k, 16) << at;  // the kernel's register slots
+  }
+  EXPECT_EQ(mc::mhc_plan(0, 7168, 4, false, dev).grid, 0);
+  EXPECT_FALSE(mc::mhc_plan(3, 7168, 4, true, mc::DeviceInfo{132, 80}).pdl);
+  EXPECT_EQ(mc::to_string(mc::mhc_plan(4, 7168, 4, false, dev)),
+            "kernel=mhc threads=256 grid=4 smem=57344 per_thread_k=8 lanes_k=256 per_thread_h=2 lanes_h=256 "
+            "mix_group=4 passes=7 pdl=off");
+  const mc::MhcPlan fused = mc::mhc_plan(4, 7168, 4, true, dev, true, 36 * 6);
+  EXPECT_EQ(mc::to_string(fused),
+            "kernel=mhc_stage threads=256 grid=5 smem=57344 per_thread_k=8 lanes_k=256 per_thread_h=2 lanes_h=256 "
+            "mix_group=4 passes=7 tail_blocks=1 pdl=on");
+  EXPECT_EQ(mc::mhc_plan(4, 128, 1, false, dev, true, 129).tail_blocks, 2);  // 32 threads: 128 entries a block
+  EXPECT_EQ(mc::mhc_plan(4, 7168, 4, false, dev, false, 5000).tail_blocks, 0);  // the unfused kernel has none
+  EXPECT_THROW(mc::mhc_plan(1, 8192, 16, false, dev), megamoe::Error);  // hc H = 131072 > kMhcMaxK
+  EXPECT_NO_THROW(mc::mhc_plan(1, mc::kMhcMaxK / 8, 8, false, dev));
+  EXPECT_THROW(mc::mhc_plan(mc::kMaxGridBlocks, 7168, 4, false, dev, true, 1), megamoe::Error);
+}
+
 // The GPU tests' expected images come from the reference; here they are built for every
 // format and several layouts from host mirrors alone (no device needed) and compared with
 // what the CPU backend writes into the same poisoned buffers: equal images mean the

@@ -380,6 +380,47 @@ def test_torch_op_matches_the_direct_call_and_the_reference():
 
 
 @needs_torch
+def test_cuda_tensors_equal_the_cpu_or_are_refused_without_the_backend():
+    """A CUDA build runs CUDA tensors (the same bytes as the CPU backend, one launch for
+    MXFP8, two for NVFP4 online); a build without the CUDA backend refuses them, nothing
+    written."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    T, hc, H = 7, 4, 512
+    rng = np.random.default_rng(23)
+    x, fn, scale, base, w = problem(rng, T, hc, H)
+    tw, ti = topk(rng, T)
+
+    def call(device, scheme):
+        o = megamoe.output_shapes(T, H, 6, scheme)
+        t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+        residual = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).reshape(T, hc * H).to(device)
+        post = torch.full((T, hc), float("nan"), device=device)
+        comb = torch.full((T, hc * hc), float("nan"), device=device)
+        y = torch.zeros((T, H), dtype=torch.bfloat16, device=device)
+        out = dict(x_fp8=torch.zeros(o.x_fp8[0], dtype=getattr(torch, o.x_fp8[1]), device=device),
+                   x_sf=torch.zeros(o.x_sf[0], dtype=getattr(torch, o.x_sf[1]), device=device),
+                   topk_idx_out=torch.zeros(o.topk_idx_out[0], dtype=torch.int64, device=device),
+                   topk_weights_out=torch.zeros(o.topk_weights_out[0], device=device))  # fmt: skip
+        if o.global_scale is not None:
+            out["global_scale"] = torch.zeros(o.global_scale[0], device=device)
+        megamoe.mhc_pre_and_stage(residual, t(fn), t(scale), t(base), t(w), post, comb, t(tw), t(ti), **out, y=y,
+                                  hidden_quant=scheme)  # fmt: skip
+        return [post, comb, y.view(torch.int16)] + [v.view(torch.uint8) for v in out.values()]
+
+    for scheme in (megamoe.MXFP8, megamoe.NVFP4_ONLINE):
+        if not megamoe.has_cuda_backend():
+            with pytest.raises(megamoe.UnsupportedError):
+                call("cuda", scheme)
+            return
+        want = call("cpu", scheme)
+        got = call("cuda", scheme)
+        torch.cuda.synchronize()
+        for a, b in zip(want, got):
+            assert torch.equal(a.view(torch.uint8).reshape(-1), b.cpu().view(torch.uint8).reshape(-1)), scheme
+
+
+@needs_torch
 def test_torch_fake_tensor_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -50,6 +50,13 @@ constexpr int kTailEntriesPerThread = 4;
 /// Full-buffer tail entries per thread of the fused norm kernel's tail blocks (the same
 /// reason as kTailEntriesPerThread).
 constexpr int kNormTailEntriesPerThread = kTailEntriesPerThread;
+/// Sums (the squares, then the mixes) the mHC kernel computes side by side in a pass over
+/// its token's row: each takes per_thread registers a thread (up to 16), so four keep the
+/// pass within 64 of them.
+constexpr int kMhcMixGroup = 4;
+/// The largest mixed row (hc H values) the mHC kernel holds (its bf16 values in shared
+/// memory, 128 KiB).
+constexpr int64_t kMhcMaxK = 65536;
 /// Top-k blocks of a split-topk or tile plan: one entry of rows 0..T-1 per thread, then
 /// (fused tail) kTailEntriesPerThread entries of rows T..M-1 per thread.
 inline int64_t topk_block_count(int64_t T, int64_t M, int64_t K, int64_t threads, bool fused_tail) {

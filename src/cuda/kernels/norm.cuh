@@ -50,14 +50,56 @@ __device__ __forceinline__ uint4 pack8(const uint16_t (&b)[8]) {
 
 constexpr int kNormMaxPerThread = 16;  // kNormMaxH / 16 / kNormMaxThreads
 
+/// The in-thread levels of fold_block, m = M, M/2, ..., 2 (those with m <= per_thread):
+/// v[a][k] = fl(v[a][k] + v[a][k + m/2]) for k < m/2. Compile-time bounds, so that every
+/// index is a constant and the slots stay registers.
+template <int A, int M>
+__device__ __forceinline__ void fold_slots(float (&v)[A][kNormMaxPerThread], int per_thread) {
+  if constexpr (M > 1) {
+    if (M <= per_thread) {
+#pragma unroll
+      for (int a = 0; a < A; ++a) {
+#pragma unroll
+        for (int k = 0; k < M / 2; ++k) v[a][k] = core::add_rn(v[a][k], v[a][k + M / 2]);
+      }
+    }
+    fold_slots<A, M / 2>(v, per_thread);
+  }
+}
+
+/// The contract's tree over a block for A sums at once. Thread tid holds v[a][k], the sum of
+/// chunk tid + k P of sum a (k < per_thread, a power of two <= kNormMaxPerThread; +0 past
+/// the row): it folds its slots highest first (the tree's levels h >= P), then the block
+/// folds the first @p lanes partials (lanes = P, or the tree's width when it is narrower:
+/// the threads past it are not read) by the levels lanes/2 .. 1 in red (A P floats, no
+/// thread still reading them). On return red[a P] is sum a for every thread; a caller that
+/// writes red again synchronizes first.
+template <int A>
+__device__ __forceinline__ void fold_block(float (&v)[A][kNormMaxPerThread], int per_thread, int lanes, float* red) {
+  const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  fold_slots<A, kNormMaxPerThread>(v, per_thread);
+#pragma unroll
+  for (int a = 0; a < A; ++a) red[a * P + tid] = v[a][0];
+  __syncthreads();
+  for (int h = lanes / 2; h >= 1; h /= 2) {
+    if (tid < h) {
+#pragma unroll
+      for (int a = 0; a < A; ++a) red[a * P + tid] = core::add_rn(red[a * P + tid], red[a * P + tid + h]);
+    }
+    __syncthreads();
+  }
+}
+
 /// The row's z into z_s (the residual added, residual_out written) and its scale s, by the
 /// contract's tree: every thread of the block calls it and gets s; z_s is complete for
 /// every thread when it returns. red: the block's P floats of shared memory.
 __device__ __forceinline__ float norm_row(const NormParams& p, int64_t t, uint16_t* z_s, float* red) {
   const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int64_t n = p.H / core::kNormChunk;
-  float v[kNormMaxPerThread];
-  for (int k = 0; k < p.per_thread; ++k) {
+  float v[1][kNormMaxPerThread];
+#pragma unroll
+  for (int k = 0; k < kNormMaxPerThread; ++k) {
+    if (k >= p.per_thread) continue;  // (a fixed trip count: the slots stay registers)
     const int64_t j = tid + static_cast<int64_t>(k) * P;
     float c = 0.0f;
     if (j < n && p.rows_vec) {  // two 16-byte halves of the chunk
@@ -93,18 +135,9 @@ __device__ __forceinline__ float norm_row(const NormParams& p, int64_t t, uint16
       }
       c = core::norm_chunk_sumsq(z);
     }
-    v[k] = c;
+    v[0][k] = c;
   }
-  // The tree's levels h >= P: within a thread (slot k holds chunk tid + k P).
-  for (int m = p.per_thread; m > 1; m /= 2) {
-    for (int k = 0; k < m / 2; ++k) v[k] = core::add_rn(v[k], v[k + m / 2]);
-  }
-  red[tid] = v[0];
-  __syncthreads();
-  for (int h = P / 2; h >= 1; h /= 2) {
-    if (tid < h) red[tid] = core::add_rn(red[tid], red[tid + h]);
-    __syncthreads();
-  }
+  fold_block<1>(v, p.per_thread, P, red);
   return core::norm_scale(red[0], p.H, p.eps);
 }
 

@@ -62,30 +62,27 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return red[0];
 }
 
-template <core::Format F>
-__global__ void __launch_bounds__(256) rmsnorm_stage_kernel(const NormParams p, const device::StageTarget tg) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
-#endif
-  extern __shared__ __align__(16) uint16_t z_s[];  // the row's z (then, for G < 8, its y): H values
-  __shared__ float red[256];
+/// Blocks from T on: each marks P * kNormTailEntriesPerThread full-buffer tail entries
+/// (rows T..M-1), P apart.
+__device__ __forceinline__ void mark_tail_block(const device::StageTarget& tg, int64_t b) {
   const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-  const int64_t b = blockIdx.x;
-  if (b >= tg.T) {  // a tail block: entries of rows T..M-1, P apart
-    const int64_t first = tg.T * tg.K + (b - tg.T) * P * kNormTailEntriesPerThread + tid;
-    for (int r = 0; r < kNormTailEntriesPerThread; ++r) {
-      const int64_t e = first + static_cast<int64_t>(r) * P;
-      if (e >= tg.M * tg.K) return;
-      const int64_t t = e / tg.K;
-      device::mark_empty_entry(tg, t, e - t * tg.K);
-    }
-    return;
+  const int64_t first = tg.T * tg.K + (b - tg.T) * P * kNormTailEntriesPerThread + tid;
+  for (int r = 0; r < kNormTailEntriesPerThread; ++r) {
+    const int64_t e = first + static_cast<int64_t>(r) * P;
+    if (e >= tg.M * tg.K) return;
+    const int64_t t = e / tg.K;
+    device::mark_empty_entry(tg, t, e - t * tg.K);
   }
-  const int64_t t = b;
-  const float s = norm_row(p, t, z_s, red);
+}
+
+/// Steps 2-4 for row t of a block whose z_s holds the row's z (p.H values) and s its scale:
+/// y = norm_element(z, s, w) written to p.y when non-null and staged, then the row's top-k
+/// entries. Every thread of the block calls it (after the last read of red[0] by any
+/// thread's caller: it synchronizes before writing red).
+template <core::Format F>
+__device__ __forceinline__ void stage_norm_row(const NormParams& p, const device::StageTarget& tg, int64_t t,
+                                               uint16_t* z_s, float s, float* red) {
+  const int P = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int64_t parts = p.H / kNormPart;
   float row_amax = 0.0f;
   if constexpr (core::row_scaled(F)) {
@@ -96,7 +93,7 @@ __global__ void __launch_bounds__(256) rmsnorm_stage_kernel(const NormParams p, 
 #pragma unroll
       for (int i = 0; i < kNormPart; ++i) a = device::amax_step(a, core::bf16_to_float(y[i]));
     }
-    __syncthreads();  // every thread is past its read of red[0] (norm_row)
+    __syncthreads();  // every thread is past its read of red[0] (the caller's tree)
     row_amax = block_max(a, red);
   }
   float s2 = 0.0f;
@@ -165,6 +162,17 @@ __global__ void __launch_bounds__(256) rmsnorm_stage_kernel(const NormParams p, 
   }
   for (int64_t k = tid; k < tg.K; k += P) device::repack_topk(tg, t, k);
   device::add_nonfinite(tg, nf);
+}
+
+template <core::Format F>
+__global__ void __launch_bounds__(256) rmsnorm_stage_kernel(const NormParams p, const device::StageTarget tg) {
+  if (p.pdl) pdl_wait_and_trigger();
+  extern __shared__ __align__(16) uint16_t z_s[];  // the row's z (then, for G < 8, its y): H values
+  __shared__ float red[256];
+  const int64_t b = blockIdx.x;
+  if (b >= tg.T) return mark_tail_block(tg, b);  // a tail block
+  const float s = norm_row(p, b, z_s, red);
+  stage_norm_row<F>(p, tg, b, z_s, s, red);
 }
 
 }  // namespace

@@ -4,20 +4,18 @@
 // whose global scale needs every row first, and calls without rows run the norm kernel
 // (kernels/norm.cuh), which writes the rows to y (or to stream-ordered scratch when the
 // caller asks for no y), then the staging launch (prepare_inputs' own path, so the staged
-// bytes are those of prepare_inputs(y)), stream-ordered after it (see below).
+// bytes are those of prepare_inputs(y)), stream-ordered after it (producer.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
 #include "contract/validate.h"
-#include "core/checked.h"
 #include "contract/target.h"
 #include "cuda/kernels/norm.cuh"
 #include "cuda/kernels/norm_stage.cuh"
-#include "formats/visit.h"
-#include "cuda/launch/aligned.cuh"
 #include "cuda/launch/launch_util.cuh"
+#include "cuda/launch/producer.cuh"
 #include "cuda/policy/plan.h"
 #include "megamoe/error.h"
 #include "megamoe/norm.h"
@@ -25,37 +23,10 @@
 namespace megamoe {
 namespace cuda {
 
-void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stream);
-
 /// The call runs in one launch (norm_fused): it has rows and a format staged row by row.
 bool norm_fuses(const detail::NormProblem& p) { return p.T > 0 && !core::online_scaled(p.stage.fmt); }
 
 namespace {
-
-/// The scratch rows of a call without y, freed on the stream when the call ends (or
-/// fails: then nothing reads them).
-class ScratchRows {
- public:
-  explicit ScratchRows(Stream s) : stream_(static_cast<cudaStream_t>(s)) {}
-  ScratchRows(const ScratchRows&) = delete;
-  ScratchRows& operator=(const ScratchRows&) = delete;
-  ~ScratchRows() {
-    if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  void* get(size_t bytes) {
-    check_cuda(cudaMallocAsync(&ptr_, bytes, stream_), "cudaMallocAsync (rmsnorm_and_stage rows)");
-    return ptr_;
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
-
-struct NormCall {
-  RmsNormArgs n;
-  StageArgs s;
-};
 
 /// The norm's kernel parameters (y: where the rows go, null for none).
 NormParams norm_params(const RmsNormArgs& n, const detail::NormProblem& p, const NormPlan& np, void* y,
@@ -94,11 +65,10 @@ NormParams norm_params(const RmsNormArgs& n, const detail::NormProblem& p, const
   return k;
 }
 
+/// The norm plan's launch of @p kernel.
 template <typename Kernel, typename... Args>
 void launch_norm(const NormPlan& np, Stream stream, Kernel kernel, const char* what, const Args&... args) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(np.smem)),
-             "cudaFuncSetAttribute(rmsnorm)");
-  launch_ex(kernel, np.grid, np.threads, np.smem, np.pdl, static_cast<cudaStream_t>(stream), what, args...);
+  launch_with_smem(kernel, np.grid, np.threads, np.smem, np.pdl, stream, what, args...);
 }
 
 /// One launch: the rows normalized and staged by rmsnorm_stage_kernel (T > 0, not NVFP4 online).
@@ -109,41 +79,21 @@ void norm_fused(const RmsNormArgs& n, const StageArgs& s, const detail::NormProb
   const device::StageTarget tg = detail::make_stage_target(detail::staged_args(n.y ? *n.y : n.x, s), sp);
   const NormParams k = n.y ? norm_params(n, p, np, n.y->data, n.y->strides[0], n.y->strides[1])
                            : norm_params(n, p, np, nullptr, 0, 0);
-  core::visit_format(sp.fmt, [&](auto tag) {
-    constexpr core::Format F = decltype(tag)::value;
-    if constexpr (core::online_scaled(F)) {
-      throw Error(ErrorCode::kInternal, "megamoe: internal: rmsnorm_and_stage: NVFP4 online has no fused kernel");
-    } else {
-      launch_norm(np, stream, rmsnorm_stage_kernel<F>, "cudaLaunchKernelEx(rmsnorm_stage)", k, tg);
-    }
+  visit_fused_format(sp.fmt, "rmsnorm_and_stage", [&](auto tag) {
+    launch_norm(np, stream, rmsnorm_stage_kernel<decltype(tag)::value>, "cudaLaunchKernelEx(rmsnorm_stage)", k, tg);
   });
 }
-
 
 void norm_aligned(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream) {
   if (norm_fuses(p)) return norm_fused(n, s, p, stream);
   ScratchRows scratch(stream);
-  TensorRef y;
-  if (n.y) {
-    y = *n.y;
-  } else if (p.T > 0 && p.H > 0) {
-    const core::Checked bytes = core::Checked(p.T) * p.H * 2;  // x's element count fits (validated)
-    if (!bytes.ok()) throw Error(ErrorCode::kInternal, "megamoe: rmsnorm_and_stage: scratch size overflows");
-    y = TensorRef(scratch.get(static_cast<size_t>(bytes.value())), DType::kBFloat16, {p.T, p.H}, n.x.device);
-  } else {
-    y = n.x;  // no rows to write: the staging reads none
-  }
+  const TensorRef y = rows_to_stage(n.y, p.T, p.H, n.x.device, n.x, scratch, "rmsnorm_and_stage");
   const NormPlan np = norm_plan(p.T, p.H, s.enable_pdl, device_info(n.x.device.index));
   if (np.grid > 0) {
     launch_norm(np, stream, rmsnorm_kernel, "cudaLaunchKernelEx(rmsnorm)",
                 norm_params(n, p, np, y.data, y.strides[0], y.strides[1]));
   }
-  // The staging launch is stream-ordered after the norm kernel, never PDL-chained to it:
-  // its vectorized loads of the rows take the non-coherent read-only path, which only a
-  // kernel boundary makes see the norm kernel's writes.
-  StageArgs staged = detail::staged_args(y, s);
-  staged.enable_pdl = false;
-  prepare_inputs(staged, p.stage, stream);
+  stage_rows_after(y, s, p.stage, stream);
 }
 
 }  // namespace
@@ -161,16 +111,8 @@ void rmsnorm_and_stage(const RmsNormArgs& n, const StageArgs& s, const detail::N
                                              std::to_string(kNormMaxH) + " columns on CUDA, got shape " +
                                              n.x.shape_str());
   }
-  const DeviceGuard guard(n.x.device.index);
-  if (!p.misaligned) return norm_aligned(n, s, p, stream);
-  // Every tensor of both argument sets off its element size runs on an aligned copy; the
-  // staging inside then sees only aligned tensors.
-  detail::NormProblem q = p;
-  q.misaligned = false;
-  q.stage.misaligned = false;
-  run_on_aligned_copies(
-      NormCall{n, s}, n.x.device.index, stream, [](const NormCall& c) { return detail::named_tensors(c.n, c.s); },
-      [&](const NormCall& c) { norm_aligned(c.n, c.s, q, stream); });
+  run_producer(n, s, p, n.x.device.index, stream,
+               [&](const RmsNormArgs& a, const StageArgs& b, const detail::NormProblem& q) { norm_aligned(a, b, q, stream); });
 }
 
 }  // namespace cuda

@@ -475,11 +475,32 @@ std::string to_string(const RoutingPlan& rp) {
          (rp.pdl ? " pdl=on" : " pdl=off");
 }
 
+namespace {
+
+/// A producer's grid: one block per row (@p unit), then @p tail_blocks; refused past CUDA's limit.
+int64_t producer_grid(int64_t T, int64_t tail_blocks, const char* who, const char* unit) {
+  const int64_t grid = T + tail_blocks;
+  if (grid > kMaxGridBlocks) {
+    throw Error(ErrorCode::kUnsupported, std::string("megamoe: ") + who + ": " + std::to_string(grid) +
+                                             " blocks (one a " + unit + "), more than a CUDA grid holds (" +
+                                             std::to_string(kMaxGridBlocks) + ")");
+  }
+  return grid;
+}
+
+/// The power of two >= @p n (n >= 1): the contract's tree width over n chunks.
+int64_t tree_width(int64_t n) {
+  int64_t w = 1;
+  while (w < n) w *= 2;
+  return w;
+}
+
+}  // namespace
+
 NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev, bool fused, int64_t tail_entries) {
   NormPlan np;
   if (T == 0 || H == 0) return np;
-  int64_t width = 1;  // N: the power of two >= H / 16
-  while (width < H / 16) width *= 2;
+  const int64_t width = tree_width(H / 16);  // N
   np.threads = static_cast<int>(std::min<int64_t>(width, kNormMaxThreads));
   // The fused kernel's lanes stage groups together (whole warps): at least 32 threads, the
   // ones past the tree's width adding +0 partial sums (exact: the sums are >= +0).
@@ -487,12 +508,7 @@ NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev,
   np.per_thread = static_cast<int>(std::max<int64_t>(1, width / np.threads));
   np.fused = fused;
   if (fused) np.tail_blocks = ceil_div(tail_entries, np.threads * kNormTailEntriesPerThread);
-  np.grid = T + np.tail_blocks;
-  if (np.grid > kMaxGridBlocks) {
-    throw Error(ErrorCode::kUnsupported, "megamoe: rmsnorm_and_stage: " + std::to_string(np.grid) +
-                                             " blocks (one a row), more than a CUDA grid holds (" +
-                                             std::to_string(kMaxGridBlocks) + ")");
-  }
+  np.grid = producer_grid(T, np.tail_blocks, "rmsnorm_and_stage", "row");
   np.smem = H * 2;
   np.pdl = enable_pdl && dev.arch >= 90;
   return np;
@@ -504,6 +520,42 @@ std::string to_string(const NormPlan& np) {
          " per_thread=" + std::to_string(np.per_thread) +
          (np.fused ? " tail_blocks=" + std::to_string(np.tail_blocks) : std::string()) +
          (np.pdl ? " pdl=on" : " pdl=off");
+}
+
+MhcPlan mhc_plan(int64_t T, int64_t H, int hc, bool enable_pdl, const DeviceInfo& dev, bool fused,
+                 int64_t tail_entries) {
+  MhcPlan mp;
+  if (T == 0 || H == 0 || hc == 0) return mp;
+  const int64_t K = H * hc;  // H <= 2^24 / hc (validated): no overflow
+  if (K > kMhcMaxK) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: mhc_pre_and_stage: hc_mult * H = " + std::to_string(K) +
+                                             " values a token; the CUDA kernel holds at most " +
+                                             std::to_string(kMhcMaxK) + " (in shared memory)");
+  }
+  const int64_t wk = tree_width(K / 16), wh = tree_width(H / 16);
+  mp.threads = static_cast<int>(std::max<int64_t>(std::min<int64_t>(wk, kNormMaxThreads), 32));
+  mp.per_thread_k = static_cast<int>(std::max<int64_t>(1, wk / mp.threads));
+  mp.lanes_k = static_cast<int>(std::min<int64_t>(wk, mp.threads));
+  mp.per_thread_h = static_cast<int>(std::max<int64_t>(1, wh / mp.threads));
+  mp.lanes_h = static_cast<int>(std::min<int64_t>(wh, mp.threads));
+  mp.mix_group = kMhcMixGroup;
+  mp.passes = static_cast<int>(ceil_div(int64_t{hc} * (hc + 2) + 1, kMhcMixGroup));
+  mp.fused = fused;
+  if (fused) mp.tail_blocks = ceil_div(tail_entries, int64_t{mp.threads} * kNormTailEntriesPerThread);
+  mp.grid = producer_grid(T, mp.tail_blocks, "mhc_pre_and_stage", "token");
+  mp.smem = K * 2;
+  mp.pdl = enable_pdl && dev.arch >= 90;
+  return mp;
+}
+
+std::string to_string(const MhcPlan& mp) {
+  return std::string(mp.fused ? "kernel=mhc_stage" : "kernel=mhc") + " threads=" + std::to_string(mp.threads) +
+         " grid=" + std::to_string(mp.grid) + " smem=" + std::to_string(mp.smem) +
+         " per_thread_k=" + std::to_string(mp.per_thread_k) + " lanes_k=" + std::to_string(mp.lanes_k) +
+         " per_thread_h=" + std::to_string(mp.per_thread_h) + " lanes_h=" + std::to_string(mp.lanes_h) +
+         " mix_group=" + std::to_string(mp.mix_group) + " passes=" + std::to_string(mp.passes) +
+         (mp.fused ? " tail_blocks=" + std::to_string(mp.tail_blocks) : std::string()) +
+         (mp.pdl ? " pdl=on" : " pdl=off");
 }
 
 namespace {

@@ -233,6 +233,35 @@ NormPlan norm_plan(int64_t T, int64_t H, bool enable_pdl, const DeviceInfo& dev,
                    int64_t tail_entries = 0);
 std::string to_string(const NormPlan& plan);
 
+/// The mHC pre kernel of mhc_pre_and_stage (kernels/mhc_stage.cuh): one block per token of
+/// `threads` = min(N_K, kNormMaxThreads) threads, at least 32 (the staging's lanes work in
+/// whole warps), N_K the power of two >= hc H / 16 (the mixed row's tree width); the
+/// token's hc H bf16 values in `smem` bytes of dynamic shared memory. The row's sums (the
+/// squares and the hc (hc + 2) mixes) take `passes` passes of `mix_group` sums: thread t
+/// folds per_thread_k chunks t, t + threads, ..., then the block the first lanes_k =
+/// min(threads, N_K) partials; z's norm likewise (per_thread_h, lanes_h over N_H, the power
+/// of two >= H / 16). Fused (every format but NVFP4 online): the kernel stages y, and
+/// `tail_blocks` blocks after the T token blocks mark the full-buffer tail; otherwise it
+/// writes y and the staging launch follows.
+struct MhcPlan {
+  int threads = 0;
+  int64_t grid = 0;    ///< blocks (tokens, then tail blocks); 0: nothing to launch
+  int64_t smem = 0;    ///< dynamic shared memory bytes (the token's hc H bf16 values)
+  int per_thread_k = 0;
+  int lanes_k = 0;
+  int per_thread_h = 0;
+  int lanes_h = 0;
+  int mix_group = 0;   ///< sums a pass over the row computes (kMhcMixGroup)
+  int passes = 0;      ///< ceil((hc (hc + 2) + 1) / mix_group)
+  bool fused = false;  ///< mHC pre, norm and staging in one launch
+  int64_t tail_blocks = 0;
+  bool pdl = false;
+};
+/// Throws megamoe::Error (kUnsupported) for hc H > kMhcMaxK or a grid beyond CUDA's limit.
+MhcPlan mhc_plan(int64_t T, int64_t H, int hc, bool enable_pdl, const DeviceInfo& dev, bool fused = false,
+                 int64_t tail_entries = 0);
+std::string to_string(const MhcPlan& plan);
+
 /// What a router call launches.
 enum class RouterLaunch : uint8_t {
   kRouter,           ///< the router kernel alone (route(); route_and_stage without activations to stage)
