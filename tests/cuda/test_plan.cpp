@@ -1054,6 +1054,92 @@ TEST(CudaPlan, FusedNormPlanAddsTailBlocks) {
   EXPECT_THROW(mc::norm_plan(mc::kMaxGridBlocks, 7168, false, dev, true, 1), megamoe::Error);
 }
 
+// The gate: blocks of kGateWarps experts times S = max(1, N / 32) chunk shares (N the tree
+// width, the power of two >= ceil(H / 16)), so a share has at most 32 chunks (a warp's
+// lanes); at most kGateTokens tokens a launch; one scratch allocation of the partial sums,
+// the logits and the counters, each region 256-byte aligned.
+TEST(CudaPlan, GatePlanSplitsTheTreeIntoShares) {
+  const mc::DeviceInfo dev{132, 90};
+  struct Want {
+    int64_t H, chunks, width, shares, share_chunks;
+  };
+  for (const Want w : {Want{1, 1, 1, 1, 1}, Want{16, 1, 1, 1, 1}, Want{17, 2, 2, 1, 2}, Want{200, 13, 16, 1, 16},
+                       Want{512, 32, 32, 1, 32}, Want{513, 33, 64, 2, 32}, Want{2048, 128, 128, 4, 32},
+                       Want{4096, 256, 256, 8, 32}, Want{7168, 448, 512, 16, 32},
+                       Want{mc::kGateMaxH, 4096, 4096, 128, 32}}) {
+    const mc::GatePlan gp = mc::gate_plan(4, 256, w.H, false, dev);
+    EXPECT_EQ(gp.chunks, w.chunks) << w.H;
+    EXPECT_EQ(gp.width, w.width) << w.H;
+    EXPECT_EQ(gp.shares, w.shares) << w.H;
+    EXPECT_EQ(gp.share_chunks, w.share_chunks) << w.H;
+    EXPECT_EQ(gp.shares * gp.share_chunks, gp.width) << w.H;
+    EXPECT_EQ(gp.fold_per_lane, (w.shares + 31) / 32) << w.H;
+    EXPECT_LE(gp.fold_per_lane, mc::kGateMaxFoldPerLane) << w.H;
+    EXPECT_EQ(gp.tiles, 256 / mc::kGateWarps);
+    EXPECT_EQ(gp.grid, gp.tiles * gp.shares) << w.H;
+    EXPECT_EQ(gp.threads, 32 * mc::kGateWarps);
+  }
+  // Every width up to 8192 columns: shares of at most 32 chunks, S * M = N.
+  for (int64_t H = 1; H <= 8192; H += 7) {
+    const mc::GatePlan gp = mc::gate_plan(1, 64, H, false, dev);
+    ASSERT_GE(gp.width, gp.chunks);
+    ASSERT_LT(gp.width, 2 * gp.chunks + 1);
+    ASSERT_LE(gp.share_chunks, 32);
+    ASSERT_EQ(gp.shares * gp.share_chunks, gp.width);
+    ASSERT_TRUE(gp.shares == 1 || gp.share_chunks == 32);
+  }
+  EXPECT_THROW(mc::gate_plan(4, 256, mc::kGateMaxH + 1, false, dev), megamoe::Error);
+  EXPECT_EQ(mc::gate_plan(0, 256, 7168, false, dev).grid, 0);
+}
+
+TEST(CudaPlan, GatePlanScratchLaunchesAndPdl) {
+  const mc::DeviceInfo dev{132, 90};
+  // T = 4, E = 256, H = 7168: 16 shares x 4 tokens x 256 experts of partial sums (64 KiB),
+  // then 4 x 256 logits, then 32 counters.
+  const mc::GatePlan gp = mc::gate_plan(4, 256, 7168, true, dev);
+  EXPECT_EQ(gp.partial_bytes, 16 * 4 * 256 * 4);
+  EXPECT_EQ(gp.logits_at, 65536);
+  EXPECT_EQ(gp.counters_at, 65536 + 4096);
+  EXPECT_EQ(gp.counter_bytes, 32 * 4);
+  EXPECT_EQ(gp.scratch_bytes, 65536 + 4096 + 256);
+  EXPECT_TRUE(gp.pdl);
+  EXPECT_TRUE(gp.decode);
+  EXPECT_EQ(gp.launches, 1);
+  EXPECT_EQ(mc::to_string(gp),
+            "kernel=gate threads=256 tile=8 tiles=32 chunks=448 width=512 shares=16 share_chunks=32 fold_per_lane=1 "
+            "grid=512 token_block=4 launches=1 scratch=69888 (partials 65536, logits at 65536, counters at 69632) "
+            "pdl=on decode=on");
+  EXPECT_FALSE(mc::gate_plan(4, 256, 7168, true, mc::DeviceInfo{108, 80}).pdl);
+  EXPECT_FALSE(mc::gate_plan(4, 256, 7168, false, dev).pdl);
+  // Odd E: a partial last tile.
+  EXPECT_EQ(mc::gate_plan(1, 144, 4096, false, dev).tiles, 18);
+  EXPECT_EQ(mc::gate_plan(1, 7, 4096, false, dev).tiles, 1);
+  // Above the decode range: launches of kGateTokens tokens, counters for each.
+  const mc::GatePlan big = mc::gate_plan(100, 384, 7168, true, dev);
+  EXPECT_EQ(big.token_block, mc::kGateTokens);
+  EXPECT_EQ(big.launches, 2);
+  EXPECT_FALSE(big.decode);
+  EXPECT_EQ(big.partial_bytes, 16 * 64 * 384 * 4);
+  EXPECT_EQ(big.counter_bytes, 2 * 48 * 4);
+  EXPECT_EQ(big.counters_at, big.logits_at + 100 * 384 * 4);
+  EXPECT_EQ(mc::gate_plan(64, 512, 2048, false, dev).launches, 1);
+  EXPECT_EQ(mc::gate_plan(65, 512, 2048, false, dev).launches, 2);
+  // Every region 256-byte aligned, whatever T and E.
+  for (int64_t T : {1, 3, 63, 64, 65, 1000}) {
+    for (int64_t E : {1, 7, 144, 512}) {
+      const mc::GatePlan g = mc::gate_plan(T, E, 300, false, dev);
+      EXPECT_EQ(g.logits_at % 256, 0);
+      EXPECT_EQ(g.counters_at % 256, 0);
+      EXPECT_GE(g.logits_at, g.partial_bytes);
+      EXPECT_GE(g.counters_at - g.logits_at, T * E * 4);
+      EXPECT_GE(g.scratch_bytes - g.counters_at, g.counter_bytes);
+      EXPECT_EQ(g.launches * g.token_block >= T, true);
+    }
+  }
+  // Sizes whose scratch does not fit int64 are refused, not wrapped.
+  EXPECT_THROW(mc::gate_plan(int64_t{1} << 55, 512, 7168, false, dev), megamoe::Error);
+}
+
 // The GPU tests' expected images come from the reference; here they are built for every
 // format and several layouts from host mirrors alone (no device needed) and compared with
 // what the CPU backend writes into the same poisoned buffers: equal images mean the

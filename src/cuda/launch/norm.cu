@@ -32,26 +32,6 @@ bool norm_fuses(const detail::NormProblem& p) { return p.T > 0 && !core::online_
 
 namespace {
 
-/// The scratch rows of a call without y, freed on the stream when the call ends (or
-/// fails: then nothing reads them).
-class ScratchRows {
- public:
-  explicit ScratchRows(Stream s) : stream_(static_cast<cudaStream_t>(s)) {}
-  ScratchRows(const ScratchRows&) = delete;
-  ScratchRows& operator=(const ScratchRows&) = delete;
-  ~ScratchRows() {
-    if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  void* get(size_t bytes) {
-    check_cuda(cudaMallocAsync(&ptr_, bytes, stream_), "cudaMallocAsync (rmsnorm_and_stage rows)");
-    return ptr_;
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
-
 struct NormCall {
   RmsNormArgs n;
   StageArgs s;
@@ -122,14 +102,15 @@ void norm_fused(const RmsNormArgs& n, const StageArgs& s, const detail::NormProb
 
 void norm_aligned(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream) {
   if (norm_fuses(p)) return norm_fused(n, s, p, stream);
-  ScratchRows scratch(stream);
+  StreamScratch scratch(stream);  // the rows of a call without y
   TensorRef y;
   if (n.y) {
     y = *n.y;
   } else if (p.T > 0 && p.H > 0) {
     const core::Checked bytes = core::Checked(p.T) * p.H * 2;  // x's element count fits (validated)
     if (!bytes.ok()) throw Error(ErrorCode::kInternal, "megamoe: rmsnorm_and_stage: scratch size overflows");
-    y = TensorRef(scratch.get(static_cast<size_t>(bytes.value())), DType::kBFloat16, {p.T, p.H}, n.x.device);
+    void* rows = scratch.get(static_cast<size_t>(bytes.value()), "cudaMallocAsync (rmsnorm_and_stage rows)");
+    y = TensorRef(rows, DType::kBFloat16, {p.T, p.H}, n.x.device);
   } else {
     y = n.x;  // no rows to write: the staging reads none
   }
