@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gate.h"
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/router.h"
@@ -1090,6 +1091,67 @@ TEST(CudaPlan, GatePlanSplitsTheTreeIntoShares) {
   }
   EXPECT_THROW(mc::gate_plan(4, 256, mc::kGateMaxH + 1, false, dev), megamoe::Error);
   EXPECT_EQ(mc::gate_plan(0, 256, 7168, false, dev).grid, 0);
+}
+
+// The split the gate kernel runs from a plan (kernels/gate.cuh), played on the host with
+// core::gate_step / add_rn: lane m of share r chains chunk r + S m, a share folds by
+// shuffle-down levels M/2 .. 1 (a lane past 31 reads itself), the last block's lane l
+// holds shares l + 32 k, folds them inside the lane for the levels >= 32, then shuffles
+// the levels below: the same bits as the contract's tree over all chunks, for trees of 1
+// to 4096 chunks (1 to 128 shares).
+TEST(CudaPlan, GatePlanSharesFoldToTheContractsTree) {
+  namespace core = megamoe::core;
+  const auto shuffle_fold = [](float (&lane)[32], int levels_from) {
+    for (int h = levels_from / 2; h >= 1; h /= 2) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = core::add_rn(lane[l], l + h < 32 ? lane[l + h] : lane[l]);
+      std::copy(next, next + 32, lane);
+    }
+  };
+  uint32_t state = 12345;
+  const auto rnd = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) * 0x1p-23f;
+  };
+  for (int64_t H : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{200}, int64_t{511}, int64_t{512},
+                    int64_t{513}, int64_t{1000}, int64_t{2048}, int64_t{4096}, int64_t{7168}, int64_t{9000},
+                    int64_t{30000}, mc::kGateMaxH}) {
+    std::vector<float> y(static_cast<size_t>(H)), w(static_cast<size_t>(H));
+    for (size_t i = 0; i < y.size(); ++i) {
+      y[i] = rnd();
+      w[i] = rnd() * 0.05f;
+    }
+    const mc::GatePlan gp = mc::gate_plan(1, 8, H, false, mc::DeviceInfo{132, 90});
+    const int64_t n = gp.chunks, S = gp.shares;
+    const auto chunk = [&](int64_t j) {
+      return j < n ? core::gate_chunk(&y[static_cast<size_t>(16 * j)], &w[static_cast<size_t>(16 * j)],
+                                      static_cast<int>(std::min<int64_t>(16, H - 16 * j)))
+                   : 0.0f;
+    };
+    std::vector<float> tree(static_cast<size_t>(gp.width));
+    for (int64_t j = 0; j < gp.width; ++j) tree[static_cast<size_t>(j)] = chunk(j);
+    core::gate_fold<1>(tree.data(), gp.width);
+    std::vector<float> partial(static_cast<size_t>(S));
+    for (int64_t r = 0; r < S; ++r) {
+      float lane[32];
+      for (int m = 0; m < 32; ++m) lane[m] = m < gp.share_chunks ? chunk(r + S * m) : 0.0f;
+      shuffle_fold(lane, static_cast<int>(gp.share_chunks));
+      partial[static_cast<size_t>(r)] = lane[0];
+    }
+    float lane[32];
+    for (int l = 0; l < 32; ++l) {
+      float v[mc::kGateMaxFoldPerLane] = {};
+      for (int64_t k = 0; k < gp.fold_per_lane; ++k) {
+        if (l + 32 * k < S) v[k] = partial[static_cast<size_t>(l + 32 * k)];
+      }
+      for (int64_t m = gp.fold_per_lane; m > 1; m /= 2) {
+        for (int64_t k = 0; k < m / 2; ++k) v[k] = core::add_rn(v[k], v[k + m / 2]);
+      }
+      lane[l] = v[0];
+    }
+    shuffle_fold(lane, static_cast<int>(std::min<int64_t>(S, 32)));
+    EXPECT_EQ(core::float_bits(lane[0]), core::float_bits(tree[0])) << "H=" << H;
+  }
 }
 
 TEST(CudaPlan, GatePlanScratchLaunchesAndPdl) {
