@@ -29,6 +29,8 @@ void stage_routing(const RoutingArgs& args, const detail::Problem& p, Stream str
 void route(const RouterArgs& r, const StageArgs* stage, const detail::RouterProblem& p, Stream stream);
 void rmsnorm_and_stage(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream);
 void mhc_pre_and_stage(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem& p, Stream stream);
+void gate_route(const GateArgs& g, const RouterArgs& r, const StageArgs* s, const detail::GateProblem& p,
+                Stream stream);
 }
 bool has_cuda_backend() noexcept { return true; }
 #else
@@ -118,11 +120,14 @@ void dispatch_gate(const GateArgs& g, const RouterArgs& r, const StageArgs* stag
                    Stream stream) {
   if (!detail::has_work(p)) return;
   if (g.y.device.type != Device::Type::kCPU) {
-    // The one-launch gate kernel is not in this build yet: a clear refusal before anything
-    // is written, never a partial result.
+#if MEGAMOE_WITH_CUDA
+    cuda::gate_route(g, r, stage, p, stream);
+    return;
+#else
     throw Error(ErrorCode::kUnsupported,
-                "megamoe: y: expected a CPU tensor (the CUDA backend does not run the gate yet: compute the "
-                "logits with a GEMM and call route_and_stage), got device " + to_string(g.y.device));
+                "megamoe: y: expected a CPU tensor (this build has no CUDA backend), got device " +
+                    to_string(g.y.device));
+#endif
   }
   std::vector<float> scratch;
   TensorRef logits;

@@ -9,6 +9,9 @@
 #include "megamoe/plan.h"
 #include "megamoe/quant.h"
 #include "contract/validate.h"
+#if MEGAMOE_WITH_CUDA
+#include "cuda/policy/plan.h"  // kGateTokens
+#endif
 
 namespace megamoe {
 
@@ -21,6 +24,7 @@ std::string explain_norm(const detail::NormProblem& p, bool enable_pdl, int devi
 bool norm_fuses(const detail::NormProblem& p);
 std::string explain_mhc(const detail::MhcProblem& p, bool enable_pdl, int device);
 bool mhc_fuses(const detail::MhcProblem& p);
+std::string explain_gate(const detail::GateProblem& p, bool enable_pdl, int device);
 }  // namespace cuda
 #endif
 
@@ -155,8 +159,41 @@ std::string describe(const GateArgs& g, const RouterArgs& r, const StageArgs* st
            " (tiles of 16 experts over blocks of 64 tokens, worker threads for large calls); then " +
            describe(detail::gated_router_args(r, logits), stage);
   }
-  return "cuda backend: " + gate + ": not run on CUDA yet (the call throws kUnsupported; compute the logits with a "
-         "GEMM and call route_and_stage)";
+#if MEGAMOE_WITH_CUDA
+  // The router call runs on the scratch logits (a dense [T, E] fp32 tensor at a stand-in
+  // address: nothing is read), never PDL-chained to the gate kernel (cuda/launch/gate.cu);
+  // tensors off their element size run on dense copies, the router's among them.
+  GateArgs gb = g;
+  RouterArgs rb = r;
+  std::optional<StageArgs> sb;
+  if (stage != nullptr) sb = *stage;
+  const int moved =
+      p.router.misaligned ? detail::move_misaligned_to_dense(detail::named_tensors(gb, rb, sb ? &*sb : nullptr),
+                                                              scratch_address)
+                          : 0;
+  const bool enable_pdl = stage != nullptr ? stage->enable_pdl : r.enable_pdl;
+  const TensorRef logits(scratch_address({}), DType::kFloat32, {p.T, p.E}, g.y.device);
+  RouterArgs routed = detail::gated_router_args(rb, logits);
+  routed.enable_pdl = false;
+  if (sb) sb->enable_pdl = false;
+  const std::string gate_launch = p.T > 0 ? "launch 1: memset of the counters + " +
+                                                 cuda::explain_gate(p, enable_pdl, g.y.device.index) + "; launch 2: "
+                                           : std::string("no gate launch (T == 0); ");
+  std::string s = "cuda backend: " + gate + "; " + gate_launch +
+                  cuda::explain_router(routed, sb ? &*sb : nullptr, p.router) + " (" +
+                  (stage != nullptr ? "route_and_stage" : "route") + " T=" + std::to_string(p.T) +
+                  " E=" + std::to_string(p.E) + " K=" + std::to_string(p.router.K) + ")";
+  if (moved > 0) s += ", on dense copies of " + std::to_string(moved) + " tensor(s) off their element size";
+  if (p.T > cuda::kGateTokens) {
+    s += "; above the decode range (T > " + std::to_string(cuda::kGateTokens) +
+         ") the gate runs one launch per " + std::to_string(cuda::kGateTokens) +
+         " tokens and is slow: a GEMM (y @ weight.T) then route_and_stage is the faster path";
+  }
+  return s;
+#else
+  return "this build has no CUDA backend: y is on " + to_string(g.y.device) + " and " + what +
+         " would throw (kUnsupported)";
+#endif
 }
 
 std::string describe(const MhcPreArgs& m, const StageArgs& s) {

@@ -39,7 +39,10 @@ struct GateArgs {
 /// StageArgs is used exactly as route_and_stage uses it (StageArgs::hidden_states has T
 /// rows; its top-k inputs are ignored, its is_padding is the mask of both). The bytes equal
 /// those of route_and_stage with router_logits = the logits of the contract.
-/// Backends: the CPU; CUDA tensors are refused (kUnsupported) before anything is written.
+/// Backends: the CPU and CUDA (the same bytes; on CUDA H <= 65536, else kUnsupported; graph
+/// safe; StageArgs::enable_pdl, RouterArgs::enable_pdl for gate_and_route, applies to the gate
+/// launch). Decode sizes (T <= 64) are its range: above, a GEMM then route_and_stage is faster.
+/// A build without the CUDA backend refuses CUDA tensors (kUnsupported) before anything is written.
 /// @throws megamoe::Error on any invalid argument, before anything is written.
 void gate_route_and_stage(const GateArgs& gate, const RouterArgs& router, const StageArgs& stage,
                           Stream stream = nullptr);

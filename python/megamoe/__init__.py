@@ -11,7 +11,7 @@ logits to the top-k, and to the staged buffers in the same call). The RMSNorm pr
 mHC producer (``mhc_pre_and_stage``: DeepSeek-V4's hyper-connection pre step, RMSNorm and
 staging; CPU backend) and the gate producer (``gate_route_and_stage``, ``gate_and_route``:
 the router logits computed in the call from the gate weight in a fixed fp32 order, then
-route_and_stage or route; CPU backend). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
+route_and_stage or route; CPU and CUDA backends). Drop-ins: vLLM's ``prepare_megamoe_inputs``, ``stage_megamoe_routing`` and
 ``dsv4_topk_prepare_megamoe``, DeepGEMM's ``mega_moe_pre_dispatch`` /
 ``mega_moe_pre_dispatch_sm90`` as SGLang calls them.
 

@@ -345,10 +345,11 @@ _GATE_ROUTE_AND_STAGE_DOC = (
     the same bits; a NaN logit is written to ``logits_out`` as 0x7FC00000. The router and the
     staging are then those of :func:`route_and_stage` on these logits, byte for byte. T is
     ``hidden_states.shape[0]`` (``y`` must have as many rows); without rows the call returns
-    at once (except in full-buffer mode). The CPU backend runs it; CUDA tensors raise
-    :class:`UnsupportedError` (the one-launch kernel is not in this version: on a GPU compute
-    the logits with a GEMM and call :func:`route_and_stage`). Torch tensors under
-    torch.compile go through ``torch.ops.megamoe.gate_route_and_stage``.
+    at once (except in full-buffer mode). Both backends run it with the same bytes (CUDA: H
+    <= 65536; decode sizes, T <= 64, are its range: above, a GEMM then
+    :func:`route_and_stage` is faster); a build without the CUDA backend raises
+    :class:`UnsupportedError` for CUDA tensors. Torch tensors under torch.compile go through
+    ``torch.ops.megamoe.gate_route_and_stage``.
 
     Args:
         hidden_states: ``[T, H]`` activations, as for :func:`prepare_megamoe_inputs`.
@@ -386,8 +387,9 @@ _GATE_AND_ROUTE_DOC = (
     The logits are those of :func:`gate_route_and_stage` (the contract's fixed fp32 order,
     docs/CONTRACT.md "Gate, route and stage"); the router is then :func:`route`'s on them,
     byte for byte, and nothing is staged. T is ``y.shape[0]``; without rows the call returns
-    at once. The CPU backend runs it; CUDA tensors raise :class:`UnsupportedError`. Torch
-    tensors under torch.compile go through ``torch.ops.megamoe.gate_and_route``.
+    at once. Both backends run it (as :func:`gate_route_and_stage`); a build without the CUDA
+    backend raises :class:`UnsupportedError` for CUDA tensors. Torch tensors under
+    torch.compile go through ``torch.ops.megamoe.gate_and_route``.
 
     Args:
         y: ``[T, H]`` bfloat16 gate input rows, any strides.

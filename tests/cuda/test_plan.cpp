@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gate.h"
 #include "cuda/policy/plan.h"
 #include "megamoe/megamoe.h"
 #include "megamoe/router.h"
@@ -1095,6 +1096,153 @@ TEST(CudaPlan, MhcPlanFollowsBothTrees) {
   EXPECT_THROW(mc::mhc_plan(1, 8192, 16, false, dev), megamoe::Error);  // hc H = 131072 > kMhcMaxK
   EXPECT_NO_THROW(mc::mhc_plan(1, mc::kMhcMaxK / 8, 8, false, dev));
   EXPECT_THROW(mc::mhc_plan(mc::kMaxGridBlocks, 7168, 4, false, dev, true, 1), megamoe::Error);
+}
+
+// The gate: blocks of kGateWarps experts times S = max(1, N / 32) chunk shares (N the tree
+// width, the power of two >= ceil(H / 16)), so a share has at most 32 chunks (a warp's
+// lanes); at most kGateTokens tokens a launch; one scratch allocation of the partial sums,
+// the logits and the counters, each region 256-byte aligned.
+TEST(CudaPlan, GatePlanSplitsTheTreeIntoShares) {
+  const mc::DeviceInfo dev{132, 90};
+  struct Want {
+    int64_t H, chunks, width, shares, share_chunks;
+  };
+  for (const Want w : {Want{1, 1, 1, 1, 1}, Want{16, 1, 1, 1, 1}, Want{17, 2, 2, 1, 2}, Want{200, 13, 16, 1, 16},
+                       Want{512, 32, 32, 1, 32}, Want{513, 33, 64, 2, 32}, Want{2048, 128, 128, 4, 32},
+                       Want{4096, 256, 256, 8, 32}, Want{7168, 448, 512, 16, 32},
+                       Want{mc::kGateMaxH, 4096, 4096, 128, 32}}) {
+    const mc::GatePlan gp = mc::gate_plan(4, 256, w.H, false, dev);
+    EXPECT_EQ(gp.chunks, w.chunks) << w.H;
+    EXPECT_EQ(gp.width, w.width) << w.H;
+    EXPECT_EQ(gp.shares, w.shares) << w.H;
+    EXPECT_EQ(gp.share_chunks, w.share_chunks) << w.H;
+    EXPECT_EQ(gp.shares * gp.share_chunks, gp.width) << w.H;
+    EXPECT_EQ(gp.fold_per_lane, (w.shares + 31) / 32) << w.H;
+    EXPECT_LE(gp.fold_per_lane, mc::kGateMaxFoldPerLane) << w.H;
+    EXPECT_EQ(gp.tiles, 256 / mc::kGateWarps);
+    EXPECT_EQ(gp.grid, gp.tiles * gp.shares) << w.H;
+    EXPECT_EQ(gp.threads, 32 * mc::kGateWarps);
+  }
+  // Every width up to 8192 columns: shares of at most 32 chunks, S * M = N.
+  for (int64_t H = 1; H <= 8192; H += 7) {
+    const mc::GatePlan gp = mc::gate_plan(1, 64, H, false, dev);
+    ASSERT_GE(gp.width, gp.chunks);
+    ASSERT_LT(gp.width, 2 * gp.chunks + 1);
+    ASSERT_LE(gp.share_chunks, 32);
+    ASSERT_EQ(gp.shares * gp.share_chunks, gp.width);
+    ASSERT_TRUE(gp.shares == 1 || gp.share_chunks == 32);
+  }
+  EXPECT_THROW(mc::gate_plan(4, 256, mc::kGateMaxH + 1, false, dev), megamoe::Error);
+  EXPECT_EQ(mc::gate_plan(0, 256, 7168, false, dev).grid, 0);
+}
+
+// The split the gate kernel runs from a plan (kernels/gate.cuh), played on the host with
+// core::gate_step / add_rn: lane m of share r chains chunk r + S m, a share folds by
+// shuffle-down levels M/2 .. 1 (a lane past 31 reads itself), the last block's lane l
+// holds shares l + 32 k, folds them inside the lane for the levels >= 32, then shuffles
+// the levels below: the same bits as the contract's tree over all chunks, for trees of 1
+// to 4096 chunks (1 to 128 shares).
+TEST(CudaPlan, GatePlanSharesFoldToTheContractsTree) {
+  namespace core = megamoe::core;
+  const auto shuffle_fold = [](float (&lane)[32], int levels_from) {
+    for (int h = levels_from / 2; h >= 1; h /= 2) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = core::add_rn(lane[l], l + h < 32 ? lane[l + h] : lane[l]);
+      std::copy(next, next + 32, lane);
+    }
+  };
+  uint32_t state = 12345;
+  const auto rnd = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) * 0x1p-23f;
+  };
+  for (int64_t H : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{200}, int64_t{511}, int64_t{512},
+                    int64_t{513}, int64_t{1000}, int64_t{2048}, int64_t{4096}, int64_t{7168}, int64_t{9000},
+                    int64_t{30000}, mc::kGateMaxH}) {
+    std::vector<float> y(static_cast<size_t>(H)), w(static_cast<size_t>(H));
+    for (size_t i = 0; i < y.size(); ++i) {
+      y[i] = rnd();
+      w[i] = rnd() * 0.05f;
+    }
+    const mc::GatePlan gp = mc::gate_plan(1, 8, H, false, mc::DeviceInfo{132, 90});
+    const int64_t n = gp.chunks, S = gp.shares;
+    const auto chunk = [&](int64_t j) {
+      return j < n ? core::gate_chunk(&y[static_cast<size_t>(16 * j)], &w[static_cast<size_t>(16 * j)],
+                                      static_cast<int>(std::min<int64_t>(16, H - 16 * j)))
+                   : 0.0f;
+    };
+    std::vector<float> tree(static_cast<size_t>(gp.width));
+    for (int64_t j = 0; j < gp.width; ++j) tree[static_cast<size_t>(j)] = chunk(j);
+    core::gate_fold<1>(tree.data(), gp.width);
+    std::vector<float> partial(static_cast<size_t>(S));
+    for (int64_t r = 0; r < S; ++r) {
+      float lane[32];
+      for (int m = 0; m < 32; ++m) lane[m] = m < gp.share_chunks ? chunk(r + S * m) : 0.0f;
+      shuffle_fold(lane, static_cast<int>(gp.share_chunks));
+      partial[static_cast<size_t>(r)] = lane[0];
+    }
+    float lane[32];
+    for (int l = 0; l < 32; ++l) {
+      float v[mc::kGateMaxFoldPerLane] = {};
+      for (int64_t k = 0; k < gp.fold_per_lane; ++k) {
+        if (l + 32 * k < S) v[k] = partial[static_cast<size_t>(l + 32 * k)];
+      }
+      for (int64_t m = gp.fold_per_lane; m > 1; m /= 2) {
+        for (int64_t k = 0; k < m / 2; ++k) v[k] = core::add_rn(v[k], v[k + m / 2]);
+      }
+      lane[l] = v[0];
+    }
+    shuffle_fold(lane, static_cast<int>(std::min<int64_t>(S, 32)));
+    EXPECT_EQ(core::float_bits(lane[0]), core::float_bits(tree[0])) << "H=" << H;
+  }
+}
+
+TEST(CudaPlan, GatePlanScratchLaunchesAndPdl) {
+  const mc::DeviceInfo dev{132, 90};
+  // T = 4, E = 256, H = 7168: 16 shares x 4 tokens x 256 experts of partial sums (64 KiB),
+  // then 4 x 256 logits, then 32 counters.
+  const mc::GatePlan gp = mc::gate_plan(4, 256, 7168, true, dev);
+  EXPECT_EQ(gp.partial_bytes, 16 * 4 * 256 * 4);
+  EXPECT_EQ(gp.logits_at, 65536);
+  EXPECT_EQ(gp.counters_at, 65536 + 4096);
+  EXPECT_EQ(gp.counter_bytes, 32 * 4);
+  EXPECT_EQ(gp.scratch_bytes, 65536 + 4096 + 256);
+  EXPECT_TRUE(gp.pdl);
+  EXPECT_TRUE(gp.decode);
+  EXPECT_EQ(gp.launches, 1);
+  EXPECT_EQ(mc::to_string(gp),
+            "kernel=gate threads=256 tile=8 tiles=32 chunks=448 width=512 shares=16 share_chunks=32 fold_per_lane=1 "
+            "grid=512 token_block=4 launches=1 scratch=69888 (partials 65536, logits at 65536, counters at 69632) "
+            "pdl=on decode=on");
+  EXPECT_FALSE(mc::gate_plan(4, 256, 7168, true, mc::DeviceInfo{108, 80}).pdl);
+  EXPECT_FALSE(mc::gate_plan(4, 256, 7168, false, dev).pdl);
+  // Odd E: a partial last tile.
+  EXPECT_EQ(mc::gate_plan(1, 144, 4096, false, dev).tiles, 18);
+  EXPECT_EQ(mc::gate_plan(1, 7, 4096, false, dev).tiles, 1);
+  // Above the decode range: launches of kGateTokens tokens, counters for each.
+  const mc::GatePlan big = mc::gate_plan(100, 384, 7168, true, dev);
+  EXPECT_EQ(big.token_block, mc::kGateTokens);
+  EXPECT_EQ(big.launches, 2);
+  EXPECT_FALSE(big.decode);
+  EXPECT_EQ(big.partial_bytes, 16 * 64 * 384 * 4);
+  EXPECT_EQ(big.counter_bytes, 2 * 48 * 4);
+  EXPECT_EQ(big.counters_at, big.logits_at + 100 * 384 * 4);
+  EXPECT_EQ(mc::gate_plan(64, 512, 2048, false, dev).launches, 1);
+  EXPECT_EQ(mc::gate_plan(65, 512, 2048, false, dev).launches, 2);
+  // Every region 256-byte aligned, whatever T and E.
+  for (int64_t T : {1, 3, 63, 64, 65, 1000}) {
+    for (int64_t E : {1, 7, 144, 512}) {
+      const mc::GatePlan g = mc::gate_plan(T, E, 300, false, dev);
+      EXPECT_EQ(g.logits_at % 256, 0);
+      EXPECT_EQ(g.counters_at % 256, 0);
+      EXPECT_GE(g.logits_at, g.partial_bytes);
+      EXPECT_GE(g.counters_at - g.logits_at, T * E * 4);
+      EXPECT_GE(g.scratch_bytes - g.counters_at, g.counter_bytes);
+      EXPECT_EQ(g.launches * g.token_block >= T, true);
+    }
+  }
+  // Sizes whose scratch does not fit int64 are refused, not wrapped.
+  EXPECT_THROW(mc::gate_plan(int64_t{1} << 55, 512, 7168, false, dev), megamoe::Error);
 }
 
 // The GPU tests' expected images come from the reference; here they are built for every

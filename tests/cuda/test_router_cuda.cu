@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/router.h"
+#include "device_mirror.h"
 #include "megamoe/megamoe.h"
 #include "router_cases.h"
 
@@ -26,130 +27,14 @@ namespace {
 
 using namespace router_cases;  // NOLINT: the shared test vocabulary
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-/// Device copies of a call's host tensors; TensorRefs are mapped by address. @p skew: bytes
-/// between each allocation's start and its copy (1: every tensor of wider elements off its
-/// element size).
-class Mirror {
- public:
-  explicit Mirror(std::vector<Tensor*> ts, size_t skew = 0) {
-    for (Tensor* t : ts) {
-      if (t->mem.empty()) continue;
-      void* d = nullptr;
-      if (cudaMalloc(&d, t->mem.size() + skew) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-      entries_.push_back({t, static_cast<uint8_t*>(d) + skew, t->mem, d});
-    }
-  }
-  ~Mirror() {
-    for (auto& e : entries_) cudaFree(e.alloc);
-  }
-  Mirror(const Mirror&) = delete;
-  Mirror& operator=(const Mirror&) = delete;
-
-  /// Every device buffer back to the host bytes it had when the mirror was made.
-  /// (A pageable host-to-device cudaMemcpy may return before its DMA has landed, and the
-  /// calls run on a non-blocking stream, which does not wait for it: the device sync does.)
-  void reset() const {
-    for (const auto& e : entries_) cudaMemcpy(e.dev, e.initial.data(), e.initial.size(), cudaMemcpyHostToDevice);
-    cudaDeviceSynchronize();
-  }
-  /// @p r with its data pointing into the device copy of its buffer.
-  TensorRef map(TensorRef r) const {
-    for (const auto& e : entries_) {
-      const auto* base = e.t->mem.data();
-      const auto* p = static_cast<const uint8_t*>(r.data);
-      if (p >= base && p < base + e.t->mem.size()) {
-        r.data = static_cast<uint8_t*>(e.dev) + (p - base);
-        r.device = megamoe::Device::cuda(0);
-        return r;
-      }
-    }
-    ADD_FAILURE() << "tensor outside every mirrored buffer";
-    return r;
-  }
-  std::optional<TensorRef> map(const std::optional<TensorRef>& r) const {
-    return r ? std::optional<TensorRef>(map(*r)) : std::nullopt;
-  }
-  RouterArgs map(RouterArgs a) const {
-    a.router_logits = map(a.router_logits);
-    a.topk_ids = map(a.topk_ids);
-    a.topk_weights = map(a.topk_weights);
-    for (auto* o : {&a.e_score_correction_bias, &a.tid2eid, &a.input_ids, &a.logical_to_physical_map,
-                    &a.logical_replica_count, &a.expert_load_view, &a.record_enabled, &a.nonfinite_count, &a.is_padding}) {
-      *o = map(*o);
-    }
-    return a;
-  }
-  StageArgs map(StageArgs a) const {
-    for (TensorRef* t : {&a.hidden_states, &a.x_q, &a.x_sf, &a.topk_idx_out, &a.topk_weights_out}) *t = map(*t);
-    for (auto* o : {&a.is_padding, &a.shared_x_sf, &a.global_scale, &a.x_scales, &a.nonfinite_count}) *o = map(*o);
-    return a;
-  }
-  /// Every device buffer equals its host tensor's bytes (the CPU backend's result).
-  void expect_equal_to_host(const std::string& what) const {
-    for (const auto& e : entries_) {
-      std::vector<uint8_t> got(e.t->mem.size());
-      ASSERT_EQ(cudaMemcpy(got.data(), e.dev, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(static_cast<int>(got[i]), static_cast<int>(e.t->mem[i]))
-            << what << ": byte " << i << " of a " << got.size() << "-byte buffer (dtype "
-            << megamoe::dtype_name(e.t->ref.dtype) << ")";
-      }
-    }
-  }
-
- private:
-  struct Entry {
-    Tensor* t;
-    void* dev;
-    std::vector<uint8_t> initial;
-    void* alloc;
-  };
-  std::vector<Entry> entries_;
-};
-
-std::vector<Tensor*> tensors_of(Built& b) {
-  return {&b.logits, &b.bias, &b.ids, &b.weights, &b.tid2eid, &b.input_ids, &b.l2p, &b.replicas,
-          &b.load, &b.record, &b.nonfinite, &b.pad};
-}
-std::vector<Tensor*> tensors_of(StageBufs& s) {
-  return {&s.hs, &s.xq, &s.xsf, &s.idx, &s.w, &s.shared, &s.xscales, &s.gs, &s.nonfinite, &s.pad};
-}
-
-/// The call on @p m's device buffers: eagerly, then captured into a graph and replayed
-/// twice (each replay from the initial bytes).
+/// The call on @p m's device buffers (device_mirror.h: eager, then graph replays).
 void run_and_compare(const Mirror& m, const RouterArgs& r, const StageArgs* s) {
   const RouterArgs dr = m.map(r);
   const StageArgs ds = s != nullptr ? m.map(*s) : StageArgs{};
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  auto call = [&] {
+  router_cases::run_and_compare(m, [&](cudaStream_t stream) {
     if (s != nullptr) megamoe::route_and_stage(dr, ds, stream);
     else megamoe::route(dr, stream);
-  };
-  m.reset();
-  call();
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  m.expect_equal_to_host("eager");
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  call();
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int replay = 0; replay < 2; ++replay) {
-    m.reset();
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    m.expect_equal_to_host("graph replay " + std::to_string(replay));
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  });
 }
 
 /// route() on the GPU == on the CPU (@p skew: see Mirror).

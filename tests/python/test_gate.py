@@ -9,8 +9,8 @@
   reference logits (which the router tests check against the router's own rendering);
 - y defaulting to hidden_states, strided views, fp32 and bf16 weights, odd widths, hash
   layers, EPLB, NaN / Inf inputs, full-buffer mode, T = 0;
-- every argument error raises the library's message and writes nothing; CUDA tensors are
-  refused (UnsupportedError) before anything is written;
+- every argument error raises the library's message and writes nothing; CUDA tensors in a
+  build without the CUDA backend are refused (UnsupportedError) before anything is written;
 - torch (skipped without torch): the op against the direct call and NumPy, opcheck,
   FakeTensor, torch.compile.
 
@@ -375,16 +375,18 @@ def test_errors_write_nothing(what, change, exc, message):
     assert np.all(logits.view(np.int32) == POISON32)
 
 
-def test_cuda_tensors_are_refused():
-    """CUDA tensors (device type 2 capsules; nothing is dereferenced): without the CUDA
-    backend the build refuses them, with it the gate does (no kernel yet); nothing written."""
+@pytest.mark.skipif(megamoe.has_cuda_backend(), reason="a build with the CUDA backend runs CUDA tensors")
+def test_cuda_tensors_without_the_cuda_backend():
+    """CUDA tensors (device type 2 capsules; nothing is dereferenced) in a build without the
+    CUDA backend get UnsupportedError from the library before anything is written (a build
+    with it runs them: tests/cuda/test_gate_cuda.cu)."""
     y, w, bias = error_args()
     T = y.shape[0]
     out = outputs(T, 256, 6)
     gw, gi = topk_out(T, 6)
     before = {k: v.copy() for k, v in out.items()}
     caps = {k: dlpack_capsule(v, device=2) for k, v in out.items()}
-    with pytest.raises(megamoe.UnsupportedError, match="expected a CPU tensor"):
+    with pytest.raises(megamoe.UnsupportedError, match=re.escape("expected a CPU tensor (this build has no CUDA backend)")):
         megamoe.gate_route_and_stage(bf(y, device=2), bf(w, device=2), dlpack_capsule(bias, device=2),
                                      dlpack_capsule(gw, device=2), dlpack_capsule(gi, device=2), **caps)  # fmt: skip
     for k, v in before.items():

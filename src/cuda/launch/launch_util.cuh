@@ -49,6 +49,28 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
+/// One stream-ordered scratch allocation of a call (cudaMallocAsync), freed on the stream
+/// when the call's scope ends, after its launches (or on an error: then nothing reads it).
+/// A CUDA graph captures it as allocation and free nodes.
+class StreamScratch {
+ public:
+  explicit StreamScratch(Stream s) : stream_(static_cast<cudaStream_t>(s)) {}
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  /// @p bytes of device memory (256-byte aligned); @p what names it in an error.
+  char* get(size_t bytes, const char* what) {
+    check_cuda(cudaMallocAsync(&ptr_, bytes, stream_), what);
+    return static_cast<char*>(ptr_);
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+};
+
 /// Launch @p kernel(args...) on @p grid blocks of @p threads with @p smem bytes of dynamic
 /// shared memory, PDL-chained to the previous launch when @p pdl. Throws Error(kCuda)
 /// naming @p what when the launch fails.

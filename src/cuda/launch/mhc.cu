@@ -130,7 +130,7 @@ void mhc_fused(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem
 /// Two launches (NVFP4 online), or the staging alone (no tokens: the full-buffer tail).
 void mhc_aligned(const MhcPreArgs& m, const StageArgs& s, const detail::MhcProblem& p, Stream stream) {
   if (mhc_fuses(p)) return mhc_fused(m, s, p, stream);
-  ScratchRows scratch(stream);
+  StreamScratch scratch(stream);  // the rows of a call without y
   const TensorRef y = rows_to_stage(m.y, p.T, p.H, m.residual.device, first_stream(m, p), scratch, "mhc_pre_and_stage");
   if (p.T > 0) {
     const MhcPlan mp = plan_of(p, s.enable_pdl, m.residual.device.index, false);

@@ -86,7 +86,7 @@ void norm_fused(const RmsNormArgs& n, const StageArgs& s, const detail::NormProb
 
 void norm_aligned(const RmsNormArgs& n, const StageArgs& s, const detail::NormProblem& p, Stream stream) {
   if (norm_fuses(p)) return norm_fused(n, s, p, stream);
-  ScratchRows scratch(stream);
+  StreamScratch scratch(stream);  // the rows of a call without y
   const TensorRef y = rows_to_stage(n.y, p.T, p.H, n.x.device, n.x, scratch, "rmsnorm_and_stage");
   const NormPlan np = norm_plan(p.T, p.H, s.enable_pdl, device_info(n.x.device.index));
   if (np.grid > 0) {

@@ -25,31 +25,11 @@ void prepare_inputs(const StageArgs& args, const detail::Problem& p, Stream stre
 
 namespace {
 
-/// The scratch rows of a producer call without y, freed on the stream when the call ends
-/// (or fails: then nothing reads them).
-class ScratchRows {
- public:
-  explicit ScratchRows(Stream s) : stream_(static_cast<cudaStream_t>(s)) {}
-  ScratchRows(const ScratchRows&) = delete;
-  ScratchRows& operator=(const ScratchRows&) = delete;
-  ~ScratchRows() {
-    if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  void* get(size_t bytes, const char* what) {
-    check_cuda(cudaMallocAsync(&ptr_, bytes, stream_), what);
-    return ptr_;
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
-
 /// The rows a two-launch call writes and then stages: y when the call has it, else
 /// stream-ordered scratch [T, H] bf16 on @p dev; @p none when there are no rows (T == 0:
 /// the staging reads none). @p who names the producer in errors.
 TensorRef rows_to_stage(const std::optional<TensorRef>& y, int64_t T, int64_t H, const Device& dev,
-                        const TensorRef& none, ScratchRows& scratch, const std::string& who) {
+                        const TensorRef& none, StreamScratch& scratch, const std::string& who) {
   if (y) return *y;
   if (T == 0 || H == 0) return none;
   const core::Checked bytes = core::Checked(T) * H * 2;  // the input's element count fits (validated)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/checked.h"
 #include "megamoe/error.h"
 
 namespace megamoe {
@@ -556,6 +557,60 @@ std::string to_string(const MhcPlan& mp) {
          " mix_group=" + std::to_string(mp.mix_group) + " passes=" + std::to_string(mp.passes) +
          (mp.fused ? " tail_blocks=" + std::to_string(mp.tail_blocks) : std::string()) +
          (mp.pdl ? " pdl=on" : " pdl=off");
+}
+
+GatePlan gate_plan(int64_t T, int64_t E, int64_t H, bool enable_pdl, const DeviceInfo& dev) {
+  GatePlan gp;
+  if (T <= 0) return gp;
+  if (H < 1 || H > kGateMaxH || E < 1) {
+    throw Error(ErrorCode::kUnsupported, "megamoe: gate: y: expected 1 to " + std::to_string(kGateMaxH) +
+                                             " columns on CUDA, got " + std::to_string(H));
+  }
+  gp.threads = kGateWarps * 32;
+  gp.tile = kGateWarps;
+  gp.tiles = ceil_div(E, gp.tile);
+  gp.chunks = ceil_div(H, kChunkElems);
+  gp.width = 1;
+  while (gp.width < gp.chunks) gp.width *= 2;
+  gp.shares = std::max<int64_t>(1, gp.width / 32);
+  gp.share_chunks = gp.width / gp.shares;
+  gp.fold_per_lane = ceil_div(gp.shares, 32);
+  gp.grid = gp.tiles * gp.shares;  // <= 64 * 128
+  gp.token_block = std::min(T, kGateTokens);
+  gp.launches = ceil_div(T, gp.token_block);
+  gp.decode = gp.launches == 1;
+  // Regions 256-byte aligned (cudaMallocAsync returns 256-byte aligned memory): the
+  // partial sums, the logits, the counters. Checked: T is any validated row count.
+  const auto align = [](core::Checked v) { return core::round_up(v, 256); };
+  const core::Checked partial = core::Checked(gp.shares) * gp.token_block * E * 4;
+  const core::Checked logits = core::Checked(T) * E * 4;
+  const core::Checked counters = core::Checked(gp.launches) * gp.tiles * 4;
+  const core::Checked logits_at = align(partial);
+  const core::Checked counters_at = logits_at + align(logits);
+  const core::Checked total = counters_at + align(counters);
+  if (!total.ok()) {
+    throw Error(ErrorCode::kInvalidArgument, "megamoe: gate: " + std::to_string(T) + " x " + std::to_string(E) +
+                                                 " logits and their scratch: byte count overflows int64");
+  }
+  gp.partial_bytes = partial.value();
+  gp.logits_at = logits_at.value();
+  gp.counters_at = counters_at.value();
+  gp.counter_bytes = counters.value();
+  gp.scratch_bytes = total.value();
+  gp.pdl = enable_pdl && dev.arch >= 90;
+  return gp;
+}
+
+std::string to_string(const GatePlan& gp) {
+  return "kernel=gate threads=" + std::to_string(gp.threads) + " tile=" + std::to_string(gp.tile) +
+         " tiles=" + std::to_string(gp.tiles) + " chunks=" + std::to_string(gp.chunks) + " width=" +
+         std::to_string(gp.width) + " shares=" + std::to_string(gp.shares) + " share_chunks=" +
+         std::to_string(gp.share_chunks) + " fold_per_lane=" + std::to_string(gp.fold_per_lane) + " grid=" +
+         std::to_string(gp.grid) + " token_block=" + std::to_string(gp.token_block) + " launches=" +
+         std::to_string(gp.launches) + " scratch=" + std::to_string(gp.scratch_bytes) + " (partials " +
+         std::to_string(gp.partial_bytes) + ", logits at " + std::to_string(gp.logits_at) + ", counters at " +
+         std::to_string(gp.counters_at) + ")" + (gp.pdl ? " pdl=on" : " pdl=off") +
+         (gp.decode ? " decode=on" : " decode=off");
 }
 
 namespace {

@@ -262,6 +262,48 @@ MhcPlan mhc_plan(int64_t T, int64_t H, int hc, bool enable_pdl, const DeviceInfo
                  int64_t tail_entries = 0);
 std::string to_string(const MhcPlan& plan);
 
+/// The gate of gate_route_and_stage / gate_and_route (kernels/gate.cuh, launch/gate.cu): the
+/// logits in the contract's order (core/gate.h) split over the GPU, then the router call
+/// (router_plan) on them, stream-ordered after it. A block takes a tile of `tile` experts
+/// (one warp each) and one of the S = max(1, N / 32) interleaved chunk shares of the tree
+/// (N the power of two >= ceil(H / 16)), so a share has M = N / S <= 32 chunks: lane m of
+/// the expert's warp runs the chain of chunk r + S m, holding its 16 weight values in
+/// registers over the launch's tokens, and a shuffle fold over the levels below M is the
+/// contract's tree restricted to the share. The S partial sums of each (token, expert) go to
+/// stream-ordered scratch; the block that arrives last at its tile's counter (zeroed by a
+/// memset node before the first launch) folds them highest first and writes the logits. A
+/// launch takes at most kGateTokens tokens (their partial sums fit `partial_bytes`); more
+/// tokens take more launches of the same grid, one after another on the stream.
+struct GatePlan {
+  int threads = 0;              ///< per block: one warp an expert of the tile
+  int64_t tile = 0;             ///< experts a block
+  int64_t tiles = 0;            ///< expert tiles: ceil(E / tile)
+  int64_t chunks = 0;           ///< n = ceil(H / 16)
+  int64_t width = 0;            ///< N, the tree width (power of two >= n)
+  int64_t shares = 0;           ///< S = max(1, N / 32)
+  int64_t share_chunks = 0;     ///< M = N / S (<= 32): the lanes a share uses
+  int64_t fold_per_lane = 0;    ///< partial sums a lane of the last block folds in registers (ceil(S / 32))
+  int64_t grid = 0;             ///< blocks a launch: tiles * S; 0: nothing to launch
+  int64_t token_block = 0;      ///< tokens a launch (<= kGateTokens)
+  int64_t launches = 0;         ///< ceil(T / token_block)
+  int64_t partial_bytes = 0;    ///< scratch of the S partial sums of a launch: [S][token_block][E] fp32
+  int64_t logits_at = 0;        ///< scratch offset of the [T, E] fp32 logits the router reads
+  int64_t counters_at = 0;      ///< scratch offset of the launches * tiles arrival counters (uint32)
+  int64_t counter_bytes = 0;
+  int64_t scratch_bytes = 0;    ///< the one stream-ordered allocation (partials, logits, counters)
+  bool pdl = false;             ///< the first gate launch with PDL (sm_90+, enable_pdl)
+  bool decode = false;          ///< T <= kGateTokens: one gate launch
+};
+constexpr int kGateWarps = 8;                 ///< experts (warps) a gate block
+constexpr int64_t kGateTokens = 64;           ///< tokens a gate launch; above, a GEMM then route_and_stage is faster
+constexpr int64_t kGateMaxH = 65536;          ///< the widest row on CUDA (S <= 128: 4 partial sums a lane to fold)
+constexpr int64_t kGateMaxFoldPerLane = 4;    ///< kGateMaxH's S / 32
+/// The library's choice for a gate call of T >= 1 tokens, E experts, H columns. Throws
+/// megamoe::Error (kUnsupported) for H > kGateMaxH, (kInvalidArgument) for sizes whose
+/// scratch does not fit int64.
+GatePlan gate_plan(int64_t T, int64_t E, int64_t H, bool enable_pdl, const DeviceInfo& dev);
+std::string to_string(const GatePlan& plan);
+
 /// What a router call launches.
 enum class RouterLaunch : uint8_t {
   kRouter,           ///< the router kernel alone (route(); route_and_stage without activations to stage)
