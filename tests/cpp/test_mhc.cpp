@@ -550,7 +550,7 @@ TEST(MhcPreAndStage, ErrorsWriteNothing) {
       {"y: expected dtype bfloat16", [](megamoe::MhcPreArgs& m, megamoe::StageArgs&, MhcCase&) { m.y->dtype = DType::kFloat32; }},
       {"x_sf: expected shape", [](megamoe::MhcPreArgs&, megamoe::StageArgs& s, MhcCase&) { s.x_sf.shape[1] = 3; }},
       {"y: expected memory disjoint from residual", [](megamoe::MhcPreArgs& m, megamoe::StageArgs&, MhcCase& c) { m.y = TensorRef(c.res.ref().data, DType::kBFloat16, {5, 256}); }},
-      {"post_mix: expected memory disjoint from x_q", [](megamoe::MhcPreArgs& m, megamoe::StageArgs& s, MhcCase&) { s.x_q.data = m.post_mix.data; }},
+      {"post_mix: expected memory disjoint from x_q", [](megamoe::MhcPreArgs& m, megamoe::StageArgs& s, MhcCase&) { m.post_mix.data = s.x_q.data; }},
       {"post_mix: expected memory disjoint from comb_mix", [](megamoe::MhcPreArgs& m, megamoe::StageArgs&, MhcCase&) { m.comb_mix.data = m.post_mix.data; }},
       {"post_mix: expected strides that give every element its own address", [](megamoe::MhcPreArgs& m, megamoe::StageArgs&, MhcCase&) { m.post_mix.strides[1] = 0; }},
       {"residual: expected a non-null data pointer", [](megamoe::MhcPreArgs& m, megamoe::StageArgs&, MhcCase&) { m.residual.data = nullptr; }},
